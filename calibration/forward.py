@@ -1,0 +1,97 @@
+"""Run the model over calibration tokens and observe Linear inputs.
+
+This is the simple, whole-model loop: the model is instantiated by
+transformers from the checkpoint directory (no remote code, `trust_remote_code`
+never set) and run in its dtype on CPU, with forward pre-hooks recording
+max |x| per observed module. Tokens default to uniform random ids from the
+vocabulary with a fixed seed, so it needs no data set.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from tfcompile.calibration.stats import CalibStats
+from tfcompile.errors import CheckpointError
+
+
+def load_hf_model(model_dir: Path, dtype: torch.dtype):
+    """The transformers model for config.json's architecture, weights loaded."""
+    import transformers
+
+    cfg = transformers.AutoConfig.from_pretrained(model_dir, trust_remote_code=False)
+    arch = (cfg.architectures or [None])[0]
+    cls = getattr(transformers, arch, None) if arch else None
+    if cls is None:
+        raise CheckpointError(f"{model_dir}/config.json: architecture {arch!r} is not in transformers",
+                              hint="calibration needs a transformers architecture; use a weight-only "
+                                   "or dynamic-activation format (e.g. nvfp4a16, fp8-dynamic)")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = cls.from_pretrained(model_dir, dtype=dtype, trust_remote_code=False)
+    return model.eval()
+
+
+def observe_input_amax(model_dir: Path, modules: set[str], *, samples: int, seq_len: int,
+                       seed: int, dtype: torch.dtype) -> CalibStats:
+    """max |input| per module name in `modules`, over `samples` x `seq_len` random tokens."""
+    model = load_hf_model(model_dir, dtype)
+    amax: dict[str, float] = {}
+    hooks = []
+    for name, mod in model.named_modules():
+        if name in modules or _expert_parent(name, modules):
+            hooks.append(mod.register_forward_pre_hook(_recorder(name, amax)))
+    vocab = int(getattr(model.config, "vocab_size", None) or model.get_input_embeddings().num_embeddings)
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab, (samples, seq_len), generator=gen)
+    try:
+        with torch.inference_mode():
+            for row in ids:
+                model(input_ids=row[None])
+    finally:
+        for h in hooks:
+            h.remove()
+    resolved, fallback = _resolve(modules, amax)
+    return CalibStats(resolved, int(ids.numel()), f"random-tokens(seed={seed})", tuple(fallback))
+
+
+def _recorder(name: str, amax: dict):
+    def hook(mod: nn.Module, args):
+        x = args[0] if args else None
+        if isinstance(x, torch.Tensor) and x.numel():
+            v = float(x.detach().abs().amax().float())
+            amax[name] = max(v, amax.get(name, 0.0))
+
+    return hook
+
+
+def _expert_parent(name: str, modules: set[str]) -> bool:
+    """A fused experts module (transformers v5) whose per-expert Linears we quantize."""
+    return name.endswith("experts") and any(m.startswith(name + ".") for m in modules)
+
+
+def _resolve(modules: set[str], amax: dict[str, float]) -> tuple[dict[str, float], list[str]]:
+    """Give every module a positive amax; modules no token reached get a fallback.
+
+    Fallback (documented in docs/design.md): a fused expert's gate/up input is
+    the experts module's input; anything else takes the largest amax observed
+    in the same decoder layer, else the model-wide largest. Never zero.
+    """
+    out, fallback = {}, []
+    top = max(amax.values(), default=1.0) or 1.0
+    for m in sorted(modules):
+        v = amax.get(m)
+        if v is None and re.search(r"\.experts\.\d+\.(gate_proj|up_proj)$", m):
+            v = amax.get(m.rsplit(".", 2)[0])
+        if not v:
+            layer = re.match(r"(.*?\.\d+)\.", m)
+            same = [a for k, a in amax.items() if layer and k.startswith(layer.group(1) + ".")]
+            v = max(same, default=0.0) or top
+            fallback.append(m)
+        out[m] = v
+    return out, fallback

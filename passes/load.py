@@ -1,0 +1,58 @@
+"""`load`: open the checkpoint (memory-mapped) and read its architecture facts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tfcompile.errors import CheckpointError
+from tfcompile.io.checkpoint import open_checkpoint
+from tfcompile.pipeline.passes import PassResult, register_pass
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    architecture: str  # config.json architectures[0], e.g. "LlamaForCausalLM"
+    model_type: str
+    hidden_size: int | None
+    num_layers: int | None
+    moe_intermediate: int | None  # per-expert intermediate size, for fused expert tensors
+    tie_word_embeddings: bool
+    dtype: str  # dominant dtype of the source tensors (safetensors code, e.g. "BF16")
+
+    @staticmethod
+    def from_config(cfg: dict[str, Any], dtype: str) -> "ModelInfo":
+        text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+        arch = (cfg.get("architectures") or ["unknown"])[0]
+        return ModelInfo(
+            architecture=str(arch),
+            model_type=str(cfg.get("model_type", "unknown")),
+            hidden_size=text.get("hidden_size"),
+            num_layers=text.get("num_hidden_layers"),
+            moe_intermediate=text.get("moe_intermediate_size") or text.get("intermediate_size"),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", text.get("tie_word_embeddings", False))),
+            dtype=dtype,
+        )
+
+
+@dataclass(frozen=True)
+class LoadConfig:
+    pass
+
+
+@register_pass("load", config=LoadConfig, requires=("source_path",), produces=("source", "model"))
+def load(ctx, cfg: LoadConfig, reporter) -> PassResult:
+    """Open the checkpoint memory-mapped; no tensor is read yet."""
+    ckpt = open_checkpoint(ctx.source_path)
+    dtypes: dict[str, int] = {}
+    for name in ckpt.names():
+        info = ckpt.info(name)
+        dtypes[info.dtype] = dtypes.get(info.dtype, 0) + 1
+    if not dtypes:
+        raise CheckpointError(f"{ckpt.path}: the checkpoint holds no tensors",
+                              hint="point tfcompile at a Hugging Face model directory")
+    dominant = max(sorted(dtypes), key=lambda d: dtypes[d])
+    model = ModelInfo.from_config(ckpt.config, dominant)
+    stats = {"tensors": len(ckpt.names()), "files": len(ckpt.files), "bytes": ckpt.total_bytes,
+             "architecture": model.architecture, "dtype": dominant}
+    return PassResult(ctx.with_(source=ckpt, model=model), stats)

@@ -1,0 +1,81 @@
+"""`manifest`: write tfcompile/manifest.json, the artifact's record of itself.
+
+It holds no timestamps, absolute paths or timings, so the same inputs and
+recipe give a byte-identical artifact.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+from tfcompile import __version__
+from tfcompile.pipeline.passes import PassResult, register_pass
+
+SCHEMA_VERSION = 1
+MANIFEST = "tfcompile/manifest.json"
+_DEPS = ("torch", "safetensors", "compressed-tensors", "nvidia-modelopt", "triton", "numpy")
+
+
+@dataclass(frozen=True)
+class ManifestConfig:
+    pass
+
+
+def dependency_versions() -> dict[str, str | None]:
+    out = {}
+    for d in _DEPS:
+        try:
+            out[d] = metadata.version(d)
+        except metadata.PackageNotFoundError:
+            out[d] = None
+    return out
+
+
+def summarize(layers: list[dict], bytes_in: int, bytes_out: int) -> dict:
+    finite = [x["sqnr_db"] for x in layers if x.get("sqnr_db") is not None]
+    return {
+        "quantized_linears": len(layers),
+        "bytes_in": bytes_in,
+        "bytes_out": bytes_out,
+        "compression_ratio": round(bytes_in / bytes_out, 4) if bytes_out else None,
+        "worst_sqnr_db": min(finite) if finite else None,
+        "median_sqnr_db": sorted(finite)[len(finite) // 2] if finite else None,
+    }
+
+
+@register_pass("manifest", config=ManifestConfig,
+               requires=("source", "model", "plan", "program", "artifact"), produces=("manifest",))
+def manifest(ctx, cfg: ManifestConfig, reporter) -> PassResult:
+    """Record versions, the recipe, checksums and per-layer figures."""
+    art, plan = ctx.artifact, ctx.plan
+    doc = {
+        "schema_version": SCHEMA_VERSION,
+        "tool": {"name": "tfcompile", "version": __version__},
+        "dependencies": dependency_versions(),
+        "recipe": ctx.recipe.to_dict(),
+        "source": {"name": Path(ctx.source_path).name, "architecture": ctx.model.architecture,
+                   "dtype": ctx.model.dtype, "files": art.sources},
+        "scheme": {"name": plan.scheme.name, "weight": plan.scheme.weight,
+                   "granularity": plan.scheme.granularity, "block": list(plan.scheme.block),
+                   "activations": plan.scheme.act, "mx_rule": ctx.program.mx_rule
+                   if plan.scheme.weight.startswith("mx") else None},
+        "views": list(art.views),
+        "groups": [[t.module for t in g.members] for g in plan.groups if len(g.members) > 1],
+        "ignore": list(plan.ignore),
+        "files": art.files,
+        "layers": [_clean(x) for x in art.layers],
+        "summary": summarize(list(art.layers), art.bytes_in, art.bytes_out),
+    }
+    path = Path(ctx.out_dir) / MANIFEST
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    return PassResult(ctx.with_(manifest=doc), {"path": MANIFEST})
+
+
+def _clean(layer: dict) -> dict:
+    v = layer.get("sqnr_db")
+    return dict(layer, sqnr_db=None if v is None or not math.isfinite(v) else v)

@@ -1,0 +1,192 @@
+"""`pack`: execute the program job by job and write the artifact, shard by shard.
+
+Layout of the artifact (staging directory; the CLI renames it into place):
+  config.json                  source config + compressed-tensors quantization_config
+  model*.safetensors (+ index) compressed-tensors tensor names (vLLM, SGLang, transformers)
+  tokenizer / generation files copied verbatim
+  modelopt/                    with export=("modelopt",): the TensorRT-LLM view
+Memory: one job (a fusion group) is resident at a time; source tensors are
+memory-mapped views; writers stream bytes and hash them as they go. Source
+files are hashed on a background thread meanwhile (hashlib releases the GIL).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tfcompile.io.hashing import sha256_file
+from tfcompile.passes.quantize.naming import modelopt_outputs, to_modelopt
+from tfcompile.passes.quantize.program import execute
+from tfcompile.artifact.sink import ShardSink
+from tfcompile.artifact.configs import ct_quantization_config, modelopt_quant_config
+from tfcompile.errors import RecipeError
+from tfcompile.pipeline.passes import PassResult, register_pass
+
+EXPORTS = ("modelopt",)
+
+
+@dataclass(frozen=True)
+class PackConfig:
+    max_shard_mb: int = 4096  # shard size limit in MiB (HF writes 5 GB shards)
+    export: tuple[str, ...] = ()  # extra views: "modelopt"
+
+
+@dataclass(frozen=True)
+class ArtifactInfo:
+    path: Path  # staging directory
+    files: dict[str, str]  # relative path -> sha256, every file written
+    sources: dict[str, str]  # source file name -> sha256
+    layers: tuple[dict, ...]  # per quantized Linear: module, format, shape, sqnr_db
+    bytes_in: int  # source bytes of the tensors written
+    bytes_out: int  # bytes of the compressed-tensors view's tensors
+    views: tuple[str, ...] = field(default=("compressed-tensors",))
+
+
+def _supports(recipe, cfg: PackConfig) -> str | None:
+    bad = [e for e in cfg.export if e not in EXPORTS]
+    if bad:
+        raise RecipeError(f"unknown export view(s) {bad}", hint="supported: " + ", ".join(EXPORTS))
+    if cfg.max_shard_mb <= 0:
+        return "max_shard_mb must be positive"
+    return None
+
+
+@register_pass("pack", config=PackConfig, requires=("source", "model", "plan", "program", "out_dir"),
+               produces=("artifact",), supports=_supports)
+def pack(ctx, cfg: PackConfig, reporter) -> PassResult:
+    """Quantize job by job and stream the safetensors shards of every view."""
+    out, program, plan = Path(ctx.out_dir), ctx.program, ctx.plan
+    hasher = _SourceHasher(ctx.source.files)
+    limit = cfg.max_shard_mb * 1024 * 1024
+    sinks = {"": ShardSink(out, program.specs(), limit)}
+    if "modelopt" in cfg.export:
+        sinks["modelopt"] = ShardSink(out / "modelopt", _modelopt_specs(program), limit, "modelopt/")
+    layers, bytes_in = [], 0
+    reporter.task("quantize + write", len(program.jobs))
+    for job in program.jobs:
+        tensors, stats = execute(job, program, ctx.source)
+        bytes_in += _job_source_bytes(job, ctx.source)
+        for spec in job.outputs:
+            sinks[""].put(spec.name, tensors[spec.name])
+        if "modelopt" in sinks:
+            for name, t in _job_modelopt(job, program, tensors):
+                sinks["modelopt"].put(name, t)
+        layers.extend(stats)
+        del tensors
+        reporter.advance(1, job.group.key if job.group else job.source)
+    files = {}
+    for view, sink in sinks.items():
+        files.update(sink.close())
+    files.update(_write_configs(out, ctx, cfg))
+    from tfcompile.io.aux_files import copy_aux_files
+
+    files.update(copy_aux_files(ctx.source.aux_files(), out))
+    if "modelopt" in sinks:
+        files.update({f"modelopt/{k}": v for k, v in copy_aux_files(ctx.source.aux_files(),
+                                                                     out / "modelopt").items()})
+    info = ArtifactInfo(out, dict(sorted(files.items())), hasher.result(), tuple(layers), bytes_in,
+                        sinks[""].bytes_written, ("compressed-tensors",) + tuple(cfg.export))
+    ratio = bytes_in / max(info.bytes_out, 1)
+    return PassResult(ctx.with_(artifact=info), {"files": len(files), "bytes_in": bytes_in,
+                                                 "bytes_out": info.bytes_out, "ratio": round(ratio, 3)})
+
+
+def _job_source_bytes(job, source) -> int:
+    if job.group is None:
+        return _nbytes(source.info(job.source))
+    seen = {t.source for t in job.group.members}
+    total = 0
+    for name in seen:
+        info = source.info(name)
+        members = [t for t in job.group.members if t.source == name]
+        if members[0].expert is None:
+            total += _nbytes(info)
+        else:  # a slice of a fused expert tensor: count the slices this job used
+            total += sum(t.shape[0] * t.shape[1] for t in members) * _nbytes(info) // _numel(info)
+    return total
+
+
+def _numel(info) -> int:
+    n = 1
+    for d in info.shape:
+        n *= d
+    return n
+
+
+def _nbytes(info) -> int:
+    return info.offsets[1] - info.offsets[0]
+
+
+def _modelopt_specs(program) -> list:
+    specs = []
+    for job in program.jobs:
+        if job.group is None:
+            specs.extend(job.outputs)
+            continue
+        for t in job.group.members:
+            specs.extend(modelopt_outputs(program.scheme, t.module, *t.shape))
+    return specs
+
+
+def _job_modelopt(job, program, tensors):
+    if job.group is None:
+        yield job.source, tensors[job.source]
+        return
+    for t in job.group.members:
+        for spec in modelopt_outputs(program.scheme, t.module, *t.shape):
+            yield spec.name, to_modelopt(program.scheme, t.module, tensors)[spec.name]
+
+
+def _write_configs(out: Path, ctx, cfg: PackConfig) -> dict[str, str]:
+    """config.json for each view (+ hf_quant_config.json for modelopt); returns hashes."""
+    base = {k: v for k, v in ctx.source.config.items() if k != "quantization_config"}
+    ignore = list(ctx.plan.ignore)
+    written = {}
+    ct = dict(base, quantization_config=ct_quantization_config(ctx.plan.scheme, ignore))
+    written["config.json"] = _dump(out / "config.json", ct)
+    if "modelopt" in cfg.export:
+        hf_quant, mo_cfg = modelopt_quant_config(ctx.plan.scheme, ignore)
+        written["modelopt/config.json"] = _dump(out / "modelopt" / "config.json",
+                                                dict(base, quantization_config=mo_cfg))
+        written["modelopt/hf_quant_config.json"] = _dump(out / "modelopt" / "hf_quant_config.json",
+                                                         hf_quant)
+    return written
+
+
+def _dump(path: Path, obj: Any) -> str:
+    """Write deterministic JSON (sorted keys, 2-space indent, trailing newline)."""
+    import hashlib
+
+    data = (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return hashlib.sha256(data).hexdigest()
+
+
+class _SourceHasher:
+    """sha256 of the source files on a background thread (overlaps quantization)."""
+
+    def __init__(self, files: list[Path]):
+        self._out: dict[str, str] = {}
+        self._err: list[BaseException] = []
+        self._t = threading.Thread(target=self._run, args=(list(files),), daemon=True)
+        self._t.start()
+
+    def _run(self, files: list[Path]) -> None:
+        try:
+            for f in files:
+                self._out[Path(f).name] = sha256_file(f)
+        except BaseException as e:  # noqa: BLE001 - surfaced in result()
+            self._err.append(e)
+
+    def result(self) -> dict[str, str]:
+        self._t.join()
+        if self._err:
+            raise self._err[0]
+        return dict(sorted(self._out.items()))
+
+

@@ -1,0 +1,151 @@
+"""`quantize` (RTN): round-to-nearest with max-derived scales.
+
+Builds the lazy `Program` and registers the `rtn` algorithm that pack runs per
+group. Storage rules beside the format math (kernels/formats):
+- NVFP4 groups (q/k/v, gate/up, expert w1/w3) share one global scale: the
+  group's max amax; engines otherwise take the max and lose accuracy.
+- FP8 scales are stored in the model dtype (as compressed-tensors does). The
+  fp32 scale amax/448 is rounded *up* to that dtype and the weight is
+  quantized with the stored value, so stored data and scale agree exactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from tfcompile.passes.quantize.naming import OutSpec, ct_outputs
+from tfcompile.passes.quantize.program import (
+    Job, Program, load_target, register_algorithm, source_torch_dtype, torch_dtype)
+from tfcompile.kernels import formats as F
+from tfcompile.errors import RecipeError
+from tfcompile.pipeline.passes import PassResult, register_pass
+
+
+@dataclass(frozen=True)
+class QuantizeConfig:
+    mx_rule: str = ""  # "floor" | "ceil"; empty = the formats module default
+    sqnr_rows: int = 64  # rows per Linear sampled for the manifest's weight SQNR (0 = all)
+
+
+@register_pass("quantize", config=QuantizeConfig, requires=("source", "model", "plan"),
+               produces=("program",))
+def quantize(ctx, cfg: QuantizeConfig, reporter) -> PassResult:
+    """Plan every output tensor (names, dtypes, shapes) for round-to-nearest quantization."""
+    plan, model_dtype = ctx.plan, torch_dtype(ctx.model.dtype)
+    scheme = plan.scheme
+    jobs = [Job(g, None, tuple(o for t in g.members
+                               for o in ct_outputs(scheme, t.module, *t.shape, model_dtype)))
+            for g in plan.groups]
+    for name in plan.passthrough:
+        info = ctx.source.info(name)
+        jobs.append(Job(None, name, (_spec(name, info),)))
+    act = dict(ctx.calib.input_amax) if ctx.calib is not None else {}
+    if scheme.act_static:
+        missing = [t.module for t in plan.targets() if t.module not in act]
+        if missing:
+            raise RuntimeError(f"{scheme.name} needs calibrated input scales; none for {missing[:3]}")
+    rule = cfg.mx_rule or F.DEFAULT_MX_RULE
+    if rule not in ("floor", "ceil"):
+        raise RecipeError(f"quantize.mx_rule {rule!r} is not floor or ceil", hint="--set quantize.mx_rule=ceil")
+    program = Program(scheme, "rtn", tuple(jobs), act, rule, cfg.sqnr_rows)
+    return PassResult(ctx.with_(program=program),
+                      {"jobs": len(jobs), "outputs": len(program.specs()), "mx_rule": rule})
+
+
+def _spec(name, info):
+    from passes.quantize.naming import OutSpec
+    from tfcompile.io.dtypes import torch_dtype_of
+
+    return OutSpec(name, torch_dtype_of(info.dtype), tuple(info.shape))
+
+
+@register_algorithm("rtn")
+def run_rtn(job: Job, program: Program, source):
+    """Quantize one group; returns its output tensors and per-Linear stats."""
+    scheme, members = program.scheme, job.group.members
+    weights = [load_target(source, t) for t in members]
+    model_dtype = weights[0].dtype
+    gscale = None
+    if scheme.weight == "nvfp4":
+        amax = torch.stack([w.abs().amax().float() for w in weights]).amax()
+        gscale = F.nvfp4_global_scale(amax.reshape(1))
+    out, stats = {}, []
+    for t, w in zip(members, weights):
+        q = quantize_weight(w, scheme, program, gscale, t.source, model_dtype)
+        out.update(ct_tensors(q, scheme, t.module, program, members, model_dtype))
+        stats.append(layer_stats(t, w, q, scheme, program.sqnr_rows))
+    return out, stats
+
+
+def quantize_weight(w, scheme, program, gscale, name, model_dtype):
+    rule = program.mx_rule
+    if scheme.weight == "nvfp4":
+        return F.quantize_nvfp4(w, global_scale=gscale, name=name)
+    if scheme.weight == "mxfp4":
+        return F.quantize_mxfp4(w, rule=rule, name=name)
+    if scheme.weight == "mxfp8":
+        return F.quantize_mxfp8(w, rule=rule, name=name)
+    q = F.quantize_fp8(w, scheme.granularity, block=scheme.block or (128, 128), name=name)
+    stored = _round_up(q.scale, model_dtype)
+    if torch.equal(stored.float(), q.scale):
+        return q
+    return F.quantize_fp8(w, scheme.granularity, scale=stored.float(),
+                          block=scheme.block or (128, 128), name=name)
+
+
+def _round_up(scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Smallest `dtype` values >= the fp32 scales (rounding down would clip amax)."""
+    s = scale.to(dtype)
+    low = s.float() < scale
+    return torch.where(low, torch.nextafter(s, torch.full_like(s, float("inf"))), s)
+
+
+def ct_tensors(q, scheme, module, program, members, model_dtype) -> dict[str, torch.Tensor]:
+    m = module
+    if scheme.weight in ("nvfp4", "mxfp4"):
+        out = {f"{m}.weight_packed": q.data, f"{m}.weight_scale": q.scale}
+        if scheme.weight == "nvfp4":
+            out[f"{m}.weight_global_scale"] = q.global_scale.reshape(1).float()
+            if scheme.act_static:
+                amax = torch.tensor([max(program.act_amax[t.module] for t in members)])
+                out[f"{m}.input_global_scale"] = F.nvfp4_global_scale(amax.float())
+        return out
+    out = {f"{m}.weight": q.data, f"{m}.weight_scale": q.scale if scheme.weight == "mxfp8"
+           else q.scale.to(model_dtype)}
+    if scheme.act_static:  # fp8 static per-tensor input scale, dequant multiplier amax/448
+        s = torch.tensor([program.act_amax[module] / F.E4M3_MAX]).clamp_min(1e-12)
+        out[f"{m}.input_scale"] = _round_up(s, model_dtype)
+    return out
+
+
+def layer_stats(t, w, q, scheme, rows: int) -> dict:
+    """Weight SQNR (dB) on up to `rows` evenly spaced rows (all rows when rows=0)."""
+    n = w.shape[0]
+    idx = torch.arange(n) if rows <= 0 or rows >= n else torch.linspace(0, n - 1, rows).round().long()
+    ref = w[idx].float()
+    deq = dequantize_rows(q, idx, scheme)
+    err = (ref - deq).pow(2).sum().item()
+    sig = ref.pow(2).sum().item()
+    sqnr = float("inf") if err == 0 else 10.0 * torch.log10(torch.tensor(sig / err)).item()
+    return {"module": t.module, "format": scheme.name, "shape": list(t.shape),
+            "sqnr_db": round(sqnr, 3) if sqnr != float("inf") else None}
+
+
+def dequantize_rows(q, idx: torch.Tensor, scheme) -> torch.Tensor:
+    """Dequantize only rows `idx` of a quantized [N, K] weight (fp32)."""
+    data = q.data[idx]
+    if q.format == "fp8":
+        s = q.scale.float()
+        if q.granularity == "tensor":
+            return data.float() * s.reshape(())
+        if q.granularity == "channel":
+            return data.float() * s[idx]
+        bn, bk = q.block
+        k = data.shape[-1]
+        per_row = s[idx // bn].repeat_interleave(bk, dim=1)[:, :k]
+        return data.float() * per_row
+    sub = dataclasses.replace(q, data=data, scale=q.scale[idx], shape=(len(idx), q.shape[-1]))
+    return F.dequantize(sub, torch.float32)

@@ -1,0 +1,190 @@
+"""`select`: decide from the checkpoint what is quantized, and in which groups.
+
+Rules (docs/design.md):
+- Candidates are the Linear weights of decoder layers: 2-D floating `*.weight`
+  tensors under a numbered layer prefix (`layers.3.`, `layer.3.`, `h.3.`,
+  `blocks.3.`), and MoE experts stored fused as 3-D tensors
+  (`experts.gate_up_proj` [E, 2I, H], `experts.down_proj` [E, H, I],
+  transformers v5 layout) which are split into per-expert Linear weights.
+- A default ignore list (lm_head, embeddings, norms, MoE router gates, vision
+  towers) is extended by `--ignore` (globs, or regexes prefixed `re:`).
+- Every 2-D weight that is not quantized and is not an embedding goes into the
+  artifact's `ignore` list, so loaders leave that Linear in high precision.
+- Linears that engines fuse (q/k/v, gate/up, MoE w1/w3, BERT query/key/value)
+  form one group; NVFP4 gives a group one shared global scale.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from dataclasses import dataclass
+
+from tfcompile.errors import CheckpointError, FormatError, RecipeError
+from tfcompile.pipeline.passes import PassResult, register_pass
+from tfcompile.schemes import Scheme, get_scheme
+
+DEFAULT_IGNORE = (
+    r"re:(^|.*\.)lm_head$",
+    r"re:.*(embed_tokens|embeddings|wte|wpe|embed_positions).*",
+    r"re:.*norm.*",
+    r"re:.*\.(mlp|block_sparse_moe|moe|feed_forward)\.(gate|router)$",
+    r"re:.*(router|shared_expert_gate)$",
+    r"re:.*(vision_tower|vision_model|visual|multi_modal_projector|mm_projector|image_newline).*",
+)
+_LAYER = re.compile(r"(^|\.)(layers|layer|h|blocks|block)\.\d+\.")
+_FLOAT = {"BF16", "F16", "F32"}
+# Module-name suffixes whose Linears engines fuse into one GEMM.
+_FUSE = {
+    "q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv",
+    "gate_proj": "gate_up", "up_proj": "gate_up",
+    "w1": "w13", "w3": "w13",
+    "query": "qkv", "key": "qkv", "value": "qkv",
+}
+
+
+@dataclass(frozen=True)
+class QuantTarget:
+    module: str  # output module name, e.g. model.layers.0.self_attn.q_proj
+    source: str  # source tensor name
+    expert: int | None  # index along dim 0 of a fused 3-D expert tensor
+    rows: tuple[int, int] | None  # [start, stop) rows of that slice (gate vs up halves)
+    shape: tuple[int, int]  # (N out_features, K in_features)
+
+
+@dataclass(frozen=True)
+class QuantGroup:
+    key: str  # e.g. model.layers.0.self_attn.qkv
+    members: tuple[QuantTarget, ...]
+
+
+@dataclass(frozen=True)
+class QuantPlan:
+    scheme: Scheme
+    groups: tuple[QuantGroup, ...]
+    passthrough: tuple[str, ...]  # source tensors copied verbatim
+    ignore: tuple[str, ...]  # Linear module names left unquantized (config.json `ignore`)
+    sources: frozenset[str]  # source tensors consumed by quantized groups
+
+    def targets(self) -> list[QuantTarget]:
+        return [t for g in self.groups for t in g.members]
+
+
+@dataclass(frozen=True)
+class SelectConfig:
+    format: str = "nvfp4"
+    ignore: tuple[str, ...] = ()  # extra patterns: globs over module names, or "re:<regex>"
+    use_default_ignore: bool = True
+    fuse_groups: bool = True  # group q/k/v and gate/up (shared NVFP4 global scale)
+
+
+def _supports(recipe, cfg: SelectConfig) -> str | None:
+    get_scheme(cfg.format)  # raises RecipeError naming the valid formats
+    for p in cfg.ignore:
+        _compile(p)
+    return None
+
+
+@register_pass("select", config=SelectConfig, requires=("source", "model"), produces=("plan",),
+               supports=_supports)
+def select(ctx, cfg: SelectConfig, reporter) -> PassResult:
+    """Choose the Linear weights to quantize and group the ones engines fuse."""
+    scheme = get_scheme(cfg.format)
+    patterns = [_compile(p) for p in (DEFAULT_IGNORE if cfg.use_default_ignore else ()) + cfg.ignore]
+    targets, ignored, consumed = [], set(), set()
+    for name in ctx.source.names():
+        info = ctx.source.info(name)
+        module = name[: -len(".weight")] if name.endswith(".weight") else name
+        found = _candidates(name, module, info, ctx.model)
+        if found is None:
+            if len(info.shape) == 2 and name.endswith(".weight") and not _is_embedding(module):
+                ignored.add(module)
+            continue
+        if any(p(module) for p in patterns) or any(p(t.module) for t in found for p in patterns):
+            ignored.update(t.module for t in found)
+            continue
+        _check_target(name, info, scheme)
+        targets.extend(found)
+        consumed.add(name)
+    if ctx.model.tie_word_embeddings or "lm_head.weight" not in ctx.source.names():
+        ignored.add("lm_head")  # a tied lm_head is a Linear with no tensor of its own
+    groups = _group(targets, cfg.fuse_groups)
+    passthrough = tuple(n for n in ctx.source.names() if n not in consumed)
+    plan = QuantPlan(scheme, groups, passthrough, tuple(sorted(ignored)), frozenset(consumed))
+    stats = {"quantized_linears": len(targets), "groups": len(groups),
+             "ignored_linears": len(ignored), "passthrough_tensors": len(passthrough)}
+    return PassResult(ctx.with_(plan=plan), stats)
+
+
+def _compile(pattern: str):
+    if pattern.startswith("re:"):
+        try:
+            rx = re.compile(pattern[3:])
+        except re.error as e:
+            raise RecipeError(f"--ignore {pattern!r}: invalid regex ({e})",
+                              hint="regexes start with re: and use Python syntax") from None
+        return lambda m: rx.fullmatch(m) is not None
+    return lambda m: fnmatch.fnmatchcase(m, pattern)
+
+
+def _is_embedding(module: str) -> bool:
+    return re.search(r"(embed|wte|wpe)", module) is not None
+
+
+def _candidates(name: str, module: str, info, model) -> list[QuantTarget] | None:
+    """The Linear weight(s) this tensor holds, or None if it holds none."""
+    if not _LAYER.search(name):
+        return None
+    shape = tuple(info.shape)
+    if len(shape) == 2 and name.endswith(".weight"):
+        return [QuantTarget(module, name, None, None, (shape[0], shape[1]))]
+    if len(shape) == 3 and re.search(r"experts\.(gate_up_proj|down_proj)(\.weight)?$", name):
+        return _split_experts(name, shape, model)
+    return None
+
+
+def _split_experts(name: str, shape: tuple, model) -> list[QuantTarget]:
+    """Per-expert Linear weights of a fused [E, N, K] tensor (transformers v5 layout)."""
+    prefix = name[: name.index("experts.") + len("experts")]
+    n_exp, n, k = shape
+    if "gate_up_proj" in name:
+        inter = model.moe_intermediate
+        if n % 2 or (inter and n != 2 * inter) or (model.hidden_size and k != model.hidden_size):
+            raise CheckpointError(
+                f"fused expert tensor {name} has shape {list(shape)}; expected [E, 2*I, H]"
+                f" with I={inter}, H={model.hidden_size}",
+                hint=f"this fused layout is not supported yet; pass --ignore '{prefix}*'")
+        half = n // 2
+        return [QuantTarget(f"{prefix}.{e}.{proj}", name, e, (lo, lo + half), (half, k))
+                for e in range(n_exp) for proj, lo in (("gate_proj", 0), ("up_proj", half))]
+    return [QuantTarget(f"{prefix}.{e}.down_proj", name, e, None, (n, k)) for e in range(n_exp)]
+
+
+def _check_target(name: str, info, scheme: Scheme) -> None:
+    if info.dtype not in _FLOAT:
+        hint = ("the checkpoint looks already quantized; start from the bf16 original"
+                if info.dtype.startswith(("F8", "U8", "I8")) else "convert it to bf16/fp16/fp32")
+        raise CheckpointError(f"tensor {name} has dtype {info.dtype}; only BF16, F16 and F32 "
+                              f"weights can be quantized", hint=hint)
+    k = info.shape[-1]
+    if k % scheme.k_multiple:
+        module = name[: -len(".weight")] if name.endswith(".weight") else name
+        raise FormatError(
+            f"tensor {name}: in_features {k} is not a multiple of {scheme.k_multiple}, "
+            f"the {scheme.name} block size",
+            hint=f"leave it in high precision with --ignore '{module}'")
+
+
+def _group(targets: list[QuantTarget], fuse: bool) -> tuple[QuantGroup, ...]:
+    """Group targets by parent module and fusion role; order is deterministic."""
+    groups: dict[str, list[QuantTarget]] = {}
+    for t in targets:
+        parent, _, leaf = t.module.rpartition(".")
+        role = _FUSE.get(leaf) if fuse else None
+        key = f"{parent}.{role}" if role else t.module
+        groups.setdefault(key, []).append(t)
+    return tuple(QuantGroup(k, tuple(v)) for k, v in sorted(groups.items(), key=lambda kv: _natural(kv[0])))
+
+
+def _natural(s: str) -> list:
+    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", s)]

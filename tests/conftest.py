@@ -1,0 +1,66 @@
+"""Shared fixtures: tiny real checkpoints built in code, and a CLI runner."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+_MODELS = Path(__file__).resolve().parent / "fixtures" / "models.py"
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def load_models_module():
+    spec = importlib.util.spec_from_file_location("tfcompile_test_models_shared", _MODELS)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def model_factory():
+    """tests/fixtures/models.py: make_tiny_llama, make_tiny_qwen3_moe, ..."""
+    return load_models_module()
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_src(model_factory, tmp_path_factory) -> Path:
+    return model_factory.make_tiny_llama(tmp_path_factory.mktemp("src") / "tiny-llama")
+
+
+@pytest.fixture
+def tiny_llama(tiny_llama_src, tmp_path) -> Path:
+    """A private copy (tests may corrupt it)."""
+    dst = tmp_path / "tiny-llama"
+    shutil.copytree(tiny_llama_src, dst)
+    return dst
+
+
+@dataclass
+class CliResult:
+    code: int
+    out: str
+    err: str
+
+    def json(self):
+        return json.loads(self.out)
+
+
+@pytest.fixture
+def run_cli(capsys):
+    """Run `tfcompile ARGS...` in-process; returns exit code, stdout and stderr."""
+    from tfcompile.cli.main import main
+
+    def run(*args: str) -> CliResult:
+        capsys.readouterr()
+        code = main([str(a) for a in args])
+        cap = capsys.readouterr()
+        return CliResult(code, cap.out, cap.err)
+
+    return run

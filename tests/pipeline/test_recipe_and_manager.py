@@ -1,0 +1,129 @@
+"""Recipe building and schedule validation (no checkpoint needed)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import pytest
+
+from tfcompile.errors import RecipeError
+from tfcompile.pipeline import manager
+from tfcompile.pipeline.context import Context
+from tfcompile.pipeline.passes import REGISTRY, PassResult, PassSpec
+from tfcompile.recipe.build import build_recipe, preset_pipeline
+from tfcompile.recipe.schema import PassEntry, Recipe
+
+
+def test_presets_schedule_calibration_only_for_static_activations():
+    assert "calibrate" in preset_pipeline("nvfp4")  # W4A4: input_global_scale is static
+    assert "calibrate" in preset_pipeline("fp8")  # per-tensor static input_scale
+    for fmt in ("nvfp4a16", "mxfp4", "mxfp4a16", "mxfp8", "fp8-dynamic", "fp8-block"):
+        assert "calibrate" not in preset_pipeline(fmt), fmt
+
+
+def test_file_and_flags_build_the_same_recipe(tmp_path):
+    f = tmp_path / "r.toml"
+    f.write_text('version = 1\nformat = "fp8-block"\n[passes.select]\nignore = ["*.down_proj"]\n'
+                 '[passes.pack]\nmax_shard_mb = 100\n')
+    from_file = build_recipe(recipe_file=f)
+    from_flags = build_recipe(fmt="fp8-block", sets=["pack.max_shard_mb=100"],
+                              overrides={"select": {"ignore": ["*.down_proj"]}})
+    assert from_file == from_flags
+    assert json.dumps(from_file.to_dict()) == json.dumps(from_flags.to_dict())
+
+
+def test_set_coerces_types_and_rejects_unknown_fields():
+    r = build_recipe(fmt="fp8", sets=["calibrate.samples=3", "verify.strict=false"])
+    assert r.config("calibrate").samples == 3 and r.config("verify").strict is False
+    with pytest.raises(RecipeError, match="unknown option.*bogus"):
+        build_recipe(fmt="fp8", sets=["calibrate.bogus=1"])
+    with pytest.raises(RecipeError, match="expected int"):
+        build_recipe(fmt="fp8", sets=["calibrate.samples=many"])
+    with pytest.raises(RecipeError, match="pass.field=value"):
+        build_recipe(fmt="fp8", sets=["samples=3"])
+
+
+def test_recipe_file_errors_name_the_file(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("version = 1\nformat = [\n")
+    with pytest.raises(RecipeError, match="bad.toml"):
+        build_recipe(recipe_file=bad)
+    old = tmp_path / "old.toml"
+    old.write_text('version = 7\nformat = "fp8"\n')
+    with pytest.raises(RecipeError, match="version 7"):
+        build_recipe(recipe_file=old)
+
+
+def test_ignore_extends_instead_of_replacing(tmp_path):
+    f = tmp_path / "r.json"
+    f.write_text(json.dumps({"version": 1, "format": "nvfp4a16",
+                             "passes": {"select": {"ignore": ["a.*"]}}}))
+    r = build_recipe(recipe_file=f, overrides={"select": {"ignore": ["b.*"]}})
+    assert r.config("select").ignore == ("a.*", "b.*")
+
+
+def test_validate_names_the_pass_and_its_predecessors():
+    r = build_recipe(fmt="nvfp4a16", skip=["quantize"])
+    with pytest.raises(RecipeError) as e:
+        manager.validate(r)
+    msg = str(e.value)
+    assert "pass 'pack' requires program" in msg and "load, select" in msg
+    assert "'quantize'" in e.value.hint
+
+
+def test_until_cuts_the_pipeline():
+    assert build_recipe(fmt="nvfp4a16", until="select").names() == ("load", "select")
+
+
+@dataclass(frozen=True)
+class _Cfg:
+    pass
+
+
+def test_manager_runs_in_order_records_stats_and_names_failures(tmp_path):
+    calls = []
+
+    def ok(ctx, cfg, rep):
+        calls.append("ok")
+        return PassResult(ctx.with_(plan="p"), {"n": 1})
+
+    def boom(ctx, cfg, rep):
+        calls.append("boom")
+        raise ValueError("kaput")
+
+    REGISTRY["_t_ok"] = PassSpec("_t_ok", _Cfg, frozenset({"source_path"}), frozenset({"plan"}), ok, "")
+    REGISTRY["_t_boom"] = PassSpec("_t_boom", _Cfg, frozenset({"plan"}), frozenset(), boom, "")
+    try:
+        ctx = Context(source_path=tmp_path, out_dir=None, recipe=None)
+        good = Recipe(1, "custom", (PassEntry("_t_ok", _Cfg()),))
+        out = manager.run(ctx, good)
+        assert out.plan == "p" and out.pass_stats["_t_ok"]["n"] == 1
+        bad = Recipe(1, "custom", (PassEntry("_t_ok", _Cfg()), PassEntry("_t_boom", _Cfg())))
+        with pytest.raises(manager.PassFailed) as e:
+            manager.run(ctx, bad)
+        assert "pass '_t_boom' failed: ValueError: kaput" in str(e.value)
+        assert "passes run before it: _t_ok" in str(e.value)
+        assert calls == ["ok", "ok", "boom"]
+    finally:
+        REGISTRY.pop("_t_ok")
+        REGISTRY.pop("_t_boom")
+
+
+def test_pass_that_does_not_produce_what_it_declares_fails(tmp_path):
+    REGISTRY["_t_lazy"] = PassSpec("_t_lazy", _Cfg, frozenset(), frozenset({"plan"}),
+                                   lambda c, cfg, r: PassResult(c), "")
+    try:
+        ctx = Context(source_path=tmp_path, out_dir=None, recipe=None)
+        with pytest.raises(manager.PassFailed, match="did not produce plan"):
+            manager.run(ctx, Recipe(1, "custom", (PassEntry("_t_lazy", _Cfg()),)))
+    finally:
+        REGISTRY.pop("_t_lazy")
+
+
+def test_context_is_immutable(tmp_path):
+    ctx = Context(source_path=tmp_path, out_dir=None, recipe=None)
+    with pytest.raises(Exception):
+        ctx.plan = 1  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        ctx.with_(nonsense=1)

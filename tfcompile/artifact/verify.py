@@ -1,0 +1,174 @@
+"""`tfcompile verify`: check an artifact before it ships.
+
+Checks, each reported by name: manifest schema; sha256 of every file; every
+quantized layer present with the dtypes and shapes its scheme implies; packed
+weights unpack to the shape config.json promises; scales finite and non-zero;
+fused groups (q/k/v, gate/up, expert w1/w3) share one NVFP4 global scale.
+Only headers and scale tensors are read; packed weights are never loaded.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from tfcompile.errors import VerifyError
+from tfcompile.io.hashing import sha256_file
+from tfcompile.passes.quantize.naming import ct_outputs
+from tfcompile.schemes import get_scheme
+
+MANIFEST = "tfcompile/manifest.json"
+SCHEMA_VERSIONS = (1,)
+
+
+@dataclass
+class VerifyReport:
+    path: str
+    checks: list[dict] = field(default_factory=list)  # {"check", "ok", "detail"}
+
+    @property
+    def ok(self) -> bool:
+        return all(c["ok"] for c in self.checks)
+
+    def add(self, check: str, ok: bool, detail: str = "") -> None:
+        self.checks.append({"check": check, "ok": bool(ok), "detail": detail})
+
+    def failures(self) -> list[dict]:
+        return [c for c in self.checks if not c["ok"]]
+
+
+def load_manifest(path: Path) -> dict:
+    mpath = Path(path) / MANIFEST
+    if not mpath.is_file():
+        raise VerifyError(f"{mpath}: no manifest; {path} is not a tfcompile artifact",
+                          hint="point at the directory `tfcompile quantize -o` wrote")
+    try:
+        doc = json.loads(mpath.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise VerifyError(f"{mpath}: manifest is not valid JSON ({e})",
+                          hint="the artifact is corrupt; rebuild it") from None
+    if not isinstance(doc, dict) or doc.get("schema_version") not in SCHEMA_VERSIONS:
+        raise VerifyError(f"{mpath}: unsupported schema_version {doc.get('schema_version')!r}",
+                          hint="upgrade tfcompile or rebuild the artifact")
+    return doc
+
+
+def verify_artifact(path: Path) -> VerifyReport:
+    path = Path(path)
+    doc = load_manifest(path)
+    rep = VerifyReport(str(path))
+    rep.add("manifest", True, f"schema {doc['schema_version']}")
+    _check_files(path, doc, rep)
+    headers = _headers(path, rep)
+    scheme = get_scheme(doc["scheme"]["name"])
+    _check_layers(path, doc, scheme, headers, rep)
+    _check_config_shapes(path, doc, rep)
+    _check_scales(path, headers, rep)
+    _check_groups(path, doc, scheme, headers, rep)
+    return rep
+
+
+def _check_files(path: Path, doc: dict, rep: VerifyReport) -> None:
+    bad = []
+    for rel, digest in sorted(doc.get("files", {}).items()):
+        f = path / rel
+        if not f.is_file():
+            bad.append(f"{rel}: missing")
+        elif sha256_file(f) != digest:
+            bad.append(f"{rel}: sha256 mismatch")
+    rep.add("checksums", not bad, "; ".join(bad) or f"{len(doc.get('files', {}))} files match")
+
+
+def _headers(path: Path, rep: VerifyReport) -> dict[str, tuple[Path, torch.dtype, tuple]]:
+    """name -> (file, dtype, shape) for every tensor of the compressed-tensors view."""
+    out = {}
+    for f in sorted(path.glob("*.safetensors")):
+        with safe_open(f, framework="pt") as h:
+            for name in h.keys():
+                sl = h.get_slice(name)
+                out[name] = (f, _dtype(sl.get_dtype()), tuple(sl.get_shape()))
+    return out
+
+
+_CODES = {"U8": torch.uint8, "F8_E4M3": torch.float8_e4m3fn, "F32": torch.float32,
+          "BF16": torch.bfloat16, "F16": torch.float16}
+
+
+def _dtype(code: str):
+    return _CODES.get(code, code)
+
+
+def _check_layers(path, doc, scheme, headers, rep) -> None:
+    bad = []
+    for layer in doc.get("layers", []):
+        n, k = layer["shape"]
+        for spec in ct_outputs(scheme, layer["module"], n, k, torch.bfloat16):
+            got = headers.get(spec.name)
+            if got is None:
+                bad.append(f"{spec.name}: missing")
+                continue
+            want_dtype = spec.dtype if spec.dtype != torch.bfloat16 else got[1]  # model-dtype scales
+            if got[1] != want_dtype or got[2] != spec.shape:
+                bad.append(f"{spec.name}: {got[1]} {list(got[2])}, expected {want_dtype} {list(spec.shape)}")
+    rep.add("layers present", not bad, "; ".join(bad[:5]) or f"{len(doc.get('layers', []))} layers")
+
+
+def _check_config_shapes(path: Path, doc: dict, rep: VerifyReport) -> None:
+    """Unpacked weight shapes must equal the Linear shapes the model config implies."""
+    from tfcompile.artifact.shapes import expected_linear_shapes
+
+    expected = expected_linear_shapes(path / "config.json")
+    if expected is None:
+        rep.add("shapes vs config", True, "architecture not known to transformers: skipped")
+        return
+    bad, checked = [], 0
+    for layer in doc.get("layers", []):
+        want = expected.get(layer["module"])
+        if want is None:
+            continue
+        checked += 1
+        if tuple(layer["shape"]) != want:
+            bad.append(f"{layer['module']}: {layer['shape']} vs config {list(want)}")
+    rep.add("shapes vs config", not bad, "; ".join(bad[:5]) or f"{checked} layers match config.json")
+
+
+def _check_scales(path: Path, headers: dict, rep: VerifyReport) -> None:
+    bad = []
+    for name, (f, dtype, shape) in headers.items():
+        if not name.endswith(("weight_scale", "weight_global_scale", "input_global_scale", "input_scale")):
+            continue
+        with safe_open(f, framework="pt") as h:
+            t = h.get_tensor(name)
+        if t.dtype == torch.uint8:  # E8M0: 0xFF is NaN; 2^(e-127) is never zero
+            if (t == 255).any():
+                bad.append(f"{name}: E8M0 NaN (0xFF)")
+            continue
+        v = t.float()
+        if not torch.isfinite(v).all():
+            bad.append(f"{name}: not finite")
+        elif (v <= 0).any():
+            bad.append(f"{name}: zero or negative")
+    rep.add("scales finite and non-zero", not bad, "; ".join(bad[:5]) or "all scales valid")
+
+
+def _check_groups(path, doc, scheme, headers, rep) -> None:
+    if not scheme.shares_global_scale:
+        rep.add("fused groups share global scale", True, "not applicable")
+        return
+    bad = []
+    for group in doc.get("groups", []):
+        values = set()
+        for module in group:
+            name = f"{module}.weight_global_scale"
+            if name not in headers:
+                continue
+            with safe_open(headers[name][0], framework="pt") as h:
+                values.add(h.get_tensor(name).float().item())
+        if len(values) > 1:
+            bad.append(f"{', '.join(group)}: {sorted(values)}")
+    rep.add("fused groups share global scale", not bad,
+            "; ".join(bad[:3]) or f"{len(doc.get('groups', []))} groups")

@@ -1,0 +1,90 @@
+"""The pass manager: check the whole schedule, then run it pass by pass.
+
+`validate` walks the recipe without running anything: every pass's `requires`
+must be in the starting context or produced by an earlier pass, and every
+pass's `supports` check must pass. `run` executes, times each pass, checks
+that it produced what it declared, and on failure names the failing pass and
+the passes that ran before it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from tfcompile.errors import RecipeError, TfcompileError
+from tfcompile.pipeline.context import INITIAL_FIELDS, Context
+from tfcompile.pipeline.passes import PassSpec, get_pass
+from tfcompile.pipeline.report import NullReporter
+
+
+class PassFailed(TfcompileError):
+    """A pass raised. Keeps the inner error's exit code and hint."""
+
+    def __init__(self, name: str, before: list[str], inner: BaseException):
+        msg = str(inner.message if isinstance(inner, TfcompileError) else f"{type(inner).__name__}: {inner}")
+        ran = ", ".join(before) or "none"
+        super().__init__(f"pass '{name}' failed: {msg} (passes run before it: {ran})",
+                         getattr(inner, "hint", None) or f"rerun with --until {name} to reproduce")
+        self.exit_code = getattr(inner, "exit_code", 2)
+        self.pass_name = name
+        self.inner = inner
+
+
+def validate(recipe: Any) -> list[PassSpec]:
+    """Check the schedule statically; return the pass specs in order."""
+    available = set(INITIAL_FIELDS)
+    specs, seen = [], []
+    for entry in recipe.passes:
+        spec = get_pass(entry.name)
+        missing = sorted(spec.requires - available)
+        if missing:
+            makers = _producers(missing)
+            raise RecipeError(
+                f"pass '{spec.name}' requires {', '.join(missing)}, which no earlier pass produces"
+                f" (passes before it: {', '.join(seen) or 'none'})",
+                hint=f"schedule {makers} before '{spec.name}', or drop it from --skip/--until",
+            )
+        if spec.supports is not None:
+            reason = spec.supports(recipe, entry.config)
+            if reason:
+                raise RecipeError(f"pass '{spec.name}' cannot run: {reason}",
+                                  hint=f"change the recipe or --skip {spec.name}")
+        available |= spec.produces
+        specs.append(spec)
+        seen.append(spec.name)
+    return specs
+
+
+def _producers(fields: list[str]) -> str:
+    from tfcompile.pipeline.passes import REGISTRY
+
+    names = sorted({s.name for s in REGISTRY.values() if s.produces & set(fields)})
+    return " or ".join(f"'{n}'" for n in names) or "a pass that produces them"
+
+
+def run(ctx: Context, recipe: Any, reporter: Any = None) -> Context:
+    """Run `recipe` over `ctx`; returns the final context with per-pass stats."""
+    reporter = reporter or NullReporter()
+    specs = validate(recipe)
+    stats: dict[str, dict] = dict(ctx.pass_stats)
+    done: list[str] = []
+    for spec, entry in zip(specs, recipe.passes):
+        reporter.pass_started(spec.name)
+        t0 = time.perf_counter()
+        try:
+            result = spec.run(ctx, entry.config, reporter)
+        except (KeyboardInterrupt, PassFailed):
+            raise
+        except BaseException as e:  # noqa: BLE001 - re-raised with the pass named
+            reporter.pass_failed(spec.name)
+            raise PassFailed(spec.name, done, e) from e
+        seconds = time.perf_counter() - t0
+        lost = sorted(f for f in spec.produces if getattr(result.ctx, f) is None)
+        if lost:
+            raise PassFailed(spec.name, done, RuntimeError(f"did not produce {', '.join(lost)}"))
+        stats[spec.name] = {"seconds": round(seconds, 4), **dict(result.stats)}
+        ctx = result.ctx.with_(pass_stats=dict(stats))
+        reporter.pass_finished(spec.name, seconds, result.stats)
+        done.append(spec.name)
+    return ctx

@@ -1,0 +1,136 @@
+"""Build a Recipe from presets, a recipe file and CLI edits (one code path)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tomllib
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from tfcompile.errors import RecipeError
+from tfcompile.pipeline.passes import get_pass
+from tfcompile.recipe.schema import RECIPE_VERSION, PassEntry, Recipe, build_config, coerce
+from tfcompile.schemes import get_scheme
+
+
+def preset_pipeline(fmt: str) -> list[str]:
+    """The pass list `tfcompile quantize --format FMT` runs."""
+    scheme = get_scheme(fmt)
+    names = ["load", "select"]
+    if scheme.act_static:
+        names.append("calibrate")  # static activation scales need statistics
+    names += ["quantize", "pack", "manifest", "verify"]
+    return names
+
+
+def load_recipe_file(path: Path) -> dict:
+    """Parse a TOML or JSON recipe file into a plain mapping (no code is run)."""
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise RecipeError(f"cannot read recipe {path}: {e.strerror}", hint="check the path") from None
+    try:
+        data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
+    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as e:
+        raise RecipeError(f"recipe {path} is not valid {path.suffix.lstrip('.') or 'TOML'}: {e}",
+                          hint="recipes are TOML (.toml) or JSON (.json)") from None
+    if not isinstance(data, dict):
+        raise RecipeError(f"recipe {path}: top level must be a table", hint="see docs/cli.md")
+    version = data.get("version")
+    if version != RECIPE_VERSION:
+        raise RecipeError(f"recipe {path}: version {version!r} is not supported",
+                          hint=f"set version = {RECIPE_VERSION}")
+    unknown = set(data) - {"version", "format", "pipeline", "passes"}
+    if unknown:
+        raise RecipeError(f"recipe {path}: unknown key(s) {sorted(unknown)}",
+                          hint="top-level keys: version, format, pipeline, passes")
+    return data
+
+
+def build_recipe(
+    *,
+    fmt: str | None = None,
+    recipe_file: Path | None = None,
+    sets: Iterable[str] = (),
+    skip: Iterable[str] = (),
+    until: str | None = None,
+    overrides: Mapping[str, Mapping[str, Any]] | None = None,
+) -> Recipe:
+    """Presets < recipe file < CLI options (`overrides`) < --set; then --skip/--until."""
+    data = load_recipe_file(recipe_file) if recipe_file else {"version": RECIPE_VERSION}
+    fmt = fmt or data.get("format")
+    pipeline = list(data.get("pipeline") or (preset_pipeline(fmt) if fmt else []))
+    if not pipeline:
+        raise RecipeError("no pipeline: give --format or a recipe with `format` or `pipeline`",
+                          hint="e.g. tfcompile quantize --format nvfp4 MODEL -o OUT")
+    values: dict[str, dict[str, Any]] = {n: {} for n in pipeline}
+    if fmt and "select" in values:
+        values["select"]["format"] = fmt
+    for name, table in (data.get("passes") or {}).items():
+        _merge(values, name, table, f"recipe passes.{name}")
+    for name, table in (overrides or {}).items():
+        _merge(values, name, table, f"option for pass {name}")
+    for item in sets:
+        name, key, raw = _parse_set(item)
+        _merge(values, name, {key: _parse_value(raw)}, f"--set {item}")
+    pipeline = _cut(pipeline, skip, until)
+    entries = tuple(PassEntry(n, build_config(get_pass(n).config, values[n], f"pass {n}"))
+                    for n in pipeline)
+    return Recipe(RECIPE_VERSION, fmt or "custom", entries)
+
+
+def _merge(values: dict, name: str, table: Mapping[str, Any], where: str) -> None:
+    if name not in values:
+        raise RecipeError(f"{where}: pass {name!r} is not in this pipeline",
+                          hint="pipeline: " + ", ".join(values))
+    if not isinstance(table, Mapping):
+        raise RecipeError(f"{where}: expected a table of options", hint="see docs/cli.md")
+    cur = values[name]
+    for k, v in table.items():
+        if k == "ignore" and isinstance(v, (list, tuple)) and k in cur:
+            cur[k] = tuple(cur[k]) + tuple(v)  # ignore lists extend, never replace
+        else:
+            cur[k] = v
+
+
+def _parse_set(item: str) -> tuple[str, str, str]:
+    key, sep, raw = item.partition("=")
+    name, dot, field = key.partition(".")
+    if not sep or not dot or not name or not field:
+        raise RecipeError(f"--set {item!r} is not of the form pass.field=value",
+                          hint="e.g. --set pack.max_shard_mb=2000")
+    return name.strip(), field.strip(), raw.strip()
+
+
+def _parse_value(raw: str) -> Any:
+    """CLI values: JSON when it parses (numbers, true, lists), else the plain string."""
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        return raw
+
+
+def _cut(pipeline: list[str], skip: Iterable[str], until: str | None) -> list[str]:
+    skip = list(skip)
+    for s in skip + ([until] if until else []):
+        if s not in pipeline:
+            raise RecipeError(f"pass {s!r} is not in the pipeline",
+                              hint="pipeline: " + ", ".join(pipeline))
+    if until:
+        pipeline = pipeline[: pipeline.index(until) + 1]
+    return [p for p in pipeline if p not in skip]
+
+
+def replace_config(recipe: Recipe, name: str, **changes: Any) -> Recipe:
+    """A copy of `recipe` with fields of pass `name` changed (values coerced)."""
+    out = []
+    for p in recipe.passes:
+        if p.name == name:
+            cfg = dataclasses.replace(p.config, **changes)
+            p = PassEntry(name, cfg)
+        out.append(p)
+    return dataclasses.replace(recipe, passes=tuple(out))
+
+
+__all__ = ["build_recipe", "preset_pipeline", "load_recipe_file", "replace_config", "coerce"]

@@ -1,0 +1,82 @@
+"""Quantization schemes: what a `--format` name means, in one table.
+
+A scheme ties together the weight encoding (kernels/formats), the activation
+treatment, the compressed-tensors preset that vLLM/SGLang read, and the
+modelopt `quant_algo` that TensorRT-LLM reads. Names follow llm-compressor's
+presets (`NVFP4` is W4A4, `NVFP4A16` weight-only, ...) so users recognise them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tfcompile.errors import RecipeError
+
+
+@dataclass(frozen=True)
+class Scheme:
+    name: str  # CLI name, e.g. "nvfp4a16"
+    weight: str  # kernels/formats format: "nvfp4" | "mxfp4" | "mxfp8" | "fp8"
+    granularity: str  # fp8: "tensor" | "channel" | "block"; block formats: "group"
+    block: tuple[int, ...]  # elements per scale along (N, K) or K
+    act: str | None  # None = weight-only; else how activations are quantized
+    act_static: bool  # True: a calibrated input scale is stored in the artifact
+    ct_preset: str  # compressed_tensors.quantization.quant_scheme.PRESET_SCHEMES key
+    ct_format: str  # compressed-tensors CompressionFormat value
+    modelopt_algo: str | None  # hf_quant_config.json quant_algo; None: no modelopt view
+    summary: str
+
+    @property
+    def packed(self) -> bool:
+        """4-bit formats store two codes per byte as `weight_packed`."""
+        return self.weight in ("nvfp4", "mxfp4")
+
+    @property
+    def k_multiple(self) -> int:
+        """K (in_features) must be a multiple of this (packing and scale blocks)."""
+        return {"nvfp4": 16, "mxfp4": 32, "mxfp8": 32}.get(self.weight, 1)
+
+    @property
+    def shares_global_scale(self) -> bool:
+        """NVFP4 engines need q/k/v and gate/up to share one global scale."""
+        return self.weight == "nvfp4"
+
+
+_SCHEMES = (
+    Scheme("nvfp4", "nvfp4", "group", (16,), "nvfp4", True, "NVFP4",
+           "nvfp4-pack-quantized", "NVFP4",
+           "NVFP4 weights and activations (W4A4); Blackwell FP4 tensor cores"),
+    Scheme("nvfp4a16", "nvfp4", "group", (16,), None, False, "NVFP4A16",
+           "nvfp4-pack-quantized", "W4A16_NVFP4",
+           "NVFP4 weights, bf16 activations (W4A16); runs on Hopper too"),
+    Scheme("mxfp4", "mxfp4", "group", (32,), "mxfp4", False, "MXFP4",
+           "mxfp4-pack-quantized", "MXFP4",
+           "MXFP4 weights and dynamic MXFP4 activations (W4A4)"),
+    Scheme("mxfp4a16", "mxfp4", "group", (32,), None, False, "MXFP4A16",
+           "mxfp4-pack-quantized", "MXFP4",
+           "MXFP4 weights, bf16 activations (W4A16, GPT-OSS style)"),
+    Scheme("mxfp8", "mxfp8", "group", (32,), "mxfp8", False, "MXFP8",
+           "mxfp8-quantized", "MXFP8",
+           "MXFP8 weights and dynamic MXFP8 activations"),
+    Scheme("fp8", "fp8", "tensor", (), "fp8-static", True, "FP8",
+           "float-quantized", "FP8",
+           "FP8 E4M3 weights and static per-tensor activation scales"),
+    Scheme("fp8-dynamic", "fp8", "channel", (), "fp8-token", False, "FP8_DYNAMIC",
+           "float-quantized", "FP8_PC_PT",
+           "FP8 per-channel weights, dynamic per-token activations"),
+    Scheme("fp8-block", "fp8", "block", (128, 128), "fp8-group128", False, "FP8_BLOCK",
+           "float-quantized", "FP8_PB_WO",
+           "FP8 128x128-block weights, dynamic 1x128 activations (DeepSeek style)"),
+)
+
+SCHEMES: dict[str, Scheme] = {s.name: s for s in _SCHEMES}
+
+
+def get_scheme(name: str) -> Scheme:
+    try:
+        return SCHEMES[name]
+    except KeyError:
+        raise RecipeError(
+            f"unknown format {name!r}",
+            hint="choose one of: " + ", ".join(SCHEMES),
+        ) from None
