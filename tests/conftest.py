@@ -9,7 +9,11 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+import sys
+
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests_helpers, fixtures
 
 _MODELS = Path(__file__).resolve().parent / "fixtures" / "models.py"
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
