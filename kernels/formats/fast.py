@@ -1,0 +1,90 @@
+"""Fused fast path: thin torch wrappers around the C kernels in `_csrc`.
+
+Each function here computes exactly what the matching reference computes
+(tests/kernels/test_fast.py checks bit-equality); it only avoids the
+temporaries of eager torch. `available(x)` says whether a tensor can take
+this path (CPU, contiguous, kernel library built).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import _native
+from .checks import raise_nonfinite
+
+TILE = 16  # blocks per AVX-512 tile; thread slices are multiples of it
+
+
+def available(x: torch.Tensor) -> bool:
+    return x.device.type == "cpu" and x.dtype in _native.DTYPE_SUFFIX and _native.lib() is not None
+
+
+def _c(x: torch.Tensor) -> torch.Tensor:
+    return x if x.is_contiguous() else x.contiguous()
+
+
+def amax_grid(x: torch.Tensor, bk: int, name: str | None) -> torch.Tensor:
+    """x [..., K] -> float32 [rows, ceil(K/bk)] of max|x| per (row, column block)."""
+    x = _c(x)
+    k = x.shape[-1]
+    rows = x.numel() // k
+    nkb = -(-k // bk)
+    out = torch.empty(rows, nkb, dtype=torch.float32)
+    f, es = _native.fn("amax_grid", x.dtype), x.element_size()
+    xp, op = x.data_ptr(), out.data_ptr()
+    bad = _native.parallel(rows, lambda a, b: f(xp + a * k * es, b - a, k, bk, op + a * nkb * 4))
+    if bad:
+        raise_nonfinite(name)
+    return out
+
+
+def fp8_rows(x: torch.Tensor, scale_rows: torch.Tensor, bk: int, name: str | None) -> torch.Tensor:
+    """data[r, k] = cast_e4m3(x[r, k] / scale_rows[r, k // bk]) for x viewed [rows, K].
+
+    scale_rows: float32 [rows, ceil(K/bk)], or [1, ceil(K/bk)] shared by all rows."""
+    x = _c(x)
+    k = x.shape[-1]
+    rows = x.numel() // k
+    s = _c(scale_rows.float())
+    srs = 0 if s.shape[0] == 1 else s.shape[1]  # row stride into the scale table
+    out = torch.empty(x.shape, dtype=torch.uint8)
+    f, es = _native.fn("fp8_quant", x.dtype), x.element_size()
+    xp, sp, op = x.data_ptr(), s.data_ptr(), out.data_ptr()
+    bad = _native.parallel(
+        rows, lambda a, b: f(xp + a * k * es, b - a, k, sp + a * srs * 4, srs, bk, op + a * k))
+    if bad:
+        raise_nonfinite(name)
+    return out.view(torch.float8_e4m3fn)
+
+
+def nvfp4_blocks(x: torch.Tensor, g: float, name: str | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [..., K] (K % 16 == 0), global multiplier g -> (packed [..., K/2], e4m3 [..., K/16])."""
+    x = _c(x)
+    nb = x.numel() // 16
+    packed = torch.empty(*x.shape[:-1], x.shape[-1] // 2, dtype=torch.uint8)
+    scales = torch.empty(*x.shape[:-1], x.shape[-1] // 16, dtype=torch.uint8)
+    f, es = _native.fn("nvfp4_quant", x.dtype), x.element_size()
+    xp, pp, sp = x.data_ptr(), packed.data_ptr(), scales.data_ptr()
+    bad = _native.parallel(nb, lambda a, b: f(xp + a * 16 * es, b - a, g, pp + a * 8, sp + a), TILE)
+    if bad:
+        raise_nonfinite(name)
+    return packed, scales.view(torch.float8_e4m3fn)
+
+
+def mx_blocks(x: torch.Tensor, elem: int, ceil_rule: bool, name: str | None):
+    """x [..., K] (K % 32 == 0) -> (data, E8M0 scales [..., K/32]).
+
+    data: elem 4 -> packed uint8 [..., K/2]; elem 8 -> float8_e4m3fn [..., K]."""
+    x = _c(x)
+    nb = x.numel() // 32
+    per = 16 if elem == 4 else 32  # output bytes per block
+    data = torch.empty(*x.shape[:-1], x.shape[-1] * per // 32, dtype=torch.uint8)
+    scales = torch.empty(*x.shape[:-1], x.shape[-1] // 32, dtype=torch.uint8)
+    f, es = _native.fn("mx_quant", x.dtype), x.element_size()
+    xp, dp, sp = x.data_ptr(), data.data_ptr(), scales.data_ptr()
+    bad = _native.parallel(
+        nb, lambda a, b: f(xp + a * 32 * es, b - a, elem, int(ceil_rule), dp + a * per, sp + a), TILE)
+    if bad:
+        raise_nonfinite(name)
+    return (data if elem == 4 else data.view(torch.float8_e4m3fn)), scales

@@ -1,0 +1,90 @@
+"""The fused C kernels (impl="fast") equal the plain-torch reference bit for bit."""
+
+import os
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tfcompile.errors import FormatError
+from tfcompile.kernels.formats import fast, quantize_fp8, quantize_mxfp4, quantize_mxfp8, quantize_nvfp4
+
+from fmt_oracles import DTYPES
+
+pytestmark = pytest.mark.skipif(not fast.available(torch.zeros(1)), reason="no C compiler: fast path off")
+
+QUANTIZERS = [
+    ("nvfp4", lambda w, impl: quantize_nvfp4(w, impl=impl), 16),
+    ("mxfp4-floor", lambda w, impl: quantize_mxfp4(w, rule="floor", impl=impl), 32),
+    ("mxfp4-ceil", lambda w, impl: quantize_mxfp4(w, rule="ceil", impl=impl), 32),
+    ("mxfp8-floor", lambda w, impl: quantize_mxfp8(w, rule="floor", impl=impl), 32),
+    ("mxfp8-ceil", lambda w, impl: quantize_mxfp8(w, rule="ceil", impl=impl), 32),
+    ("fp8-tensor", lambda w, impl: quantize_fp8(w, "tensor", impl=impl), 1),
+    ("fp8-channel", lambda w, impl: quantize_fp8(w, "channel", impl=impl), 1),
+    ("fp8-block", lambda w, impl: quantize_fp8(w, "block", impl=impl), 1),
+]
+
+
+def assert_same(a, b):
+    for f in ("data", "scale", "global_scale"):
+        x, y = getattr(a, f), getattr(b, f)
+        if x is None:
+            assert y is None
+            continue
+        assert x.dtype == y.dtype and x.shape == y.shape, f
+        assert torch.equal(x.view(torch.uint8) if x.element_size() == 1 else x,
+                           y.view(torch.uint8) if y.element_size() == 1 else y), f
+    assert (a.shape, a.granularity, a.rule, a.block) == (b.shape, b.granularity, b.rule, b.block)
+
+
+def make(shape, dtype, seed, spread):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(shape, generator=g) * torch.exp(torch.randn(shape[:-1] + (1,), generator=g) * spread)
+    w.view(-1)[:: 97] *= 1e4           # outliers
+    w.view(-1)[5:: 89] = 1e-6          # tiny values
+    w.view(-1)[:64] = 0                # zero blocks
+    if dtype == torch.float16:
+        w = w.clamp(-6e4, 6e4)         # stay finite in fp16
+    return w.to(dtype)
+
+
+@pytest.mark.parametrize("name,fn,blk", QUANTIZERS, ids=[q[0] for q in QUANTIZERS])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(64, 512), (3, 40, 96), (17, 4096), (1, 96)])
+def test_fast_equals_reference(name, fn, blk, dtype, shape):
+    w = make(shape, dtype, seed=len(name) + shape[-1], spread=3.0)
+    assert_same(fn(w, "fast"), fn(w, "reference"))
+
+
+@settings(max_examples=int(os.environ.get("TFC_HYPOTHESIS_EXAMPLES", 25)), deadline=None, database=None)
+@given(rows=st.integers(1, 40), kb=st.integers(1, 12), lead=st.sampled_from([(), (2,)]),
+       dtype=st.sampled_from(DTYPES), spread=st.floats(0, 12), seed=st.integers(0, 2**16),
+       which=st.integers(0, len(QUANTIZERS) - 1))
+def test_fast_equals_reference_random(rows, kb, lead, dtype, spread, seed, which):
+    name, fn, _ = QUANTIZERS[which]
+    w = make(lead + (rows, kb * 32), dtype, seed, spread)
+    assert_same(fn(w, "fast"), fn(w, "reference"))
+
+
+def test_fast_threads_equal_single_thread():
+    w = make((300, 1024), torch.bfloat16, 1, 2.0)
+    n = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = [fn(w, "fast") for _, fn, _ in QUANTIZERS]
+        torch.set_num_threads(2)
+        two = [fn(w, "fast") for _, fn, _ in QUANTIZERS]
+    finally:
+        torch.set_num_threads(n)
+    for a, b in zip(one, two):
+        assert_same(a, b)
+
+
+@pytest.mark.parametrize("name,fn,blk", QUANTIZERS, ids=[q[0] for q in QUANTIZERS])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_fast_rejects_nonfinite(name, fn, blk, bad):
+    w = torch.randn(8, 256).bfloat16()
+    w[5, 200] = bad
+    with pytest.raises(FormatError):
+        fn(w, "fast")
