@@ -31,7 +31,7 @@ EXPORTS = ("modelopt",)
 
 @dataclass(frozen=True)
 class PackConfig:
-    max_shard_mb: int = 4096  # shard size limit in MiB (HF writes 5 GB shards)
+    max_shard_mb: float = 4096  # shard size limit in MiB (HF writes 5 GB shards)
     export: tuple[str, ...] = ()  # extra views: "modelopt"
 
 
@@ -61,7 +61,7 @@ def pack(ctx, cfg: PackConfig, reporter) -> PassResult:
     """Quantize job by job and stream the safetensors shards of every view."""
     out, program, plan = Path(ctx.out_dir), ctx.program, ctx.plan
     hasher = _SourceHasher(ctx.source.files)
-    limit = cfg.max_shard_mb * 1024 * 1024
+    limit = int(cfg.max_shard_mb * 1024 * 1024)
     sinks = {"": ShardSink(out, program.specs(), limit)}
     if "modelopt" in cfg.export:
         sinks["modelopt"] = ShardSink(out / "modelopt", _modelopt_specs(program), limit, "modelopt/")

@@ -26,16 +26,6 @@ def torch_dtype(code: str) -> torch.dtype:
     return _DTYPES.get(code, torch.bfloat16)
 
 
-_ALL = {"BOOL": torch.bool, "U8": torch.uint8, "I8": torch.int8, "I16": torch.int16,
-        "I32": torch.int32, "I64": torch.int64, "F64": torch.float64,
-        "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2, **_DTYPES}
-
-
-def source_torch_dtype(code: str) -> torch.dtype:
-    """torch dtype of a stored tensor (safetensors dtype code)."""
-    return _ALL[code]
-
-
 @dataclass(frozen=True)
 class Job:
     group: Any  # passes.select.QuantGroup, or None for a verbatim copy

@@ -18,7 +18,8 @@ import torch
 
 from tfcompile.passes.quantize.naming import OutSpec, ct_outputs
 from tfcompile.passes.quantize.program import (
-    Job, Program, load_target, register_algorithm, source_torch_dtype, torch_dtype)
+    Job, Program, load_target, register_algorithm, torch_dtype)
+from tfcompile.io.dtypes import torch_dtype_of
 from tfcompile.kernels import formats as F
 from tfcompile.errors import RecipeError
 from tfcompile.pipeline.passes import PassResult, register_pass
@@ -47,7 +48,7 @@ def quantize(ctx, cfg: QuantizeConfig, reporter) -> PassResult:
         missing = [t.module for t in plan.targets() if t.module not in act]
         if missing:
             raise RuntimeError(f"{scheme.name} needs calibrated input scales; none for {missing[:3]}")
-    rule = cfg.mx_rule or F.DEFAULT_MX_RULE
+    rule = cfg.mx_rule or (F.DEFAULT_MXFP8_RULE if scheme.weight == "mxfp8" else F.DEFAULT_MX_RULE)
     if rule not in ("floor", "ceil"):
         raise RecipeError(f"quantize.mx_rule {rule!r} is not floor or ceil", hint="--set quantize.mx_rule=ceil")
     program = Program(scheme, "rtn", tuple(jobs), act, rule, cfg.sqnr_rows)
@@ -56,9 +57,6 @@ def quantize(ctx, cfg: QuantizeConfig, reporter) -> PassResult:
 
 
 def _spec(name, info):
-    from passes.quantize.naming import OutSpec
-    from tfcompile.io.dtypes import torch_dtype_of
-
     return OutSpec(name, torch_dtype_of(info.dtype), tuple(info.shape))
 
 

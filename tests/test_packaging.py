@@ -1,0 +1,25 @@
+"""The wheel installs one distribution under the `tfcompile` name only."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_wheel_has_no_generic_top_level_packages(tmp_path):
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                    "-q", "-w", str(tmp_path), str(ROOT)], check=True, capture_output=True)
+    (wheel,) = tmp_path.glob("tfcompile-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {n.split("/")[0] for n in names}
+    assert tops == {"tfcompile", next(t for t in tops if t.endswith(".dist-info"))}, tops
+    for sub in ("passes", "kernels", "calibration"):
+        assert f"tfcompile/{sub}/__init__.py" in names, sub
+    assert "tfcompile/kernels/formats/__init__.py" in names
+    assert "tfcompile/passes/quantize/rtn.py" in names
+    entry = next(n for n in names if n.endswith("entry_points.txt"))
+    assert "tfcompile = tfcompile.cli.main:entry" in zipfile.ZipFile(wheel).read(entry).decode()
