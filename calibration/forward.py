@@ -24,6 +24,7 @@ def load_hf_model(model_dir: Path, dtype: torch.dtype):
     """The transformers model for config.json's architecture, weights loaded."""
     import transformers
 
+    transformers.utils.logging.disable_progress_bar()  # stderr belongs to our reporter
     cfg = transformers.AutoConfig.from_pretrained(model_dir, trust_remote_code=False)
     arch = (cfg.architectures or [None])[0]
     cls = getattr(transformers, arch, None) if arch else None

@@ -138,19 +138,24 @@ def test_verify_catches_tampering(tiny_llama, tmp_path, run_cli):
     assert failed == ["checksums"]
 
 
-def test_verify_catches_unshared_global_scale(tiny_llama, tmp_path, run_cli):
+def _tamper(out: Path, edit) -> None:
+    """Edit the artifact's tensors, then re-record the checksum so only `edit` is wrong."""
     from safetensors.torch import load_file, save_file
 
-    out = tmp_path / "out"
-    assert run_cli("quantize", tiny_llama, "-o", out, "--format", "nvfp4a16").code == 0
     f = out / "model.safetensors"
     sd = load_file(f)
-    sd["model.layers.0.self_attn.k_proj.weight_global_scale"] *= 2
+    edit(sd)
     save_file(sd, f, metadata={"format": "pt"})
     mpath = out / "tfcompile" / "manifest.json"
     m = json.loads(mpath.read_text())
     m["files"]["model.safetensors"] = hashlib.sha256(f.read_bytes()).hexdigest()
     mpath.write_text(json.dumps(m))
+
+
+def test_verify_catches_unshared_global_scale(tiny_llama, tmp_path, run_cli):
+    out = tmp_path / "out"
+    assert run_cli("quantize", tiny_llama, "-o", out, "--format", "nvfp4a16").code == 0
+    _tamper(out, lambda sd: sd["model.layers.0.self_attn.k_proj.weight_global_scale"].mul_(2))
     res = run_cli("verify", out, "--json")
     assert res.code == 1
     failed = {c["check"] for c in res.json()["checks"] if not c["ok"]}
@@ -158,19 +163,13 @@ def test_verify_catches_unshared_global_scale(tiny_llama, tmp_path, run_cli):
 
 
 def test_verify_catches_zero_scale_and_missing_layer(tiny_llama, tmp_path, run_cli):
-    from safetensors.torch import load_file, save_file
-
     out = tmp_path / "out"
     assert run_cli("quantize", tiny_llama, "-o", out, "--format", "fp8-dynamic").code == 0
-    f = out / "model.safetensors"
-    sd = load_file(f)
-    sd["model.layers.1.mlp.up_proj.weight_scale"][3] = 0
-    del sd["model.layers.0.mlp.down_proj.weight"]
-    save_file(sd, f, metadata={"format": "pt"})
-    mpath = out / "tfcompile" / "manifest.json"
-    m = json.loads(mpath.read_text())
-    m["files"]["model.safetensors"] = hashlib.sha256(f.read_bytes()).hexdigest()
-    mpath.write_text(json.dumps(m))
+    def edit(sd):
+        sd["model.layers.1.mlp.up_proj.weight_scale"][3] = 0
+        del sd["model.layers.0.mlp.down_proj.weight"]
+
+    _tamper(out, edit)
     res = run_cli("verify", out, "--json")
     failed = {c["check"]: c["detail"] for c in res.json()["checks"] if not c["ok"]}
     assert res.code == 1
