@@ -149,7 +149,7 @@ def _write_configs(out: Path, ctx, cfg: PackConfig) -> dict[str, str]:
     ct = dict(base, quantization_config=ct_quantization_config(ctx.plan.scheme, ignore))
     written["config.json"] = _dump(out / "config.json", ct)
     if "modelopt" in cfg.export:
-        hf_quant, mo_cfg = modelopt_quant_config(ctx.plan.scheme, ignore)
+        hf_quant, mo_cfg = modelopt_quant_config(ctx.plan.scheme, ignore + list(ctx.plan.embeddings))
         written["modelopt/config.json"] = _dump(out / "modelopt" / "config.json",
                                                 dict(base, quantization_config=mo_cfg))
         written["modelopt/hf_quant_config.json"] = _dump(out / "modelopt" / "hf_quant_config.json",

@@ -64,6 +64,7 @@ class QuantPlan:
     groups: tuple[QuantGroup, ...]
     passthrough: tuple[str, ...]  # source tensors copied verbatim
     ignore: tuple[str, ...]  # Linear module names left unquantized (config.json `ignore`)
+    embeddings: tuple[str, ...]  # embedding modules (modelopt lists them in exclude_modules)
     sources: frozenset[str]  # source tensors consumed by quantized groups
 
     def targets(self) -> list[QuantTarget]:
@@ -91,14 +92,14 @@ def select(ctx, cfg: SelectConfig, reporter) -> PassResult:
     """Choose the Linear weights to quantize and group the ones engines fuse."""
     scheme = get_scheme(cfg.format)
     patterns = [_compile(p) for p in (DEFAULT_IGNORE if cfg.use_default_ignore else ()) + cfg.ignore]
-    targets, ignored, consumed = [], set(), set()
+    targets, ignored, consumed, embeddings = [], set(), set(), set()
     for name in ctx.source.names():
         info = ctx.source.info(name)
         module = name[: -len(".weight")] if name.endswith(".weight") else name
         found = _candidates(name, module, info, ctx.model)
         if found is None:
-            if len(info.shape) == 2 and name.endswith(".weight") and not _is_embedding(module):
-                ignored.add(module)
+            if len(info.shape) == 2 and name.endswith(".weight"):
+                (embeddings if _is_embedding(module) else ignored).add(module)
             continue
         if any(p(module) for p in patterns) or any(p(t.module) for t in found for p in patterns):
             ignored.update(t.module for t in found)
@@ -110,7 +111,8 @@ def select(ctx, cfg: SelectConfig, reporter) -> PassResult:
         ignored.add("lm_head")  # a tied lm_head is a Linear with no tensor of its own
     groups = _group(targets, cfg.fuse_groups)
     passthrough = tuple(n for n in ctx.source.names() if n not in consumed)
-    plan = QuantPlan(scheme, groups, passthrough, tuple(sorted(ignored)), frozenset(consumed))
+    plan = QuantPlan(scheme, groups, passthrough, tuple(sorted(ignored)), tuple(sorted(embeddings)),
+                     frozenset(consumed))
     stats = {"quantized_linears": len(targets), "groups": len(groups),
              "ignored_linears": len(ignored), "passthrough_tensors": len(passthrough)}
     return PassResult(ctx.with_(plan=plan), stats)

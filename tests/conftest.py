@@ -17,6 +17,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests_helpers, fixtu
 
 _MODELS = Path(__file__).resolve().parent / "fixtures" / "models.py"
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+try:  # property tests: reproducible in CI, no per-example deadline on a shared 2-core box
+    from hypothesis import settings
+
+    settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True)
+    settings.register_profile("dev", deadline=None)
+    settings.load_profile("ci" if os.environ.get("CI") else "dev")
+except ImportError:
+    pass
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
@@ -68,3 +77,11 @@ def run_cli(capsys):
         return CliResult(code, cap.out, cap.err)
 
     return run
+
+
+@pytest.fixture(autouse=True)
+def _seed_torch():
+    """Every test starts from the same RNG state, so random inputs are reproducible."""
+    import torch
+
+    torch.manual_seed(0)

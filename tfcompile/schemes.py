@@ -23,7 +23,7 @@ class Scheme:
     act_static: bool  # True: a calibrated input scale is stored in the artifact
     ct_preset: str  # compressed_tensors.quantization.quant_scheme.PRESET_SCHEMES key
     ct_format: str  # compressed-tensors CompressionFormat value
-    modelopt_algo: str | None  # hf_quant_config.json quant_algo; None: no modelopt view
+    modelopt_algo: str | None  # hf_quant_config.json quant_algo, spelled as modelopt 0.47 writes it
     summary: str
 
     @property
@@ -50,10 +50,10 @@ _SCHEMES = (
            "nvfp4-pack-quantized", "W4A16_NVFP4",
            "NVFP4 weights, bf16 activations (W4A16); runs on Hopper too"),
     Scheme("mxfp4", "mxfp4", "group", (32,), "mxfp4", False, "MXFP4",
-           "mxfp4-pack-quantized", "MXFP4",
+           "mxfp4-pack-quantized", "mxfp4",
            "MXFP4 weights and dynamic MXFP4 activations (W4A4)"),
     Scheme("mxfp4a16", "mxfp4", "group", (32,), None, False, "MXFP4A16",
-           "mxfp4-pack-quantized", "MXFP4",
+           "mxfp4-pack-quantized", "mxfp4",
            "MXFP4 weights, bf16 activations (W4A16, GPT-OSS style)"),
     Scheme("mxfp8", "mxfp8", "group", (32,), "mxfp8", False, "MXFP8",
            "mxfp8-quantized", "MXFP8",
@@ -62,10 +62,10 @@ _SCHEMES = (
            "float-quantized", "FP8",
            "FP8 E4M3 weights and static per-tensor activation scales"),
     Scheme("fp8-dynamic", "fp8", "channel", (), "fp8-token", False, "FP8_DYNAMIC",
-           "float-quantized", "FP8_PC_PT",
+           "float-quantized", "FP8_PER_CHANNEL_PER_TOKEN",
            "FP8 per-channel weights, dynamic per-token activations"),
     Scheme("fp8-block", "fp8", "block", (128, 128), "fp8-group128", False, "FP8_BLOCK",
-           "float-quantized", "FP8_PB_WO",
+           "float-quantized", "fp8_pb_wo",
            "FP8 128x128-block weights, dynamic 1x128 activations (DeepSeek style)"),
 )
 

@@ -77,7 +77,12 @@ def modelopt_outputs(scheme: Scheme, module: str, n: int, k: int) -> list[OutSpe
     if scheme.weight == "mxfp8":
         return [OutSpec(f"{m}.weight", torch.float8_e4m3fn, (n, k)),
                 OutSpec(f"{m}.weight_scale", torch.uint8, (n, k // 32))]
-    shape = () if scheme.granularity == "tensor" else fp8_scale_shape(scheme, n, k)
+    if scheme.granularity == "tensor":
+        shape: tuple[int, ...] = ()  # modelopt: 0-d per-tensor scale
+    elif scheme.granularity == "channel":
+        shape = (n,)  # modelopt: (N,) per-channel scale
+    else:
+        shape = fp8_scale_shape(scheme, n, k)
     out = [OutSpec(f"{m}.weight", torch.float8_e4m3fn, (n, k)),
            OutSpec(f"{m}.weight_scale", torch.float32, shape)]
     if scheme.act_static:
@@ -101,13 +106,19 @@ def to_modelopt(scheme: Scheme, module: str, ct: dict[str, torch.Tensor]) -> dic
         if scheme.act_static:
             out[f"{m}.input_scale"] = (1.0 / ct[f"{m}.input_global_scale"].float()).reshape(())
         return out
+    if scheme.weight == "mxfp8":  # E8M0 scales travel as they are
+        return {f"{m}.weight": ct[f"{m}.weight"], f"{m}.weight_scale": ct[f"{m}.weight_scale"]}
     if scheme.packed:
         out[f"{m}.weight"] = ct[f"{m}.weight_packed"]
         out[f"{m}.weight_scale"] = ct[f"{m}.weight_scale"]
         return out
     out[f"{m}.weight"] = ct[f"{m}.weight"]
     ws = ct[f"{m}.weight_scale"].float()
-    out[f"{m}.weight_scale"] = ws.reshape(()) if scheme.granularity == "tensor" else ws
+    if scheme.granularity == "tensor":
+        ws = ws.reshape(())  # modelopt stores per-tensor scales as 0-d
+    elif scheme.granularity == "channel":
+        ws = ws.reshape(-1)  # and per-channel scales as (N,)
+    out[f"{m}.weight_scale"] = ws
     if scheme.act_static:
         out[f"{m}.input_scale"] = ct[f"{m}.input_scale"].float().reshape(())
     return out

@@ -113,8 +113,9 @@ def ct_tensors(q, scheme, module, program, members, model_dtype) -> dict[str, to
         return out
     out = {f"{m}.weight": q.data, f"{m}.weight_scale": q.scale if scheme.weight == "mxfp8"
            else q.scale.to(model_dtype)}
-    if scheme.act_static:  # fp8 static per-tensor input scale, dequant multiplier amax/448
-        s = torch.tensor([program.act_amax[module] / F.E4M3_MAX]).clamp_min(1e-12)
+    if scheme.act_static:  # fp8 static per-tensor input scale amax/448, shared by the fused group
+        amax = max(program.act_amax[t.module] for t in members)
+        s = torch.tensor([amax / F.E4M3_MAX]).clamp_min(1e-12)
         out[f"{m}.input_scale"] = _round_up(s, model_dtype)
     return out
 

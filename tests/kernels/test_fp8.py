@@ -67,7 +67,7 @@ def test_zero_tensor_scale_is_one():
 
 
 def test_act_modes():
-    x = torch.randn(2, 5, 300) * 10
+    x = torch.randn(2, 5, 300, generator=torch.Generator().manual_seed(0)) * 10
     x[0, 1] = 0
     d, s = quantize_fp8_act(x, "per_token")
     st = x.abs().amax(-1, keepdim=True) / 448
@@ -83,6 +83,9 @@ def test_act_modes():
         assert torch.equal(s[..., gi], sg)
         assert torch.equal(d[..., gi * 128:(gi + 1) * 128].view(torch.uint8), torch_oracle(sl, sg[..., None]))
     back = dequantize_fp8_act(d, s)
-    assert ((back - x).abs() <= x.abs() * 2 ** -4 + 1e-6).all()  # E4M3: 3 mantissa bits, half-ulp 2^-4
+    # E4M3: 3 mantissa bits, half-ulp 2^-4 relative; below 2^-6 (subnormals) the spacing is
+    # 2^-9, so the absolute error is at most half of it, 2^-10, times the group's scale.
+    per_elem_scale = s.repeat_interleave(128, -1)[..., :300]
+    assert ((back - x).abs() <= torch.maximum(x.abs() * 2 ** -4, per_elem_scale * 2 ** -10)).all()
     d, s = quantize_fp8_act(x, "static", scale=torch.tensor([0.05]))
     assert torch.equal(d.view(torch.uint8), torch_oracle(x, torch.tensor(0.05)))
