@@ -77,6 +77,7 @@ def pack(ctx, cfg: PackConfig, reporter) -> PassResult:
                 sinks["modelopt"].put(name, t)
         layers.extend(stats)
         del tensors
+        ctx.source.release()  # RSS follows the job in hand, not the bytes read so far
         reporter.advance(1, job.group.key if job.group else job.source)
     files = {}
     for view, sink in sinks.items():

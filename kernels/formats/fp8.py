@@ -58,6 +58,36 @@ def _weight_amax(w: torch.Tensor, gran: str, block, fastpath: bool, name) -> tor
     return rows.reshape(*lead, -1, bn, rows.shape[-1]).amax(-2)
 
 
+def fp8_weight_scale(w: torch.Tensor, granularity: str = "tensor", *,
+                     block: tuple[int, int] = (128, 128), name: str | None = None,
+                     impl: str = "auto") -> torch.Tensor:
+    """The float32 scale `quantize_fp8` would compute (amax/448, shape of the granularity).
+
+    For callers that must round the scale to a storage dtype before quantizing
+    with it (one amax pass, no wasted quantization)."""
+    if granularity not in GRANULARITIES:
+        raise ValueError(f"granularity must be one of {GRANULARITIES}, got {granularity!r}")
+    check_input(w, name, 2, "FP8")
+    block = tuple(block) if granularity == "block" else ()
+    amax = _weight_amax(w, granularity, block, use_fast(impl, w), name)
+    check_finite(amax, name)
+    return scale_from_amax(amax)
+
+
+def weight_amax(w: torch.Tensor, *, name: str | None = None, impl: str = "auto") -> torch.Tensor:
+    """max|w| over the whole tensor, float32 (1,); NaN/Inf raise FormatError naming `name`.
+
+    One fused pass on the fast path (no |w| temporary), e.g. for the shared
+    NVFP4 global scale of a fused q/k/v group."""
+    check_input(w, name, 1, "amax")
+    if use_fast(impl, w):
+        m = fast.amax_grid(w, w.shape[-1], name).amax().reshape(1)
+    else:
+        m = w.float().abs().amax().reshape(1)
+    check_finite(m, name)
+    return m
+
+
 def _check_scale(scale: torch.Tensor, want: tuple[int, ...], name) -> torch.Tensor:
     s = torch.as_tensor(scale, dtype=torch.float32)
     if tuple(s.shape) != want:

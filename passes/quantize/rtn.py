@@ -67,8 +67,8 @@ def run_rtn(job: Job, program: Program, source):
     weights = [load_target(source, t) for t in members]
     model_dtype = weights[0].dtype
     gscale = None
-    if scheme.weight == "nvfp4":
-        amax = torch.stack([w.abs().amax().float() for w in weights]).amax()
+    if scheme.weight == "nvfp4":  # one global scale for the group: its largest |w|
+        amax = torch.cat([F.weight_amax(w, name=t.source) for t, w in zip(members, weights)]).amax()
         gscale = F.nvfp4_global_scale(amax.reshape(1))
     out, stats = {}, []
     for t, w in zip(members, weights):
@@ -86,12 +86,9 @@ def quantize_weight(w, scheme, program, gscale, name, model_dtype):
         return F.quantize_mxfp4(w, rule=rule, name=name)
     if scheme.weight == "mxfp8":
         return F.quantize_mxfp8(w, rule=rule, name=name)
-    q = F.quantize_fp8(w, scheme.granularity, block=scheme.block or (128, 128), name=name)
-    stored = _round_up(q.scale, model_dtype)
-    if torch.equal(stored.float(), q.scale):
-        return q
-    return F.quantize_fp8(w, scheme.granularity, scale=stored.float(),
-                          block=scheme.block or (128, 128), name=name)
+    block = scheme.block or (128, 128)
+    stored = _round_up(F.fp8_weight_scale(w, scheme.granularity, block=block, name=name), model_dtype)
+    return F.quantize_fp8(w, scheme.granularity, scale=stored.float(), block=block, name=name)
 
 
 def _round_up(scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -91,7 +91,7 @@ def test_get_is_memory_mapped_not_copied(tiny_llama):
     assert mapped == [str((tiny_llama / "model.safetensors").resolve())]
     # one handle per file, reused
     ckpt.get("lm_head.weight")
-    assert len(ckpt._handles) == 1
+    assert len(ckpt._maps) == 1
 
 
 def test_auto_map_is_only_read(tiny_llama):

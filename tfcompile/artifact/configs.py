@@ -1,37 +1,41 @@
 """The quantization configs engines read: compressed-tensors and modelopt.
 
-compressed-tensors' own pydantic models build the `quantization_config` block
-so that its schema is whatever the installed loader (vLLM, transformers)
-expects, not our transcription of it.
+The compressed-tensors block is built from `ct_presets.CONFIG_GROUP`, a table
+generated from compressed-tensors' own pydantic models (QuantizationConfig,
+preset_name_to_scheme) by scripts/gen_ct_presets.py, so its schema is what
+the vLLM/transformers loaders parse. Importing compressed-tensors at run time
+would cost 2.6 s (it imports transformers); tests/interop/test_ct_presets.py
+checks that this function's output equals compressed-tensors' live dump.
 """
 
 from __future__ import annotations
 
-import compressed_tensors
-from compressed_tensors.quantization import QuantizationConfig
-from compressed_tensors.quantization.quant_scheme import preset_name_to_scheme
+import copy
+from importlib import metadata
 
 from tfcompile import __version__
+from tfcompile.artifact.ct_presets import CONFIG_GROUP
 from tfcompile.schemes import Scheme
 
 
 def ct_quantization_config(scheme: Scheme, ignore: list[str]) -> dict:
     """config.json["quantization_config"] for the compressed-tensors view."""
-    qscheme = preset_name_to_scheme(scheme.ct_preset, ["Linear"])
-    qc = QuantizationConfig(
-        config_groups={"group_0": qscheme},
-        format=scheme.ct_format,
-        quantization_status="compressed",
-        ignore=sorted(ignore),
-        kv_cache_scheme=None,
-    )
-    body = qc.model_dump(mode="json", exclude={"quant_method"})
+    try:
+        version = metadata.version("compressed-tensors")
+    except metadata.PackageNotFoundError:
+        version = None
     return {
-        "version": compressed_tensors.__version__,
+        "version": version,
         "quant_method": "compressed-tensors",
         "sparsity_config": {},
         "transform_config": {},
-        **body,
+        "config_groups": {"group_0": copy.deepcopy(CONFIG_GROUP[scheme.ct_preset])},
+        "kv_cache_scheme": None,
+        "format": scheme.ct_format,
+        "quantization_status": "compressed",
+        "global_compression_ratio": None,
+        "ignore": sorted(ignore),
+        "moe_sparsity_config": None,
     }
 
 

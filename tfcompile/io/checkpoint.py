@@ -16,16 +16,17 @@ from __future__ import annotations
 
 import difflib
 import json
+import mmap
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
 
 from tfcompile.errors import CheckpointError
 from tfcompile.io.aux_files import AUX_FILE_NAMES
-from tfcompile.io.dtypes import FLOAT_CODES, QUANTIZED_CODES
+from tfcompile.io.dtypes import FLOAT_CODES, QUANTIZED_CODES, torch_dtype_of
 from tfcompile.io.paths import INDEX_FILE, SINGLE_FILE, check_plain_name, resolve_in_dir
 from tfcompile.io.safetensors_header import TensorInfo, read_header
 
@@ -35,8 +36,11 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth")
 class Checkpoint:
     """A validated checkpoint directory. Tensors are read lazily by name.
 
-    File handles are opened on first use and cached per file; `close()` (or
-    using the checkpoint as a context manager) releases them.
+    Files are memory-mapped (read-only) on first use and the mappings cached;
+    `release()` drops the mapped pages from this process's resident set (the
+    page cache keeps them), so a streaming reader's RSS follows the tensors
+    in use, not the bytes read so far. `close()` (or using the checkpoint as a
+    context manager) unmaps the files.
     """
 
     def __init__(self, path: Path, config: dict[str, Any], infos: dict[str, TensorInfo], files: list[Path]):
@@ -44,7 +48,7 @@ class Checkpoint:
         self.config = config
         self.files = sorted(files)
         self._infos = dict(sorted(infos.items()))
-        self._handles: dict[Path, Any] = {}  # file -> safe_open handle
+        self._maps: dict[Path, tuple[mmap.mmap, int]] = {}  # file -> (mapping, data section start)
 
     def names(self) -> list[str]:
         """Every tensor name, sorted."""
@@ -59,18 +63,38 @@ class Checkpoint:
             raise CheckpointError(f"{self.path}: no tensor named {name!r}", hint=hint) from None
 
     def get(self, name: str) -> torch.Tensor:
-        """The tensor `name`, memory-mapped from its file (no copy of the file)."""
+        """The tensor `name`, a read-only view of the memory-mapped file (no copy)."""
         info = self.info(name)
-        handle = self._handles.get(info.file)
         try:
-            if handle is None:
-                handle = self._handles[info.file] = safe_open(str(info.file), framework="pt")
-            return handle.get_tensor(name)
-        except Exception as e:  # safetensors raises its own error types
+            dtype = torch_dtype_of(info.dtype)
+            if info.nbytes == 0:
+                return torch.empty(info.shape, dtype=dtype)
+            mm, data_start = self._map(info.file)
+            start = data_start + info.offsets[0]
+            with warnings.catch_warnings():  # the mapping is read-only; we never write to it
+                warnings.simplefilter("ignore", UserWarning)
+                raw = torch.frombuffer(mm, dtype=torch.uint8, count=info.nbytes, offset=start)
+            if start % dtype.itemsize:  # unaligned in the file: copy rather than misread
+                raw = raw.clone()
+            return raw.view(dtype).reshape(info.shape)
+        except (ValueError, OSError, RuntimeError) as e:
             raise CheckpointError(
                 f"{info.file}: cannot read tensor {name!r} ({info.dtype} {list(info.shape)}): {e}",
                 hint="the file may have changed since it was opened, or its dtype is not supported by torch",
             ) from e
+
+    def _map(self, file: Path) -> tuple[mmap.mmap, int]:
+        if file not in self._maps:
+            with open(file, "rb") as f:
+                header_len = int.from_bytes(f.read(8), "little")
+                mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            self._maps[file] = (mm, 8 + header_len)
+        return self._maps[file]
+
+    def release(self) -> None:
+        """Drop mapped pages from the resident set; tensors still in use fault back in."""
+        for mm, _ in self._maps.values():
+            mm.madvise(mmap.MADV_DONTNEED)
 
     def require_float(self, name: str) -> TensorInfo:
         """Info for a tensor about to be quantized; it must be BF16, F16 or F32."""
@@ -99,7 +123,12 @@ class Checkpoint:
         return [resolve_in_dir(self.path, n) for n in sorted(AUX_FILE_NAMES) if os.path.lexists(self.path / n)]
 
     def close(self) -> None:
-        self._handles.clear()  # safe_open handles unmap when dropped
+        maps, self._maps = self._maps, {}
+        for mm, _ in maps.values():
+            try:
+                mm.close()
+            except BufferError:  # a tensor still views it: unmapped when that tensor dies
+                pass
 
     def __enter__(self) -> Checkpoint:
         return self
