@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tfcompile.io.hashing import sha256_file
+from tfcompile.io.aux_files import copy_aux_files
+from tfcompile.io.hash_cache import sha256_files_cached
 from tfcompile.passes.quantize.naming import modelopt_outputs, to_modelopt
 from tfcompile.passes.quantize.program import execute
 from tfcompile.artifact.sink import ShardSink
@@ -33,6 +34,7 @@ EXPORTS = ("modelopt",)
 class PackConfig:
     max_shard_mb: float = 4096  # shard size limit in MiB (HF writes 5 GB shards)
     export: tuple[str, ...] = ()  # extra views: "modelopt"
+    hash_cache: bool = True  # reuse source sha256 of unchanged files (tfcompile/io/hash_cache.py)
 
 
 @dataclass(frozen=True)
@@ -60,11 +62,34 @@ def _supports(recipe, cfg: PackConfig) -> str | None:
 def pack(ctx, cfg: PackConfig, reporter) -> PassResult:
     """Quantize job by job and stream the safetensors shards of every view."""
     out, program, plan = Path(ctx.out_dir), ctx.program, ctx.plan
-    hasher = _SourceHasher(ctx.source.files)
+    hasher = _SourceHasher(ctx.source.files, cfg.hash_cache)
     limit = int(cfg.max_shard_mb * 1024 * 1024)
     sinks = {"": ShardSink(out, program.specs(), limit)}
     if "modelopt" in cfg.export:
         sinks["modelopt"] = ShardSink(out / "modelopt", _modelopt_specs(program), limit, "modelopt/")
+    files: dict[str, str] = {}
+    try:
+        layers, bytes_in = _stream(ctx, program, sinks, reporter)
+        for sink in sinks.values():
+            files.update(sink.close())
+    except BaseException:
+        for sink in sinks.values():
+            sink.abort()  # stop writer threads before the staging dir is removed
+        raise
+    files.update(_write_configs(out, ctx, cfg))
+    files.update(copy_aux_files(ctx.source.aux_files(), out))
+    if "modelopt" in sinks:
+        files.update({f"modelopt/{k}": v for k, v in copy_aux_files(ctx.source.aux_files(),
+                                                                     out / "modelopt").items()})
+    info = ArtifactInfo(out, dict(sorted(files.items())), hasher.result(), tuple(layers), bytes_in,
+                        sinks[""].bytes_written, ("compressed-tensors",) + tuple(cfg.export))
+    ratio = bytes_in / max(info.bytes_out, 1)
+    return PassResult(ctx.with_(artifact=info), {"files": len(files), "bytes_in": bytes_in,
+                                                 "bytes_out": info.bytes_out, "ratio": round(ratio, 3)})
+
+
+def _stream(ctx, program, sinks, reporter) -> tuple[list[dict], int]:
+    """Execute every job in order, handing its outputs to the sinks."""
     layers, bytes_in = [], 0
     reporter.task("quantize + write", len(program.jobs))
     for job in program.jobs:
@@ -77,23 +102,9 @@ def pack(ctx, cfg: PackConfig, reporter) -> PassResult:
                 sinks["modelopt"].put(name, t)
         layers.extend(stats)
         del tensors
-        ctx.source.release()  # RSS follows the job in hand, not the bytes read so far
+        ctx.source.release()  # RSS follows the jobs in hand, not the bytes read so far
         reporter.advance(1, job.group.key if job.group else job.source)
-    files = {}
-    for view, sink in sinks.items():
-        files.update(sink.close())
-    files.update(_write_configs(out, ctx, cfg))
-    from tfcompile.io.aux_files import copy_aux_files
-
-    files.update(copy_aux_files(ctx.source.aux_files(), out))
-    if "modelopt" in sinks:
-        files.update({f"modelopt/{k}": v for k, v in copy_aux_files(ctx.source.aux_files(),
-                                                                     out / "modelopt").items()})
-    info = ArtifactInfo(out, dict(sorted(files.items())), hasher.result(), tuple(layers), bytes_in,
-                        sinks[""].bytes_written, ("compressed-tensors",) + tuple(cfg.export))
-    ratio = bytes_in / max(info.bytes_out, 1)
-    return PassResult(ctx.with_(artifact=info), {"files": len(files), "bytes_in": bytes_in,
-                                                 "bytes_out": info.bytes_out, "ratio": round(ratio, 3)})
+    return layers, bytes_in
 
 
 def _job_source_bytes(job, source) -> int:
@@ -171,16 +182,16 @@ def _dump(path: Path, obj: Any) -> str:
 class _SourceHasher:
     """sha256 of the source files on a background thread (overlaps quantization)."""
 
-    def __init__(self, files: list[Path]):
+    def __init__(self, files: list[Path], use_cache: bool):
         self._out: dict[str, str] = {}
         self._err: list[BaseException] = []
-        self._t = threading.Thread(target=self._run, args=(list(files),), daemon=True)
+        self._t = threading.Thread(target=self._run, args=(list(files), use_cache), daemon=True)
         self._t.start()
 
-    def _run(self, files: list[Path]) -> None:
+    def _run(self, files: list[Path], use_cache: bool) -> None:
         try:
-            for f in files:
-                self._out[Path(f).name] = sha256_file(f)
+            digests = sha256_files_cached(files, use_cache=use_cache)
+            self._out.update({Path(f).name: d for f, d in digests.items()})
         except BaseException as e:  # noqa: BLE001 - surfaced in result()
             self._err.append(e)
 

@@ -1,7 +1,17 @@
-"""A sink that takes tensors in planned order and rolls over shard files."""
+"""A sink that takes tensors in planned order and rolls over shard files.
+
+Writing runs on one background thread so that it overlaps quantization of
+the next job: page-cache writes run at ~0.4 GB/s on this class of machine
+and sha256 at ~1.7 GB/s, and both release the GIL. At most `max_inflight`
+bytes wait in the queue (always at least one tensor), so memory stays bounded.
+Errors raised by the writer thread (disk full, ...) are re-raised in the
+caller at the next `put` or at `close`.
+"""
 
 from __future__ import annotations
 
+import collections
+import threading
 from pathlib import Path
 
 import torch
@@ -13,20 +23,45 @@ from tfcompile.io.writer import ShardWriter, TensorSpec, plan_shards, write_inde
 class ShardSink:
     """Stream `specs` (in order) into safetensors shards under `out_dir`."""
 
-    def __init__(self, out_dir: Path, specs: list, max_shard_bytes: int, rel: str = ""):
+    def __init__(self, out_dir: Path, specs: list, max_shard_bytes: int, rel: str = "",
+                 max_inflight: int = 512 << 20):
         self.out_dir = Path(out_dir)
-        self.rel = rel  # prefix of the returned relative paths, e.g. "modelopt/"
         self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.rel = rel  # prefix of the returned relative paths, e.g. "modelopt/"
         tspecs = [TensorSpec(s.name, s.dtype, tuple(s.shape)) for s in specs]
         self.plans = plan_shards(tspecs, max_shard_bytes)
         self._shard = -1
         self._left = 0  # tensors still to write in the current shard
         self._writer: ShardWriter | None = None
         self._files: dict[str, str] = {}
-        self.sizes: dict[str, int] = {}
         self.bytes_written = 0  # tensor data bytes (headers excluded)
+        self._queue = _Background(self._write_now, max_inflight)
 
     def put(self, name: str, tensor: torch.Tensor) -> None:
+        """Queue `tensor` (the next planned one); it must not be modified afterwards."""
+        self._queue.submit(name, tensor)
+
+    def close(self) -> dict[str, str]:
+        """Finish every shard (and the index); returns {relative path: sha256}."""
+        self._queue.drain()
+        self._queue.stop()
+        while self._shard < len(self.plans) - 1 or self._left:
+            if self._left:
+                raise ValueError(f"{self.out_dir}: closed with {self._left} tensors unwritten")
+            self._next_shard()
+        self._finish_shard()
+        index = write_index(self.out_dir, self.plans)
+        if index is not None:
+            self._files[index.name] = sha256_file(index)
+        return {self.rel + name: digest for name, digest in self._files.items()}
+
+    def abort(self) -> None:
+        """Stop the writer thread and release the open file (the caller discards the output)."""
+        self._queue.stop()
+        if self._writer is not None:
+            self._writer.abort()
+
+    def _write_now(self, name: str, tensor: torch.Tensor) -> None:
         while self._left == 0:
             self._next_shard()
         self._writer.write(name, tensor)
@@ -46,17 +81,65 @@ class ShardSink:
         if self._writer is not None:
             res = self._writer.close()
             self._files[res.path.name] = res.sha256
-            self.sizes[res.path.name] = res.size
             self._writer = None
 
-    def close(self) -> dict[str, str]:
-        """Finish every shard (and the index); returns {relative path: sha256}."""
-        while self._shard < len(self.plans) - 1 or self._left:
-            if self._left:
-                raise ValueError(f"{self.out_dir}: closed with {self._left} tensors unwritten")
-            self._next_shard()
-        self._finish_shard()
-        index = write_index(self.out_dir, self.plans)
-        if index is not None:
-            self._files[index.name] = sha256_file(index)
-        return {self.rel + name: digest for name, digest in self._files.items()}
+
+class _Background:
+    """One worker thread calling fn(name, tensor) in submission order, bounded by bytes."""
+
+    def __init__(self, fn, max_bytes: int):
+        self._fn, self._max = fn, max_bytes
+        self._items: collections.deque = collections.deque()
+        self._inflight = 0
+        self._error: BaseException | None = None
+        self._stopped = False
+        self._cv = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="tfcompile-writer", daemon=True)
+        self._thread.start()
+
+    def submit(self, name: str, tensor: torch.Tensor) -> None:
+        size = tensor.numel() * tensor.element_size()
+        with self._cv:
+            self._cv.wait_for(lambda: self._error or self._inflight == 0
+                              or self._inflight + size <= self._max)
+            self._raise()
+            self._items.append((name, tensor, size))
+            self._inflight += size
+            self._cv.notify_all()
+
+    def drain(self) -> None:
+        """Wait until everything submitted is written; re-raise a writer error."""
+        with self._cv:
+            self._cv.wait_for(lambda: self._error or not self._items and self._inflight == 0)
+            self._raise()
+
+    def stop(self) -> None:
+        with self._cv:
+            self._stopped = True
+            self._items.clear()
+            self._cv.notify_all()
+        self._thread.join()
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                self._cv.wait_for(lambda: self._items or self._stopped)
+                if self._stopped:
+                    return
+                name, tensor, size = self._items[0]
+            try:
+                self._fn(name, tensor)
+            except BaseException as e:  # noqa: BLE001 - handed to the submitting thread
+                with self._cv:
+                    self._error = e
+                    self._items.clear()
+                    self._cv.notify_all()
+                return
+            with self._cv:
+                self._items.popleft()
+                self._inflight -= size
+                self._cv.notify_all()
