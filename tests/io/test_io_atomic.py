@@ -137,7 +137,7 @@ def test_mkdtemp_failure_names_parent(tmp_path, monkeypatch):
 @pytest.mark.parametrize("err", [errno.ENOSPC, errno.EACCES])
 def test_write_error_mid_shard_cleans_up(tmp_path, monkeypatch, err):
     """ENOSPC/EACCES in the middle of a shard: UserError naming the shard, no temp dir left."""
-    real_open = open
+    real_open = writer_mod.OutputFile
 
     class Full:
         def __init__(self, f):
@@ -153,7 +153,7 @@ def test_write_error_mid_shard_cleans_up(tmp_path, monkeypatch, err):
         def __getattr__(self, name):
             return getattr(self.f, name)
 
-    monkeypatch.setattr(writer_mod, "open", lambda p, m: Full(real_open(p, m)), raising=False)
+    monkeypatch.setattr(writer_mod, "OutputFile", lambda p: Full(real_open(p)))
     (plan,) = plan_shards([TensorSpec("w", torch.float32, (256,))], 1 << 20)
     out = tmp_path / "artifact"
     with pytest.raises(UserError) as exc:

@@ -208,8 +208,8 @@ class _FailingFile:
 
 @pytest.mark.parametrize("err, hint", [(errno.ENOSPC, "disk is full"), (errno.EACCES, "permission")])
 def test_write_errors_become_user_errors(tmp_path, monkeypatch, err, hint):
-    real_open = open
-    monkeypatch.setattr(writer_mod, "open", lambda p, m: _FailingFile(real_open(p, m), 100, err), raising=False)
+    real_open = writer_mod.OutputFile
+    monkeypatch.setattr(writer_mod, "OutputFile", lambda p: _FailingFile(real_open(p), 100, err))
     (plan,) = plan_shards([TensorSpec("w", torch.float32, (64,))], 1000)
     path = tmp_path / "x.safetensors"
     w = ShardWriter(path, plan)
@@ -219,10 +219,10 @@ def test_write_errors_become_user_errors(tmp_path, monkeypatch, err, hint):
 
 
 def test_create_error_names_file(tmp_path, monkeypatch):
-    def denied(p, m):
+    def denied(p):
         raise PermissionError(errno.EACCES, "Permission denied", str(p))
 
-    monkeypatch.setattr(writer_mod, "open", denied, raising=False)
+    monkeypatch.setattr(writer_mod, "OutputFile", denied)
     (plan,) = plan_shards([], 1)
     with pytest.raises(UserError) as exc:
         ShardWriter(tmp_path / "x.safetensors", plan)

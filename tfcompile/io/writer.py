@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from tfcompile.errors import UserError
+from tfcompile.io.direct import OutputFile
 from tfcompile.io.dtypes import code_of
 from tfcompile.io.oserrors import write_error
 from tfcompile.io.paths import INDEX_FILE, SINGLE_FILE
@@ -158,7 +159,7 @@ class ShardWriter:
         self._size = 0
         header = encode_header(plan, metadata)
         try:
-            self._file = open(self.path, "wb")
+            self._file = OutputFile(self.path)  # O_DIRECT where the file system allows it
         except OSError as e:
             raise write_error(self.path, e, "create") from e
         self._emit(header)
@@ -187,24 +188,17 @@ class ShardWriter:
             raise ValueError(f"{self.path}: writer already closed")
         missing = [s.name for s in self.plan.specs[self._next :]]
         if missing:
-            self._file.close()
+            self._file.abort()
             raise ValueError(f"{self.path}: closed before writing {len(missing)} tensors, first {missing[0]!r}")
         try:
-            self._file.flush()
-            os.fsync(self._file.fileno())  # the atomic rename must not publish unwritten data
-            self._file.close()
+            self._file.close(fsync=True)  # the atomic rename must not publish unwritten data
         except OSError as e:
-            self._file.close()
             raise write_error(self.path, e) from e
         return ShardResult(self.path, self._sha.hexdigest(), self._size)
 
     def abort(self) -> None:
         """Release the file without checks; the caller discards the partial file."""
-        if not self._file.closed:
-            try:
-                self._file.close()
-            except OSError:
-                pass  # a failed flush of a file being discarded does not matter
+        self._file.abort()
 
     def __enter__(self) -> ShardWriter:
         return self
