@@ -23,11 +23,13 @@ from tfcompile.io.hash_cache import sha256_files_cached
 from tfcompile.passes.quantize.naming import modelopt_outputs, to_modelopt
 from tfcompile.passes.quantize.program import execute
 from tfcompile.artifact.sink import ShardSink
+from tfcompile.artifact.verify import check_scale_tensor
 from tfcompile.artifact.configs import ct_quantization_config, modelopt_quant_config
 from tfcompile.errors import RecipeError
 from tfcompile.pipeline.passes import PassResult, register_pass
 
 EXPORTS = ("modelopt",)
+_SCALE_SUFFIXES = ("weight_scale", "weight_global_scale", "input_global_scale", "input_scale")
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,8 @@ def _stream(ctx, program, sinks, reporter) -> tuple[list[dict], int]:
         tensors, stats = execute(job, program, ctx.source)
         bytes_in += _job_source_bytes(job, ctx.source)
         for spec in job.outputs:
+            if job.group is not None and spec.name.endswith(_SCALE_SUFFIXES):
+                check_scale_tensor(spec.name, tensors[spec.name])  # never ship a NaN/zero scale
             sinks[""].put(spec.name, tensors[spec.name])
         if "modelopt" in sinks:
             for name, t in _job_modelopt(job, program, tensors):

@@ -14,12 +14,14 @@ class VerifyConfig:
     strict: bool = True  # a failed check fails the run (exit 1) and nothing is published
     checksums: bool = False  # re-hash files (pack hashed them as it wrote them)
     config_shapes: bool = False  # build the architecture with transformers to check shapes
+    block_scales: bool = False  # read back per-block scales (pack checked them before writing)
 
 
 @register_pass("verify", config=VerifyConfig, requires=("manifest", "out_dir"), produces=("verify",))
 def verify(ctx, cfg: VerifyConfig, reporter) -> PassResult:
     """Check checksums, layers, shapes, scales and shared global scales."""
-    report = verify_artifact(ctx.out_dir, checksums=cfg.checksums, config_shapes=cfg.config_shapes)
+    report = verify_artifact(ctx.out_dir, checksums=cfg.checksums, config_shapes=cfg.config_shapes,
+                             block_scales=cfg.block_scales)
     if cfg.strict and not report.ok:
         first = report.failures()[0]
         raise VerifyError(f"artifact failed check '{first['check']}': {first['detail']}",

@@ -177,3 +177,21 @@ def test_unknown_format_exit_1(tiny_llama, tmp_path, run_cli):
     out = tmp_path / "out"
     res = run_cli("quantize", tiny_llama, "-o", out, "--format", "int3")
     _assert_fails(res, out, "unknown format 'int3'")
+
+
+def test_pack_refuses_to_ship_a_zero_scale(tiny_llama, tmp_path, run_cli, monkeypatch):
+    """Defence in depth: a bad scale from any algorithm stops the run before publishing."""
+    import dataclasses
+
+    from tfcompile.kernels import formats as F
+
+    real = F.quantize_mxfp4
+
+    def broken(w, **kw):
+        q = real(w, **kw)
+        return dataclasses.replace(q, scale=torch.full_like(q.scale, 255))  # E8M0 NaN
+
+    monkeypatch.setattr(F, "quantize_mxfp4", broken)
+    out = tmp_path / "out"
+    _assert_fails(run_cli("quantize", tiny_llama, "-o", out, "--format", "mxfp4a16"), out,
+                  "weight_scale: E8M0 NaN")

@@ -57,10 +57,13 @@ def load_manifest(path: Path) -> dict:
     return doc
 
 
-def verify_artifact(path: Path, *, checksums: bool = True, config_shapes: bool = True) -> VerifyReport:
-    """Run the checks. The pipeline's own verify pass turns off the two costly
-    ones: re-hashing files it hashed while writing them, and building the
-    architecture with transformers (2-3 s of imports) for config shapes."""
+def verify_artifact(path: Path, *, checksums: bool = True, config_shapes: bool = True,
+                    block_scales: bool = True) -> VerifyReport:
+    """Run the checks. The pipeline's own verify pass turns off the costly ones
+    whose evidence it already has: re-hashing files it hashed while writing
+    them, reading back per-block scales it checked in memory before writing
+    them (`check_scale_tensor` in pack), and building the architecture with
+    transformers (2-3 s of imports) for config shapes."""
     path = Path(path)
     doc = load_manifest(path)
     rep = VerifyReport(str(path))
@@ -72,7 +75,7 @@ def verify_artifact(path: Path, *, checksums: bool = True, config_shapes: bool =
     _check_layers(path, doc, scheme, headers, rep)
     if config_shapes:
         _check_config_shapes(path, doc, rep)
-    scales = _load_scales(headers)
+    scales = _load_scales(headers, block_scales)
     _check_scales(scales, rep)
     _check_groups(doc, scheme, scales, rep)
     return rep
@@ -145,17 +148,26 @@ def _check_config_shapes(path: Path, doc: dict, rep: VerifyReport) -> None:
 _SCALES = ("weight_scale", "weight_global_scale", "input_global_scale", "input_scale")
 
 
-def _load_scales(headers: dict) -> dict[str, torch.Tensor]:
-    """Every scale tensor, reading each file once."""
+def _load_scales(headers: dict, block_scales: bool) -> dict[str, torch.Tensor]:
+    """Every scale tensor (without per-block ones unless asked), reading each file once."""
     by_file: dict[Path, list[str]] = {}
-    for name, (f, _, _) in headers.items():
-        if name.endswith(_SCALES):
+    for name, (f, _, shape) in headers.items():
+        small = len(shape) <= 1 or shape[-1] == 1  # per tensor / per channel
+        if name.endswith(_SCALES) and (block_scales or small):
             by_file.setdefault(f, []).append(name)
     out = {}
     for f, names in by_file.items():
         with safe_open(f, framework="pt") as h:
             out.update({n: h.get_tensor(n) for n in names})
     return out
+
+
+def check_scale_tensor(name: str, t: torch.Tensor) -> None:
+    """Raise VerifyError if scale tensor `name` is NaN, infinite, zero or negative."""
+    why = _bad_scale(t)
+    if why:
+        raise VerifyError(f"scale tensor {name}: {why}",
+                          hint="this is a tfcompile bug if the input weights were finite; please report it")
 
 
 def _bad_scale(t: torch.Tensor) -> str | None:
