@@ -5,9 +5,9 @@ Layout of the artifact (staging directory; the CLI renames it into place):
   model*.safetensors (+ index) compressed-tensors tensor names (vLLM, SGLang, transformers)
   tokenizer / generation files copied verbatim
   modelopt/                    with export=("modelopt",): the TensorRT-LLM view
-Memory: one job (a fusion group) is resident at a time; source tensors are
-memory-mapped views; writers stream bytes and hash them as they go. Source
-files are hashed on a background thread meanwhile (hashlib releases the GIL).
+Memory: one job (a fusion group) is resident at a time, plus at most 512 MiB
+queued for the writer thread; source tensors are memory-mapped views whose
+pages are released after each job. How and why: docs/design.md "Streaming".
 """
 
 from __future__ import annotations
@@ -23,13 +23,12 @@ from tfcompile.io.hash_cache import sha256_files_cached
 from tfcompile.passes.quantize.naming import modelopt_outputs, to_modelopt
 from tfcompile.passes.quantize.program import execute
 from tfcompile.artifact.sink import ShardSink
-from tfcompile.artifact.verify import check_scale_tensor
+from tfcompile.artifact.verify import SCALE_SUFFIXES, check_scale_tensor
 from tfcompile.artifact.configs import ct_quantization_config, modelopt_quant_config
 from tfcompile.errors import RecipeError
 from tfcompile.pipeline.passes import PassResult, register_pass
 
 EXPORTS = ("modelopt",)
-_SCALE_SUFFIXES = ("weight_scale", "weight_global_scale", "input_global_scale", "input_scale")
 
 
 @dataclass(frozen=True)
@@ -98,7 +97,7 @@ def _stream(ctx, program, sinks, reporter) -> tuple[list[dict], int]:
         tensors, stats = execute(job, program, ctx.source)
         bytes_in += _job_source_bytes(job, ctx.source)
         for spec in job.outputs:
-            if job.group is not None and spec.name.endswith(_SCALE_SUFFIXES):
+            if job.group is not None and spec.name.endswith(SCALE_SUFFIXES):
                 check_scale_tensor(spec.name, tensors[spec.name])  # never ship a NaN/zero scale
             sinks[""].put(spec.name, tensors[spec.name])
         if "modelopt" in sinks:
@@ -153,8 +152,9 @@ def _job_modelopt(job, program, tensors):
         yield job.source, tensors[job.source]
         return
     for t in job.group.members:
+        view = to_modelopt(program.scheme, t.module, tensors)
         for spec in modelopt_outputs(program.scheme, t.module, *t.shape):
-            yield spec.name, to_modelopt(program.scheme, t.module, tensors)[spec.name]
+            yield spec.name, view[spec.name]
 
 
 def _write_configs(out: Path, ctx, cfg: PackConfig) -> dict[str, str]:

@@ -28,7 +28,7 @@ from tfcompile.pipeline.passes import PassResult, register_pass
 @dataclass(frozen=True)
 class QuantizeConfig:
     mx_rule: str = ""  # "floor" | "ceil"; empty = the formats module default
-    sqnr_rows: int = 64  # rows per Linear sampled for the manifest's weight SQNR (0 = all)
+    sqnr_rows: int = 16  # rows per Linear sampled for the manifest's weight SQNR (0 = all)
 
 
 @register_pass("quantize", config=QuantizeConfig, requires=("source", "model", "plan"),

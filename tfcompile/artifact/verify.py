@@ -145,7 +145,7 @@ def _check_config_shapes(path: Path, doc: dict, rep: VerifyReport) -> None:
     rep.add("shapes vs config", not bad, "; ".join(bad[:5]) or f"{checked} layers match config.json")
 
 
-_SCALES = ("weight_scale", "weight_global_scale", "input_global_scale", "input_scale")
+SCALE_SUFFIXES = ("weight_scale", "weight_global_scale", "input_global_scale", "input_scale")
 
 
 def _load_scales(headers: dict, block_scales: bool) -> dict[str, torch.Tensor]:
@@ -153,7 +153,7 @@ def _load_scales(headers: dict, block_scales: bool) -> dict[str, torch.Tensor]:
     by_file: dict[Path, list[str]] = {}
     for name, (f, _, shape) in headers.items():
         small = len(shape) <= 1 or shape[-1] == 1  # per tensor / per channel
-        if name.endswith(_SCALES) and (block_scales or small):
+        if name.endswith(SCALE_SUFFIXES) and (block_scales or small):
             by_file.setdefault(f, []).append(name)
     out = {}
     for f, names in by_file.items():

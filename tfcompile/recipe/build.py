@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import tomllib
 from pathlib import Path
@@ -10,7 +9,7 @@ from typing import Any, Iterable, Mapping
 
 from tfcompile.errors import RecipeError
 from tfcompile.pipeline.passes import get_pass
-from tfcompile.recipe.schema import RECIPE_VERSION, PassEntry, Recipe, build_config, coerce
+from tfcompile.recipe.schema import RECIPE_VERSION, PassEntry, Recipe, build_config
 from tfcompile.schemes import get_scheme
 
 
@@ -122,15 +121,4 @@ def _cut(pipeline: list[str], skip: Iterable[str], until: str | None) -> list[st
     return [p for p in pipeline if p not in skip]
 
 
-def replace_config(recipe: Recipe, name: str, **changes: Any) -> Recipe:
-    """A copy of `recipe` with fields of pass `name` changed (values coerced)."""
-    out = []
-    for p in recipe.passes:
-        if p.name == name:
-            cfg = dataclasses.replace(p.config, **changes)
-            p = PassEntry(name, cfg)
-        out.append(p)
-    return dataclasses.replace(recipe, passes=tuple(out))
-
-
-__all__ = ["build_recipe", "preset_pipeline", "load_recipe_file", "replace_config", "coerce"]
+__all__ = ["build_recipe", "preset_pipeline", "load_recipe_file"]
