@@ -21,6 +21,7 @@ import threading
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -117,12 +118,25 @@ def ptr(t: torch.Tensor) -> int:
     return t.data_ptr()
 
 
+_limit: dict = {"n": None}
+
+
+@contextmanager
+def kernel_threads(n: int):
+    """Cap the kernels' threads inside the block (e.g. to leave a core to a writer thread)."""
+    old, _limit["n"] = _limit["n"], max(1, int(n))
+    try:
+        yield
+    finally:
+        _limit["n"] = old
+
+
 def parallel(total: int, call, grain: int = 1) -> bool:
     """Run call(start, stop) over [0, total) split into per-thread slices.
 
     Slices are multiples of `grain` (rows or blocks). Returns True if any call
     reported NaN/Inf (nonzero return)."""
-    n = max(1, min(torch.get_num_threads(), total // max(grain, 1) // 64 or 1))
+    n = max(1, min(_limit["n"] or torch.get_num_threads(), total // max(grain, 1) // 64 or 1))
     if n == 1:
         return bool(call(0, total))
     per = -(-total // n)

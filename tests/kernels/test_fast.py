@@ -88,3 +88,25 @@ def test_fast_rejects_nonfinite(name, fn, blk, bad):
     w[5, 200] = bad
     with pytest.raises(FormatError):
         fn(w, "fast")
+
+
+def test_kernel_threads_caps_and_restores_without_changing_bytes():
+    from tfcompile.kernels.formats import _native, kernel_threads, quantize_nvfp4
+
+    w = torch.randn(512, 1024).bfloat16()
+    want = quantize_nvfp4(w)
+    seen = []
+    real = _native.parallel
+
+    def spy(total, call, grain=1):
+        seen.append(_native._limit["n"])
+        return real(total, call, grain)
+
+    _native.parallel = spy
+    try:
+        with kernel_threads(1):
+            got = quantize_nvfp4(w)
+    finally:
+        _native.parallel = real
+    assert seen and set(seen) == {1} and _native._limit["n"] is None
+    assert torch.equal(got.data, want.data) and torch.equal(got.scale.view(torch.uint8), want.scale.view(torch.uint8))
