@@ -3,8 +3,8 @@
 This is the simple, whole-model loop: the model is instantiated by
 transformers from the checkpoint directory (no remote code, `trust_remote_code`
 never set) and run in its dtype on CPU, with forward pre-hooks recording
-max |x| per observed module. Tokens default to uniform random ids from the
-vocabulary with a fixed seed, so it needs no data set.
+max |x| per observed module. Tokens come from `calibration.datasets`: by
+default sequences the model samples itself (seeded), so it needs no data set.
 """
 
 from __future__ import annotations
@@ -38,18 +38,32 @@ def load_hf_model(model_dir: Path, dtype: torch.dtype):
     return model.eval()
 
 
-def observe_input_amax(model_dir: Path, modules: set[str], *, samples: int, seq_len: int,
+def load_tokenizer(model_dir: Path):
+    """The checkpoint's own tokenizer (local files only), or None if it has none."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False, local_files_only=True)
+    except (OSError, ValueError):
+        return None
+
+
+def observe_input_amax(model_dir: Path, modules: set[str], *, data: str, samples: int, seq_len: int,
                        seed: int, dtype: torch.dtype) -> CalibStats:
-    """max |input| per module name in `modules`, over `samples` x `seq_len` random tokens."""
+    """max |input| per module name in `modules`, over `samples` x `seq_len` calibration tokens."""
+    from tfcompile.calibration.datasets import calibration_tokens
+
     model = load_hf_model(model_dir, dtype)
-    amax: dict[str, float] = {}
-    hooks = []
-    for name, mod in model.named_modules():
-        if name in modules or _expert_parent(name, modules):
-            hooks.append(mod.register_forward_pre_hook(_recorder(name, amax)))
+    tokenizer = load_tokenizer(model_dir)
+    if tokenizer is None and data not in ("self", "random"):
+        raise CheckpointError(f"{model_dir}: no tokenizer files, so calibration text cannot be tokenized",
+                              hint="add the tokenizer to the checkpoint, or use --calib self / random")
     vocab = int(getattr(model.config, "vocab_size", None) or model.get_input_embeddings().num_embeddings)
-    gen = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, vocab, (samples, seq_len), generator=gen)
+    ids = calibration_tokens(data, tokenizer, samples=samples, seq_len=seq_len, seed=seed,
+                             model=model, vocab=vocab)
+    amax: dict[str, float] = {}
+    hooks = [mod.register_forward_pre_hook(_recorder(name, amax))
+             for name, mod in model.named_modules() if name in modules or _expert_parent(name, modules)]
     try:
         with torch.inference_mode():
             for row in ids:
@@ -58,7 +72,7 @@ def observe_input_amax(model_dir: Path, modules: set[str], *, samples: int, seq_
         for h in hooks:
             h.remove()
     resolved, fallback = _resolve(modules, amax)
-    return CalibStats(resolved, int(ids.numel()), f"random-tokens(seed={seed})", tuple(fallback))
+    return CalibStats(resolved, int(ids.numel()), f"{data}(seed={seed})", tuple(fallback))
 
 
 def _recorder(name: str, amax: dict):

@@ -28,6 +28,12 @@ def recipe_options(f):
                      help="Leave matching Linear modules unquantized (glob, or re:REGEX)."),
         click.option("--export", "exports", multiple=True, type=click.Choice(["modelopt"]),
                      help="Also write the modelopt (TensorRT-LLM) view under OUT/modelopt."),
+        click.option("--calib", metavar="DATA", help="Calibration data: a .txt/.jsonl/.json/.csv/.parquet "
+                     "file, a save_to_disk folder, a cached data set name, 'self' (default: sequences the "
+                     "model samples) or 'random'."),
+        click.option("--calib-samples", type=int, help="Calibration sequences (default 16)."),
+        click.option("--calib-seq-len", type=int, help="Tokens per calibration sequence (default 128)."),
+        click.option("--calib-seed", type=int, help="Seed for shuffling/sampling calibration data (default 0)."),
         click.option("--skip", multiple=True, metavar="PASS", help="Drop a pass from the pipeline."),
         click.option("--until", metavar="PASS", help="Stop after this pass (nothing is written before pack)."),
     ]
@@ -36,10 +42,13 @@ def recipe_options(f):
     return f
 
 
-def _build(fmt, recipe_file, sets, ignore, exports, skip, until):
+def _build(fmt, recipe_file, sets, ignore, exports, skip, until, calib=None):
     from tfcompile.recipe.build import build_recipe
 
     overrides = {}
+    calib_opts = {k: v for k, v in (calib or {}).items() if v is not None}
+    if calib_opts:
+        overrides["calibrate"] = calib_opts
     if ignore:
         overrides["select"] = {"ignore": list(ignore)}
     if exports:
@@ -64,13 +73,15 @@ def cli() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress on stderr.")
 @recipe_options
-def quantize(model, out, overwrite, as_json, quiet, fmt, recipe_file, sets, ignore, exports, skip, until):
+def quantize(model, out, overwrite, as_json, quiet, fmt, recipe_file, sets, ignore, exports, calib,
+             calib_samples, calib_seq_len, calib_seed, skip, until):
     """Quantize the Hugging Face checkpoint MODEL into an artifact at OUT."""
     from tfcompile.api import run_pipeline
     from tfcompile.cli.tables import summary_table
 
     console = stderr_console()
-    recipe = _build(fmt, recipe_file, sets, ignore, exports, skip, until)
+    recipe = _build(fmt, recipe_file, sets, ignore, exports, skip, until,
+                    dict(data=calib, samples=calib_samples, seq_len=calib_seq_len, seed=calib_seed))
     reporter = RichReporter(console, quiet=quiet)
     ctx = run_pipeline(model, out, recipe, overwrite=overwrite, reporter=reporter)
     if ctx.manifest is not None and not quiet:
@@ -87,11 +98,13 @@ def quantize(model, out, overwrite, as_json, quiet, fmt, recipe_file, sets, igno
 @cli.command()
 @click.argument("model", required=False, type=click.Path(path_type=Path))
 @recipe_options
-def plan(model, fmt, recipe_file, sets, ignore, exports, skip, until):
+def plan(model, fmt, recipe_file, sets, ignore, exports, calib, calib_samples, calib_seq_len, calib_seed,
+         skip, until):
     """Print the resolved recipe (JSON on stdout) without running it."""
     from tfcompile.pipeline.manager import validate
 
-    recipe = _build(fmt, recipe_file, sets, ignore, exports, skip, until)
+    recipe = _build(fmt, recipe_file, sets, ignore, exports, skip, until,
+                    dict(data=calib, samples=calib_samples, seq_len=calib_seq_len, seed=calib_seed))
     specs = validate(recipe)
     doc = recipe.to_dict()
     for entry, spec in zip(doc["passes"], specs):
@@ -133,6 +146,10 @@ def verify(artifact, as_json):
         stderr_console().print(verify_table(report))
     if not report.ok:
         raise SystemExit(1)
+
+
+from tfcompile.cli.eval_cmd import eval_cmd  # noqa: E402
+cli.add_command(eval_cmd)
 
 
 def main(argv: list[str] | None = None) -> int:

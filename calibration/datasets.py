@@ -1,0 +1,138 @@
+"""Calibration tokens: from local files or data sets through `datasets`, or from the model.
+
+`calibration_tokens(source, ...)` returns int64 token ids [samples, seq_len].
+`source` is one of:
+- a local file: .txt (one document per line), .jsonl / .json, .csv, .parquet,
+  read with the `datasets` library's builders of the same name;
+- a directory written by `Dataset.save_to_disk` (it holds state.json /
+  dataset_info.json), read with `datasets.load_from_disk`;
+- any other string: a data set name already in the local Hugging Face cache
+  (`datasets.load_dataset(name, split="train")` with HF_DATASETS_OFFLINE=1:
+  nothing is downloaded);
+- "self": sequences sampled from the model itself (the default: needs no data);
+- "random": uniform random token ids (fast, but unlike real activations).
+
+Text comes from a "text" column, else the first string column; a "messages"
+column (chat format) goes through the tokenizer's chat template when it has
+one. Documents are shuffled with `seed`, tokenized, concatenated with EOS
+between them, and cut into `samples` blocks of `seq_len` tokens.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tfcompile.errors import UserError
+
+BUILDERS = {".txt": "text", ".text": "text", ".jsonl": "json", ".json": "json", ".csv": "csv",
+            ".parquet": "parquet"}
+SPECIAL = ("self", "random")
+
+
+def calibration_tokens(source: str, tokenizer: Any, *, samples: int, seq_len: int, seed: int,
+                       model: Any = None, vocab: int | None = None) -> torch.Tensor:
+    """int64 [samples, seq_len] token ids for calibration (see the module doc for `source`)."""
+    if samples <= 0 or seq_len <= 0:
+        raise UserError(f"calibration needs positive --calib-samples and --calib-seq-len "
+                        f"(got {samples} x {seq_len})", hint="e.g. --calib-samples 64 --calib-seq-len 512")
+    if source == "random":
+        gen = torch.Generator().manual_seed(seed)
+        return torch.randint(0, int(vocab), (samples, seq_len), generator=gen)
+    if source == "self":
+        return sample_from_model(model, tokenizer, samples=samples, seq_len=seq_len, seed=seed)
+    texts = load_texts(source, tokenizer, seed)
+    return pack_blocks(texts, tokenizer, samples=samples, seq_len=seq_len, source=source)
+
+
+def load_texts(source: str, tokenizer: Any, seed: int) -> list[str]:
+    """Documents of the data set, shuffled deterministically."""
+    ds = _open(source)
+    column = _text_column(ds, source)
+    if column == "messages":
+        if not getattr(tokenizer, "chat_template", None):
+            raise UserError(f"calibration data {source}: a 'messages' column needs a tokenizer "
+                            "with a chat template", hint="give a 'text' column instead")
+        texts = [tokenizer.apply_chat_template(m, tokenize=False) for m in ds["messages"]]
+    else:
+        texts = [t for t in ds[column] if isinstance(t, str) and t.strip()]
+    if not texts:
+        raise UserError(f"calibration data {source}: no text found", hint="check the file's contents")
+    order = torch.randperm(len(texts), generator=torch.Generator().manual_seed(seed)).tolist()
+    return [texts[i] for i in order]
+
+
+def _open(source: str):
+    import datasets
+
+    datasets.disable_progress_bars()
+    path = Path(source)
+    try:
+        if path.is_dir() and ((path / "state.json").exists() or (path / "dataset_info.json").exists()):
+            ds = datasets.load_from_disk(str(path))
+            return ds["train"] if isinstance(ds, datasets.DatasetDict) else ds
+        if path.is_file():
+            builder = BUILDERS.get(path.suffix.lower())
+            if builder is None:
+                raise UserError(f"calibration data {path}: unknown file type {path.suffix!r}",
+                                hint="use .txt, .jsonl, .json, .csv or .parquet")
+            return datasets.load_dataset(builder, data_files=str(path), split="train")
+        if path.exists() or os.sep in source or source.startswith("."):
+            raise UserError(f"calibration data {source}: not a file or a saved data set",
+                            hint="give a .txt/.jsonl/.json/.csv/.parquet file or a save_to_disk folder")
+        os.environ["HF_DATASETS_OFFLINE"] = "1"  # the cache only: never download at run time
+        return datasets.load_dataset(source, split="train")
+    except UserError:
+        raise
+    except Exception as e:  # noqa: BLE001 - datasets raises many types; name the source
+        raise UserError(f"calibration data {source}: cannot load it ({type(e).__name__}: {e})",
+                        hint="local files, save_to_disk folders and data sets already in the "
+                             "Hugging Face cache work offline; or use --calib self") from None
+
+
+def _text_column(ds, source: str) -> str:
+    names = list(ds.column_names)
+    if "text" in names:
+        return "text"
+    if "messages" in names:
+        return "messages"
+    for n in names:
+        if ds.features[n].dtype == "string":
+            return n
+    raise UserError(f"calibration data {source}: no text column (columns: {names})",
+                    hint="name the column 'text'")
+
+
+def pack_blocks(texts: list[str], tokenizer: Any, *, samples: int, seq_len: int, source: str) -> torch.Tensor:
+    """Tokenize, join with EOS and cut `samples` blocks of `seq_len` tokens."""
+    need = samples * seq_len
+    eos = tokenizer.eos_token_id
+    ids: list[int] = []
+    for t in texts:
+        ids.extend(tokenizer(t, add_special_tokens=False)["input_ids"])
+        if eos is not None:
+            ids.append(eos)
+        if len(ids) >= need:
+            break
+    if len(ids) < need:
+        raise UserError(f"calibration data {source}: {len(ids)} tokens, {need} needed "
+                        f"({samples} x {seq_len})", hint="lower --calib-samples/--calib-seq-len or give more text")
+    return torch.tensor(ids[:need], dtype=torch.int64).reshape(samples, seq_len)
+
+
+def sample_from_model(model: Any, tokenizer: Any, *, samples: int, seq_len: int, seed: int) -> torch.Tensor:
+    """Sequences the model writes itself from BOS (temperature 1, top-k 50), seeded.
+
+    Needs no data and follows the model's own token statistics, which random
+    ids do not; costs one generation of samples x seq_len tokens."""
+    start = tokenizer.bos_token_id if tokenizer is not None and tokenizer.bos_token_id is not None else 0
+    prompt = torch.full((samples, 1), int(start), dtype=torch.int64)
+    with torch.random.fork_rng(), torch.inference_mode():  # seeded without touching the caller's RNG
+        torch.manual_seed(seed)
+        out = model.generate(prompt, do_sample=True, top_k=50, temperature=1.0, max_new_tokens=seq_len - 1,
+                             min_new_tokens=seq_len - 1, pad_token_id=int(start),
+                             attention_mask=torch.ones_like(prompt))
+    return out[:, :seq_len]

@@ -1,0 +1,89 @@
+"""Calibration data: every source kind gives the same token blocks the tokenizer gives directly."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tfcompile.calibration.datasets import calibration_tokens
+from tfcompile.errors import UserError
+
+DOCS = [f"document number {i} talks about quantization of weights and activations." for i in range(40)]
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_llama_src):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_llama_src)
+
+
+def _expected(tok, docs, seed, samples, seq_len):
+    """The spec, computed independently: shuffle, tokenize, join with EOS, cut."""
+    order = torch.randperm(len(docs), generator=torch.Generator().manual_seed(seed)).tolist()
+    ids = []
+    for i in order:
+        ids += tok(docs[i], add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    return torch.tensor(ids[: samples * seq_len]).reshape(samples, seq_len)
+
+
+def _write(kind, path):
+    if kind == "txt":
+        path.write_text("\n".join(DOCS) + "\n")
+    elif kind == "jsonl":
+        path.write_text("".join(json.dumps({"text": d, "id": i}) + "\n" for i, d in enumerate(DOCS)))
+    elif kind == "csv":
+        path.write_text("id,text\n" + "".join(f"{i},{d}\n" for i, d in enumerate(DOCS)))
+    elif kind == "parquet":
+        import datasets
+
+        datasets.Dataset.from_dict({"text": DOCS}).to_parquet(str(path))
+    elif kind == "saved":
+        import datasets
+
+        datasets.Dataset.from_dict({"body": DOCS}).save_to_disk(str(path))  # first string column
+    return path
+
+
+@pytest.mark.parametrize("kind", ["txt", "jsonl", "csv", "parquet", "saved"])
+def test_sources_give_the_specified_blocks(kind, tok, tmp_path):
+    src = _write(kind, tmp_path / (f"d.{kind}" if kind != "saved" else "saved"))
+    got = calibration_tokens(str(src), tok, samples=3, seq_len=16, seed=7)
+    assert got.dtype == torch.int64 and torch.equal(got, _expected(tok, DOCS, 7, 3, 16))
+
+
+def test_random_and_self(tok, tiny_llama_src):
+    from transformers import AutoModelForCausalLM
+
+    r = calibration_tokens("random", tok, samples=2, seq_len=8, seed=1, vocab=256)
+    assert torch.equal(r, torch.randint(0, 256, (2, 8), generator=torch.Generator().manual_seed(1)))
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama_src)
+    state = torch.random.get_rng_state()
+    a = calibration_tokens("self", tok, samples=2, seq_len=12, seed=3, model=model)
+    b = calibration_tokens("self", tok, samples=2, seq_len=12, seed=3, model=model)
+    assert a.shape == (2, 12) and torch.equal(a, b) and (a[:, 0] == tok.bos_token_id).all()
+    assert torch.equal(torch.random.get_rng_state(), state)  # the caller's RNG is untouched
+
+
+def test_errors_name_the_source(tok, tmp_path):
+    short = tmp_path / "short.txt"
+    short.write_text("tiny\n")
+    with pytest.raises(UserError, match="short.txt.*needed"):
+        calibration_tokens(str(short), tok, samples=4, seq_len=64, seed=0)
+    with pytest.raises(UserError, match="unknown file type"):
+        calibration_tokens(str(_write("txt", tmp_path / "d.xyz")), tok, samples=1, seq_len=4, seed=0)
+    with pytest.raises(UserError, match="no-such-dataset-xyz"):
+        calibration_tokens("no-such-dataset-xyz", tok, samples=1, seq_len=4, seed=0)
+
+
+def test_quantize_with_a_text_file(tiny_llama, tmp_path, run_cli):
+    data = _write("txt", tmp_path / "calib.txt")
+    out = tmp_path / "out"
+    res = run_cli("quantize", tiny_llama, "-o", out, "--format", "fp8", "--calib", data,
+                  "--calib-samples", "2", "--calib-seq-len", "16", "--json")
+    assert res.code == 0, res.err
+    assert res.json()["passes"]["calibrate"]["source"] == f"{data}(seed=0)"
+    assert run_cli("quantize", tiny_llama, "-o", tmp_path / "o2", "--format", "nvfp4a16",
+                   "--calib", data).code == 1  # weight-only: no calibrate pass to configure
