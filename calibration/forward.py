@@ -49,11 +49,18 @@ def load_tokenizer(model_dir: Path):
 
 
 def observe_input_amax(model_dir: Path, modules: set[str], *, data: str, samples: int, seq_len: int,
-                       seed: int, dtype: torch.dtype) -> CalibStats:
-    """max |input| per module name in `modules`, over `samples` x `seq_len` calibration tokens."""
+                       seed: int, dtype: torch.dtype, kv: bool = False) -> CalibStats:
+    """max |input| per module name in `modules` (and, with `kv`, max |K|, |V| per attention
+    module and KV head), over `samples` x `seq_len` calibration tokens."""
     from tfcompile.calibration.datasets import calibration_tokens
 
     model = load_hf_model(model_dir, dtype)
+    kv_obs = None
+    if kv:
+        from tfcompile.calibration.kv import KVObserver, install
+
+        kv_obs = KVObserver(model)
+        model.set_attn_implementation(install(kv_obs))
     tokenizer = load_tokenizer(model_dir)
     if tokenizer is None and data not in ("self", "random"):
         raise CheckpointError(f"{model_dir}: no tokenizer files, so calibration text cannot be tokenized",
@@ -72,7 +79,12 @@ def observe_input_amax(model_dir: Path, modules: set[str], *, data: str, samples
         for h in hooks:
             h.remove()
     resolved, fallback = _resolve(modules, amax)
-    return CalibStats(resolved, int(ids.numel()), f"{data}(seed={seed})", tuple(fallback))
+    kv_amax = {} if kv_obs is None else {n: (kv_obs.k[n], kv_obs.v[n]) for n in sorted(kv_obs.k)}
+    if kv and not kv_amax:
+        raise CheckpointError(f"{model_dir}: no attention call went through transformers' "
+                              "AttentionInterface, so KV-cache scales cannot be calibrated",
+                              hint="this architecture is not supported for --kv-cache yet")
+    return CalibStats(resolved, int(ids.numel()), f"{data}(seed={seed})", tuple(fallback), kv_amax)
 
 
 def _recorder(name: str, amax: dict):

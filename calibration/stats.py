@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Any, Mapping
 
 
 @dataclass(frozen=True)
@@ -12,3 +12,6 @@ class CalibStats:
     tokens: int  # calibration tokens seen
     source: str  # where the tokens came from, e.g. "random-tokens(seed=0)"
     fallback: tuple[str, ...] = field(default=())  # modules no token reached (scale from a fallback)
+    # attention module -> (max|K|, max|V|), float32 [kv_heads] each, post-RoPE as cached
+    kv_amax: Mapping[str, tuple[Any, Any]] = field(default_factory=dict)
+    kv_strategy: str | None = None  # None (no KV quantization) | "tensor" | "attn_head"

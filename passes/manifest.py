@@ -62,7 +62,10 @@ def manifest(ctx, cfg: ManifestConfig, reporter) -> PassResult:
         "scheme": {"name": plan.scheme.name, "weight": plan.scheme.weight,
                    "granularity": plan.scheme.granularity, "block": list(plan.scheme.block),
                    "activations": plan.scheme.act, "mx_rule": ctx.program.mx_rule
-                   if plan.scheme.weight.startswith("mx") else None},
+                   if plan.scheme.weight.startswith("mx") else None,
+                   "kv_cache": {"dtype": "fp8_e4m3", "strategy": ctx.program.kv_strategy}
+                   if ctx.program.kv_strategy else None},
+        "kv_modules": list(ctx.program.kv_modules),
         "views": list(art.views),
         "groups": [[t.module for t in g.members] for g in plan.groups if len(g.members) > 1],
         "ignore": list(plan.ignore),

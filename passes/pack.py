@@ -22,7 +22,7 @@ import torch
 
 from tfcompile.io.aux_files import copy_aux_files
 from tfcompile.io.hash_cache import sha256_files_cached
-from tfcompile.passes.quantize.naming import modelopt_outputs, to_modelopt
+from tfcompile.passes.quantize.naming import OutSpec, modelopt_kv_name, modelopt_outputs, to_modelopt
 from tfcompile.passes.quantize.program import execute
 from tfcompile.artifact.sink import ShardSink
 from tfcompile.artifact.verify import SCALE_SUFFIXES, check_scale_tensor
@@ -117,6 +117,8 @@ def _stream(ctx, program, sinks, reporter) -> tuple[list[dict], int]:
 
 
 def _job_source_bytes(job, source) -> int:
+    if job.const is not None:
+        return 0  # computed by a pass, not read from the source
     if job.group is None:
         return _nbytes(source.info(job.source))
     seen = {t.source for t in job.group.members}
@@ -145,6 +147,11 @@ def _nbytes(info) -> int:
 def _modelopt_specs(program) -> list:
     specs = []
     for job in program.jobs:
+        if job.const is not None:  # KV scale: modelopt name, fp32 (0-d when per tensor)
+            spec = job.outputs[0]
+            shape = () if spec.shape == (1,) else spec.shape
+            specs.append(OutSpec(modelopt_kv_name(spec.name), torch.float32, shape))
+            continue
         if job.group is None:
             specs.extend(job.outputs)
             continue
@@ -154,6 +161,11 @@ def _modelopt_specs(program) -> list:
 
 
 def _job_modelopt(job, program, tensors):
+    if job.const is not None:
+        spec = job.outputs[0]
+        t = tensors[spec.name].float()
+        yield modelopt_kv_name(spec.name), t.reshape(()) if spec.shape == (1,) else t
+        return
     if job.group is None:
         yield job.source, tensors[job.source]
         return
@@ -168,10 +180,11 @@ def _write_configs(out: Path, ctx, cfg: PackConfig) -> dict[str, str]:
     base = {k: v for k, v in ctx.source.config.items() if k != "quantization_config"}
     ignore = list(ctx.plan.ignore)
     written = {}
-    ct = dict(base, quantization_config=ct_quantization_config(ctx.plan.scheme, ignore))
+    kv = ctx.program.kv_strategy
+    ct = dict(base, quantization_config=ct_quantization_config(ctx.plan.scheme, ignore, kv))
     written["config.json"] = _dump(out / "config.json", ct)
     if "modelopt" in cfg.export:
-        hf_quant, mo_cfg = modelopt_quant_config(ctx.plan.scheme, ignore + list(ctx.plan.embeddings))
+        hf_quant, mo_cfg = modelopt_quant_config(ctx.plan.scheme, ignore + list(ctx.plan.embeddings), kv)
         written["modelopt/config.json"] = _dump(out / "modelopt" / "config.json",
                                                 dict(base, quantization_config=mo_cfg))
         written["modelopt/hf_quant_config.json"] = _dump(out / "modelopt" / "hf_quant_config.json",

@@ -122,3 +122,9 @@ def to_modelopt(scheme: Scheme, module: str, ct: dict[str, torch.Tensor]) -> dic
     if scheme.act_static:
         out[f"{m}.input_scale"] = ct[f"{m}.input_scale"].float().reshape(())
     return out
+
+
+def modelopt_kv_name(name: str) -> str:
+    """compressed-tensors `self_attn.k_scale` -> modelopt `self_attn.k_proj.k_scale` (v likewise)."""
+    attn, _, kind = name.rpartition(".")
+    return f"{attn}.{kind[0]}_proj.{kind}"

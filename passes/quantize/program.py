@@ -28,9 +28,10 @@ def torch_dtype(code: str) -> torch.dtype:
 
 @dataclass(frozen=True)
 class Job:
-    group: Any  # passes.select.QuantGroup, or None for a verbatim copy
+    group: Any  # passes.select.QuantGroup, or None for a verbatim copy / a computed constant
     source: str | None  # the tensor copied verbatim when group is None
     outputs: tuple  # tuple[OutSpec, ...] in write order
+    const: Any = None  # a small tensor computed by the pass itself (e.g. a KV-cache scale)
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,8 @@ class Program:
     act_amax: Mapping[str, float]  # module -> calibrated input amax (static-activation schemes)
     mx_rule: str  # MX shared-exponent rule, recorded in the manifest with the data
     sqnr_rows: int  # rows sampled per Linear for the weight-SQNR figure
+    kv_strategy: str | None = None  # KV-cache scales: None | "tensor" | "attn_head"
+    kv_modules: tuple[str, ...] = ()  # attention modules that got k_scale / v_scale
 
     def specs(self) -> list:
         return [o for j in self.jobs for o in j.outputs]
@@ -60,6 +63,8 @@ def register_algorithm(name: str):
 
 def execute(job: Job, program: Program, source) -> tuple[dict[str, torch.Tensor], list[dict]]:
     """Compute one job's output tensors (a verbatim copy is a memory-mapped view)."""
+    if job.const is not None:
+        return {job.outputs[0].name: job.const}, []
     if job.group is None:
         return {job.source: source.get(job.source)}, []
     return ALGORITHMS[program.algorithm](job, program, source)

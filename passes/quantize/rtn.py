@@ -51,9 +51,33 @@ def quantize(ctx, cfg: QuantizeConfig, reporter) -> PassResult:
     rule = cfg.mx_rule or (F.DEFAULT_MXFP8_RULE if scheme.weight == "mxfp8" else F.DEFAULT_MX_RULE)
     if rule not in ("floor", "ceil"):
         raise RecipeError(f"quantize.mx_rule {rule!r} is not floor or ceil", hint="--set quantize.mx_rule=ceil")
-    program = Program(scheme, "rtn", tuple(jobs), act, rule, cfg.sqnr_rows)
+    kv_jobs = kv_scale_jobs(ctx.calib, model_dtype)
+    kv_strategy = ctx.calib.kv_strategy if kv_jobs else None
+    kv_modules = tuple(sorted(ctx.calib.kv_amax)) if kv_jobs else ()
+    program = Program(scheme, "rtn", tuple(jobs + kv_jobs), act, rule, cfg.sqnr_rows, kv_strategy, kv_modules)
     return PassResult(ctx.with_(program=program),
                       {"jobs": len(jobs), "outputs": len(program.specs()), "mx_rule": rule})
+
+
+def kv_scale_jobs(calib, model_dtype: torch.dtype) -> list[Job]:
+    """k_scale / v_scale per attention module: max|K| / 448 (dequant multiplier, as vLLM reads it).
+
+    Per tensor: shape (1,); per KV head ("attn_head"): (kv_heads, 1, 1). Stored in the
+    model dtype, rounded up like the FP8 input scales; a head no token reached gets 1.0."""
+    if calib is None or not calib.kv_strategy:
+        return []
+    jobs = []
+    for attn, pair in sorted(calib.kv_amax.items()):
+        for kind, amax in zip(("k_scale", "v_scale"), pair):
+            amax = amax.float()
+            if calib.kv_strategy == "tensor":
+                amax = amax.amax().reshape(1)
+            s = torch.where(amax > 0, amax / F.E4M3_MAX, torch.ones_like(amax))
+            if calib.kv_strategy == "attn_head":
+                s = s.reshape(-1, 1, 1)
+            t = _round_up(s, model_dtype)
+            jobs.append(Job(None, None, (OutSpec(f"{attn}.{kind}", t.dtype, tuple(t.shape)),), const=t))
+    return jobs
 
 
 def _spec(name, info):

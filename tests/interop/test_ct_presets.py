@@ -33,6 +33,14 @@ def test_config_equals_compressed_tensors_dump(name):
     assert body == live
 
 
+@pytest.mark.parametrize("kv", ["tensor", "attn_head"])
+def test_kv_cache_scheme_equals_compressed_tensors_dump(kv):
+    scheme = SCHEMES["nvfp4a16"]
+    ours = ct_quantization_config(scheme, [], kv)
+    live = _gen().live_body(scheme.ct_preset, scheme.ct_format, [], kv)
+    assert ours["kv_cache_scheme"] == live["kv_cache_scheme"] and live["kv_cache_scheme"]["strategy"] == kv
+
+
 def test_quantize_path_does_not_import_compressed_tensors():
     import subprocess
     import sys

@@ -14,11 +14,11 @@ import copy
 from importlib import metadata
 
 from tfcompile import __version__
-from tfcompile.artifact.ct_presets import CONFIG_GROUP
+from tfcompile.artifact.ct_presets import CONFIG_GROUP, KV_CACHE_SCHEME
 from tfcompile.schemes import Scheme
 
 
-def ct_quantization_config(scheme: Scheme, ignore: list[str]) -> dict:
+def ct_quantization_config(scheme: Scheme, ignore: list[str], kv: str | None = None) -> dict:
     """config.json["quantization_config"] for the compressed-tensors view."""
     try:
         version = metadata.version("compressed-tensors")
@@ -30,7 +30,7 @@ def ct_quantization_config(scheme: Scheme, ignore: list[str]) -> dict:
         "sparsity_config": {},
         "transform_config": {},
         "config_groups": {"group_0": copy.deepcopy(CONFIG_GROUP[scheme.ct_preset])},
-        "kv_cache_scheme": None,
+        "kv_cache_scheme": copy.deepcopy(KV_CACHE_SCHEME[kv]) if kv else None,
         "format": scheme.ct_format,
         "quantization_status": "compressed",
         "global_compression_ratio": None,
@@ -39,7 +39,7 @@ def ct_quantization_config(scheme: Scheme, ignore: list[str]) -> dict:
     }
 
 
-def modelopt_quant_config(scheme: Scheme, exclude: list[str]) -> tuple[dict, dict]:
+def modelopt_quant_config(scheme: Scheme, exclude: list[str], kv: str | None = None) -> tuple[dict, dict]:
     """(hf_quant_config.json, config.json["quantization_config"]) for TensorRT-LLM/vLLM.
 
     Mirrors what modelopt 0.47's `export_hf_checkpoint` writes for the same
@@ -48,13 +48,15 @@ def modelopt_quant_config(scheme: Scheme, exclude: list[str]) -> tuple[dict, dic
     TensorRT-LLM reads hf_quant_config.json's `exclude_modules`.
     """
     producer = {"name": "tfcompile", "version": __version__}
-    quant: dict = {"quant_algo": scheme.modelopt_algo, "kv_cache_quant_algo": None}
+    quant: dict = {"quant_algo": scheme.modelopt_algo, "kv_cache_quant_algo": "FP8" if kv else None}
     group_size = {"nvfp4": 16, "mxfp8": 32}.get(scheme.weight)  # modelopt omits it for mxfp4
     if group_size:
         quant["group_size"] = group_size
     quant["exclude_modules"] = sorted(exclude)
     cfg: dict = {"quant_method": "modelopt", "quant_algo": scheme.modelopt_algo,
                  "ignore": sorted(exclude), "producer": producer}
+    if kv:
+        cfg["kv_cache_quant_algo"] = "FP8"
     groups = _modelopt_config_groups(scheme)
     if groups:
         cfg["config_groups"] = groups

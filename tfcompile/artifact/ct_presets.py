@@ -122,3 +122,17 @@ CONFIG_GROUP = {'FP8': {'format': None,
                           'strategy': 'tensor_group',
                           'symmetric': True,
                           'type': 'float'}}}
+
+# KV-cache strategy -> kv_cache_scheme as QuantizationConfig dumps it (FP8 E4M3, static)
+KV_CACHE_SCHEME = {'attn_head': {'dynamic': False,
+               'group_size': None,
+               'num_bits': 8,
+               'strategy': 'attn_head',
+               'symmetric': True,
+               'type': 'float'},
+ 'tensor': {'dynamic': False,
+            'group_size': None,
+            'num_bits': 8,
+            'strategy': 'tensor',
+            'symmetric': True,
+            'type': 'float'}}

@@ -123,7 +123,10 @@ def _check_layers(path, doc, scheme, headers, rep) -> None:
             want_dtype = spec.dtype if spec.dtype != torch.bfloat16 else got[1]  # model-dtype scales
             if got[1] != want_dtype or got[2] != spec.shape:
                 bad.append(f"{spec.name}: {got[1]} {list(got[2])}, expected {want_dtype} {list(spec.shape)}")
-    rep.add("layers present", not bad, "; ".join(bad[:5]) or f"{len(doc.get('layers', []))} layers")
+    for attn in doc.get("kv_modules", []):
+        bad += [f"{attn}.{k}: missing" for k in ("k_scale", "v_scale") if f"{attn}.{k}" not in headers]
+    rep.add("layers present", not bad, "; ".join(bad[:5]) or f"{len(doc.get('layers', []))} layers, "
+            f"{len(doc.get('kv_modules', []))} KV-cache scale pairs")
 
 
 def _check_config_shapes(path: Path, doc: dict, rep: VerifyReport) -> None:
@@ -145,7 +148,8 @@ def _check_config_shapes(path: Path, doc: dict, rep: VerifyReport) -> None:
     rep.add("shapes vs config", not bad, "; ".join(bad[:5]) or f"{checked} layers match config.json")
 
 
-SCALE_SUFFIXES = ("weight_scale", "weight_global_scale", "input_global_scale", "input_scale")
+SCALE_SUFFIXES = ("weight_scale", "weight_global_scale", "input_global_scale", "input_scale",
+                  "k_scale", "v_scale")
 
 
 def _load_scales(headers: dict, block_scales: bool) -> dict[str, torch.Tensor]:

@@ -13,12 +13,12 @@ from tfcompile.recipe.schema import RECIPE_VERSION, PassEntry, Recipe, build_con
 from tfcompile.schemes import get_scheme
 
 
-def preset_pipeline(fmt: str) -> list[str]:
-    """The pass list `tfcompile quantize --format FMT` runs."""
+def preset_pipeline(fmt: str, kv_cache: bool = False) -> list[str]:
+    """The pass list `tfcompile quantize --format FMT [--kv-cache fp8]` runs."""
     scheme = get_scheme(fmt)
     names = ["load", "select"]
-    if scheme.act_static:
-        names.append("calibrate")  # static activation scales need statistics
+    if scheme.act_static or kv_cache:
+        names.append("calibrate")  # static activation or KV-cache scales need statistics
     names += ["quantize", "pack", "manifest", "verify"]
     return names
 
@@ -59,7 +59,9 @@ def build_recipe(
     """Presets < recipe file < CLI options (`overrides`) < --set; then --skip/--until."""
     data = load_recipe_file(recipe_file) if recipe_file else {"version": RECIPE_VERSION}
     fmt = fmt or data.get("format")
-    pipeline = list(data.get("pipeline") or (preset_pipeline(fmt) if fmt else []))
+    kv = bool((overrides or {}).get("calibrate", {}).get("kv_cache")
+              or (data.get("passes") or {}).get("calibrate", {}).get("kv_cache"))
+    pipeline = list(data.get("pipeline") or (preset_pipeline(fmt, kv) if fmt else []))
     if not pipeline:
         raise RecipeError("no pipeline: give --format or a recipe with `format` or `pipeline`",
                           hint="e.g. tfcompile quantize --format nvfp4 MODEL -o OUT")
