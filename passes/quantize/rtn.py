@@ -18,7 +18,7 @@ import torch
 
 from tfcompile.passes.quantize.naming import OutSpec, ct_outputs
 from tfcompile.passes.quantize.program import (
-    Job, Program, load_target, register_algorithm, torch_dtype)
+    ALGORITHMS, Job, Program, load_target, register_algorithm, torch_dtype)
 from tfcompile.io.dtypes import torch_dtype_of
 from tfcompile.kernels import formats as F
 from tfcompile.errors import RecipeError
@@ -27,6 +27,7 @@ from tfcompile.pipeline.passes import PassResult, register_pass
 
 @dataclass(frozen=True)
 class QuantizeConfig:
+    algorithm: str = "rtn"  # "rtn" | "mse" (block-scale search for nvfp4/mxfp4, passes/quantize/mse.py)
     mx_rule: str = ""  # "floor" | "ceil"; empty = the formats module default
     sqnr_rows: int = 16  # rows per Linear sampled for the manifest's weight SQNR (0 = all)
 
@@ -54,7 +55,11 @@ def quantize(ctx, cfg: QuantizeConfig, reporter) -> PassResult:
     kv_jobs = kv_scale_jobs(ctx.calib, model_dtype)
     kv_strategy = ctx.calib.kv_strategy if kv_jobs else None
     kv_modules = tuple(sorted(ctx.calib.kv_amax)) if kv_jobs else ()
-    program = Program(scheme, "rtn", tuple(jobs + kv_jobs), act, rule, cfg.sqnr_rows, kv_strategy, kv_modules)
+    if cfg.algorithm not in ALGORITHMS:
+        raise RecipeError(f"quantize.algorithm {cfg.algorithm!r} is unknown",
+                          hint="choose one of: " + ", ".join(sorted(ALGORITHMS)))
+    program = Program(scheme, cfg.algorithm, tuple(jobs + kv_jobs), act, rule, cfg.sqnr_rows,
+                      kv_strategy, kv_modules)
     return PassResult(ctx.with_(program=program),
                       {"jobs": len(jobs), "outputs": len(program.specs()), "mx_rule": rule})
 
@@ -85,8 +90,12 @@ def _spec(name, info):
 
 
 @register_algorithm("rtn")
-def run_rtn(job: Job, program: Program, source):
-    """Quantize one group; returns its output tensors and per-Linear stats."""
+def run_rtn(job: Job, program: Program, source, quantizer=None):
+    """Quantize one group; returns its output tensors and per-Linear stats.
+
+    `quantizer(w, scheme, program, gscale, name, model_dtype) -> QTensor` replaces
+    round-to-nearest (the `mse` algorithm passes its scale search)."""
+    quantizer = quantizer or quantize_weight
     scheme, members = program.scheme, job.group.members
     weights = [load_target(source, t) for t in members]
     model_dtype = weights[0].dtype
@@ -96,7 +105,7 @@ def run_rtn(job: Job, program: Program, source):
         gscale = F.nvfp4_global_scale(amax.reshape(1))
     out, stats = {}, []
     for t, w in zip(members, weights):
-        q = quantize_weight(w, scheme, program, gscale, t.source, model_dtype)
+        q = quantizer(w, scheme, program, gscale, t.source, model_dtype)
         out.update(ct_tensors(q, scheme, t.module, program, members, model_dtype))
         stats.append(layer_stats(t, w, q, scheme, program.sqnr_rows))
     return out, stats
