@@ -36,7 +36,7 @@ def test_nvfp4_mse_beats_rtn(kind):
     rtn, mse = F.quantize_nvfp4(w, global_scale=g), nvfp4_mse(w, g)
     assert torch.equal(mse.global_scale, rtn.global_scale)
     assert bool((_block_err(w, mse, 16) <= _block_err(w, rtn, 16) * (1 + 1e-6)).all())
-    assert _sqnr(w, mse) > _sqnr(w, rtn) + 0.3  # measured: +0.9..1.3 dB; 0.3 leaves room
+    assert _sqnr(w, mse) > _sqnr(w, rtn) + 0.3  # measured here: +1.24 dB Gaussian, +0.64 Student-t
 
 
 @pytest.mark.parametrize("kind", ["gauss", "student"])
@@ -45,7 +45,7 @@ def test_mxfp4_mse_beats_rtn(kind, rule):
     w = _weights(kind)
     rtn, mse = F.quantize_mxfp4(w, rule=rule), mxfp4_mse(w, rule)
     assert bool((_block_err(w, mse, 32) <= _block_err(w, rtn, 32) * (1 + 1e-6)).all())
-    assert _sqnr(w, mse) > _sqnr(w, rtn)
+    assert _sqnr(w, mse) > _sqnr(w, rtn) + 0.1  # measured here: +0.24..0.85 dB
     assert mse.scale.dtype == torch.uint8 and bool((mse.scale != 255).all())
 
 
