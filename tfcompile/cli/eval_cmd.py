@@ -1,0 +1,90 @@
+"""`tfcompile eval`: perplexity, KL, top-1 and per-layer SQNR against a reference, with gates."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+from rich.table import Table
+
+from tfcompile.cli.output import RichReporter, emit_json, stderr_console
+
+
+def _fmt(v, spec: str = ".4f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def _db(v) -> str:
+    return "inf" if v is None else f"{v:.2f}"  # null SQNR: no error at all
+
+
+def metrics_table(doc: dict) -> Table:
+    m, t = doc["metrics"], Table(title=f"eval {doc['model']} vs {doc['reference']}", show_header=False)
+    t.add_column("", style="bold")
+    t.add_column("")
+    fmt = doc["format"] or "none (checkpoint)"
+    t.add_row("format", f"{fmt}, activations {doc['activations'] or 'not quantized'}")
+    t.add_row("tokens", f"{m['tokens']} in {doc['text']['sequences']} sequences ({doc['text']['source']})")
+    t.add_row("perplexity", f"{_fmt(m['perplexity'])} (reference {_fmt(m['reference_perplexity'])}, "
+                            f"{_fmt(None if m['ppl_increase'] is None else 100 * m['ppl_increase'], '+.2f')}%)")
+    t.add_row("KL(ref || model)", f"{_fmt(m['kl_mean'], '.6f')} nats/token (max {_fmt(m['kl_max'], '.4f')})")
+    t.add_row("top-1 agreement", _fmt(m["top1_agreement"]))
+    s = doc["layer_summary"]
+    if s["count"]:
+        t.add_row("worst layer SQNR", f"{_fmt(s['worst_sqnr_db'], '.2f')} dB ({s['worst_module']})")
+    for g in doc["gates"]:
+        status = "[green]pass[/]" if g["ok"] else "[red]FAIL[/]"
+        t.add_row(f"gate --{g['gate']}", f"{status} {_fmt(g['value'], '.6g')} vs {g['threshold']:g}")
+    return t
+
+
+def layers_table(layers: list[dict]) -> Table:
+    t = Table(title="per-layer output SQNR (dB; isolated = reference input, e2e = in the model)")
+    for col in ("module", "shape", "isolated", "e2e"):
+        t.add_column(col, justify="left" if col == "module" else "right")
+    for la in layers:
+        t.add_row(la["module"], "x".join(map(str, la["shape"])), _db(la["sqnr_db"]), _db(la["e2e_sqnr_db"]))
+    return t
+
+
+@click.command("eval")
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option("--reference", required=True, type=click.Path(path_type=Path),
+              help="The original checkpoint to compare against (its tokenizer is used).")
+@click.option("--text", type=click.Path(path_type=Path),
+              help="Evaluation text (UTF-8). Default: the held-out split of tfcompile.calibration.corpus.")
+@click.option("--max-tokens", type=int, default=16384, show_default=True, help="Tokens of text to evaluate.")
+@click.option("--seq-len", type=int, default=None, help="Tokens per sequence [default: 256, or the model's maximum].")
+@click.option("--batch-size", type=int, default=4, show_default=True, help="Sequences per forward pass.")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32",
+              show_default=True, help="Compute dtype of both models.")
+@click.option("--max-kl", type=float, help="Gate: mean KL(ref || model) in nats must be <= this.")
+@click.option("--max-ppl-increase", type=float, help="Gate: relative perplexity increase, e.g. 0.05 = 5%.")
+@click.option("--min-top1", type=float, help="Gate: top-1 agreement with the reference must be >= this.")
+@click.option("--layers/--no-layers", default=True, help="Show the per-layer table.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress on stderr.")
+def eval_cmd(model, reference, text, max_tokens, seq_len, batch_size, dtype, max_kl, max_ppl_increase,
+             min_top1, layers, as_json, quiet):
+    """Evaluate MODEL (artifact or checkpoint) against --reference: perplexity, KL, top-1, layer SQNR.
+
+    Exit 1 when a gate (--max-kl, --max-ppl-increase, --min-top1) is missed."""
+    from tfcompile.evaluate import evaluate, gate_error
+
+    console = stderr_console()
+    reporter = RichReporter(console, quiet=quiet)
+    doc = evaluate(model, reference, text=text, max_tokens=max_tokens, seq_len=seq_len,
+                   batch_size=batch_size, dtype=dtype, progress=reporter,
+                   thresholds={"max-kl": max_kl, "max-ppl-increase": max_ppl_increase, "min-top1": min_top1})
+    reporter._stop()
+    for w in doc["warnings"]:
+        reporter.warn(w)
+    if as_json:
+        emit_json(doc)
+    elif not quiet:
+        console.print(metrics_table(doc))
+        if layers and doc["layers"]:
+            console.print(layers_table(doc["layers"]))
+    err = gate_error(doc["gates"])
+    if err is not None:
+        raise err

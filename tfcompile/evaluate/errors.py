@@ -1,0 +1,13 @@
+"""Errors of `tfcompile eval`; both are UserErrors (exit 1, with a hint)."""
+
+from __future__ import annotations
+
+from tfcompile.errors import UserError
+
+
+class EvalError(UserError):
+    """Bad input to an evaluation: a model, reference, text or option we cannot use."""
+
+
+class GateFailed(UserError):
+    """A quality gate (--max-kl, --max-ppl-increase, --min-top1) was missed."""

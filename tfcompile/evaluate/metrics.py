@@ -1,0 +1,129 @@
+"""Running metrics over batches: perplexity, KL(ref || model), top-1, per-layer SQNR.
+
+All sums are float64 on float32 log-probabilities, so the result does not
+depend on the batch size beyond float rounding.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class LogitMetrics:
+    nll: float = 0.0  # sum over predicted tokens, candidate
+    nll_ref: float = 0.0  # same, reference
+    targets: int = 0  # predicted tokens (each row: length - 1)
+    kl: float = 0.0  # sum over positions of KL(ref || model), nats
+    kl_max: float = 0.0
+    agree: int = 0  # positions whose argmax matches
+    positions: int = 0  # every position of every row
+
+    def update(self, ids: torch.Tensor, logits: torch.Tensor, ref_logits: torch.Tensor) -> None:
+        """ids [B, L]; logits [B, L, V] of the candidate and the reference."""
+        for row, lm, lr in zip(ids, logits.float(), ref_logits.float()):  # one row at a time: V is large
+            lp, lpr = F.log_softmax(lm, -1), F.log_softmax(lr, -1)
+            kl = (lpr.exp() * (lpr - lp)).sum(-1).clamp_min(0)
+            self.kl += float(kl.double().sum())
+            self.kl_max = max(self.kl_max, float(kl.max()))
+            self.agree += int((lm.argmax(-1) == lr.argmax(-1)).sum())
+            self.positions += row.numel()
+            tgt = row[1:]
+            self.nll -= float(lp[:-1].gather(-1, tgt[:, None]).double().sum())
+            self.nll_ref -= float(lpr[:-1].gather(-1, tgt[:, None]).double().sum())
+            self.targets += tgt.numel()
+
+    def result(self) -> dict:
+        ppl, ppl_ref = _exp(self.nll / self.targets), _exp(self.nll_ref / self.targets)
+        return {"perplexity": ppl, "reference_perplexity": ppl_ref,
+                "ppl_increase": ppl / ppl_ref - 1.0,
+                "kl_mean": self.kl / self.positions, "kl_max": self.kl_max,
+                "top1_agreement": self.agree / self.positions,
+                "tokens": self.positions, "predicted_tokens": self.targets}
+
+
+def _exp(x: float) -> float:
+    return math.exp(x) if x < 709.0 else math.inf  # NaN stays NaN
+
+
+def sqnr_db(signal: float, noise: float) -> float | None:
+    """10 log10(signal / noise); None means infinite (no error at all)."""
+    if noise == 0.0:
+        return None
+    return 10.0 * math.log10(max(signal, 1e-300) / noise)
+
+
+@dataclass
+class _Acc:
+    signal: float = 0.0
+    noise_iso: float = 0.0
+    noise_e2e: float = 0.0
+
+
+@dataclass
+class LayerSQNR:
+    """Per quantized Linear, on the same tokens, with the reference's output y as signal:
+
+    - isolated (`sqnr_db`): the reference Linear's input x fed to the
+      candidate's Linear (its dequantized weight and activation emulation),
+      so each figure is that layer's own error;
+    - end to end (`e2e_sqnr_db`): the candidate's Linear output in the
+      candidate model, whose input already carries every earlier layer's error.
+    """
+
+    acc: dict[str, _Acc] = field(default_factory=dict)
+    _outputs: dict[str, torch.Tensor] = field(default_factory=dict)
+    _hooks: list = field(default_factory=list)
+
+    def attach(self, candidate_linears: dict, reference: nn.Module) -> None:
+        ref_modules = dict(reference.named_modules())
+        for name, ql in candidate_linears.items():
+            ref = ref_modules.get(name)
+            if not isinstance(ref, nn.Linear):
+                continue
+            self.acc[name] = _Acc()
+            self._hooks.append(ql.module.register_forward_hook(self._keep(name)))
+            self._hooks.append(ref.register_forward_hook(self._compare(name, ql)))
+
+    def detach(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks.clear()
+
+    def _keep(self, name: str):
+        def hook(_mod, _args, out):
+            self._outputs[name] = out.detach()
+        return hook
+
+    def _compare(self, name: str, ql):
+        def hook(_mod, args, out):
+            x, y = args[0], out.detach().float()
+            xq = ql.act(x) if ql.act is not None else x
+            y_iso = F.linear(xq, ql.module.weight, ql.module.bias).float()
+            a = self.acc[name]
+            a.signal += _sq(y)
+            a.noise_iso += _sq(y - y_iso)
+            y_e2e = self._outputs.pop(name, None)
+            if y_e2e is not None:
+                a.noise_e2e += _sq(y - y_e2e.float())
+        return hook
+
+    def result(self) -> list[dict]:
+        out = []
+        for name, a in sorted(self.acc.items()):
+            out.append({"module": name, "sqnr_db": _r(sqnr_db(a.signal, a.noise_iso)),
+                        "e2e_sqnr_db": _r(sqnr_db(a.signal, a.noise_e2e))})
+        return out
+
+
+def _sq(t: torch.Tensor) -> float:
+    return float(t.square().sum(dtype=torch.float64))
+
+
+def _r(v: float | None) -> float | None:
+    return None if v is None or math.isnan(v) else round(v, 3)

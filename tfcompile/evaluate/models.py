@@ -1,0 +1,224 @@
+"""Build the models `tfcompile eval` compares, as transformers modules.
+
+- the reference, and a plain checkpoint given as MODEL: transformers'
+  `from_pretrained` (safetensors only, no remote code), after tfcompile's own
+  checkpoint validation (headers parsed, pickle files refused);
+- a tfcompile artifact: the architecture of its config.json (without
+  `quantization_config`) built by transformers, every non-quantized tensor
+  loaded from the artifact, every quantized Linear's weight replaced by
+  `tfcompile.kernels.formats.dequantize` of the stored tensors, and the
+  scheme's activation quantization emulated by forward pre-hooks.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from tfcompile.evaluate.actquant import STATIC_SCALE, ActFn, act_quantizer, pre_hook
+from tfcompile.evaluate.errors import EvalError
+from tfcompile.io.checkpoint import Checkpoint, open_checkpoint
+from tfcompile.kernels.formats import QTensor, dequantize
+from tfcompile.passes.quantize.naming import ct_outputs
+from tfcompile.schemes import Scheme, get_scheme
+
+MANIFEST = Path("tfcompile") / "manifest.json"
+_EXPERT = re.compile(r"^(?P<parent>.*experts)\.(?P<e>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)$")
+
+
+@dataclass
+class QLinear:
+    """One quantized Linear of the candidate: its module, dequantized weight and activation emulation."""
+    name: str
+    module: nn.Linear
+    act: ActFn | None
+
+
+@dataclass
+class Candidate:
+    model: nn.Module
+    kind: str  # "artifact" | "checkpoint"
+    scheme: Scheme | None
+    linears: dict[str, QLinear] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+
+def _transformers():
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()  # stderr belongs to our reporter
+    transformers.utils.logging.set_verbosity_error()
+    return transformers
+
+
+def _arch_class(path: Path, cfg):
+    arch = (getattr(cfg, "architectures", None) or [None])[0]
+    cls = getattr(_transformers(), arch, None) if arch else None
+    if cls is None:
+        raise EvalError(f"{path}/config.json: architecture {arch!r} is not in transformers",
+                        hint="tfcompile eval builds models with transformers (no remote code); "
+                             "evaluate a transformers architecture")
+    return cls
+
+
+def _has_manifest(path: Path) -> bool:
+    return (Path(path) / MANIFEST).is_file()
+
+
+def load_checkpoint_model(path: Path, dtype: torch.dtype, role: str) -> nn.Module:
+    """A plain Hugging Face checkpoint via transformers (validated first by tfcompile.io)."""
+    path = Path(path)
+    what = ("the original Hugging Face checkpoint directory the artifact was quantized from"
+            if role == "reference" else "a Hugging Face checkpoint directory or a tfcompile artifact")
+    if not path.exists():
+        raise EvalError(f"{role} {path} does not exist", hint=f"pass {what}")
+    if role == "reference" and _has_manifest(path):
+        raise EvalError(f"reference {path} is a tfcompile artifact", hint=f"pass {what}")
+    ckpt = open_checkpoint(path)  # CheckpointError (a UserError) for anything unusable
+    ckpt.close()
+    if "quantization_config" in ckpt.config:
+        raise EvalError(f"{role} {path} has a quantization_config but no {MANIFEST}: it is "
+                        f"quantized, but not a tfcompile artifact",
+                        hint="evaluate an artifact written by `tfcompile quantize`, or a "
+                             "bf16/fp16/fp32 checkpoint")
+    tf = _transformers()
+    cfg = tf.AutoConfig.from_pretrained(path, trust_remote_code=False)
+    cls = _arch_class(path, cfg)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = cls.from_pretrained(path, dtype=dtype, trust_remote_code=False, use_safetensors=True)
+    return model.eval()
+
+
+def load_candidate(path: Path, dtype: torch.dtype) -> Candidate:
+    """MODEL_OR_ARTIFACT: a tfcompile artifact (dequantized + emulated) or a checkpoint (as is)."""
+    path = Path(path)
+    if not _has_manifest(path):
+        return Candidate(load_checkpoint_model(path, dtype, "model"), "checkpoint", None)
+    from tfcompile.artifact.verify import load_manifest
+
+    manifest = load_manifest(path)
+    scheme = get_scheme(manifest["scheme"]["name"])
+    ckpt = open_checkpoint(path)
+    try:
+        return _build_artifact(path, ckpt, manifest, scheme, dtype)
+    finally:
+        ckpt.close()
+
+
+def _build_artifact(path: Path, ckpt: Checkpoint, manifest: dict, scheme: Scheme,
+                    dtype: torch.dtype) -> Candidate:
+    tf = _transformers()
+    cfg = tf.AutoConfig.from_pretrained(path, trust_remote_code=False)
+    if hasattr(cfg, "quantization_config"):
+        delattr(cfg, "quantization_config")
+    cls = _arch_class(path, cfg)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = cls._from_config(cfg, dtype=dtype).eval()
+    cand = Candidate(model, "artifact", scheme)
+    layers = {la["module"]: tuple(la["shape"]) for la in manifest.get("layers", [])}
+    qnames = {s.name for m, (n, k) in layers.items() for s in ct_outputs(scheme, m, n, k, torch.bfloat16)}
+    missing = sorted(q for q in qnames if q not in set(ckpt.names()))
+    if missing:
+        raise EvalError(f"{path}: quantized tensor {missing[0]} is missing ({len(missing)} in all)",
+                        hint=f"check the artifact with `tfcompile verify {path}`")
+    loaded = _load_plain(path, ckpt, model, [n for n in ckpt.names() if n not in qnames])
+    modules = dict(model.named_modules())
+    expert_inputs: dict[str, ActFn | None] = {}
+    for name, (n, k) in sorted(layers.items()):
+        w = dequantize(qtensor_of(ckpt, scheme, name, n, k), torch.float32)
+        act = _act_fn(ckpt, scheme, name)
+        mod = modules.get(name)
+        if isinstance(mod, nn.Linear):
+            if tuple(mod.weight.shape) != (n, k):
+                raise EvalError(f"{path}: {name} is {n}x{k} in the artifact but "
+                                f"{tuple(mod.weight.shape)} in the architecture",
+                                hint=f"check the artifact with `tfcompile verify {path}`")
+            with torch.no_grad():
+                mod.weight.copy_(w)
+            loaded.add(f"{name}.weight")
+            if act is not None:
+                mod.register_forward_pre_hook(pre_hook(act))
+            cand.linears[name] = QLinear(name, mod, act)
+        elif (m := _EXPERT.match(name)) and hasattr(modules.get(m["parent"]), "gate_up_proj"):
+            loaded |= _set_expert(modules[m["parent"]], m["parent"], int(m["e"]), m["proj"], w)
+            if m["proj"] != "down_proj":
+                expert_inputs.setdefault(m["parent"], act)
+        else:
+            raise EvalError(f"{path}: quantized module {name} is not a Linear of {cls.__name__}",
+                            hint="the artifact does not match its config.json architecture; rebuild it")
+    for parent, act in sorted(expert_inputs.items()):
+        if act is not None:  # per-token quantizers: the experts' input is every expert's gate/up input
+            modules[parent].register_forward_pre_hook(pre_hook(act))
+            cand.warnings.append(f"{parent}: activation quantization of the fused experts' down_proj "
+                                 f"input is not emulated (gate/up input is)")
+    _check_complete(path, model, loaded)
+    return cand
+
+
+def qtensor_of(ckpt: Checkpoint, scheme: Scheme, m: str, n: int, k: int) -> QTensor:
+    """Rebuild the QTensor of Linear `m` [n, k] from its compressed-tensors tensors."""
+    if scheme.weight == "nvfp4":
+        return QTensor("nvfp4", ckpt.get(f"{m}.weight_packed"), ckpt.get(f"{m}.weight_scale"),
+                       ckpt.get(f"{m}.weight_global_scale").float().reshape(1), (n, k), "group", None, (16,))
+    if scheme.weight == "mxfp4":
+        return QTensor("mxfp4", ckpt.get(f"{m}.weight_packed"), ckpt.get(f"{m}.weight_scale"),
+                       None, (n, k), "group", None, (32,))
+    if scheme.weight == "mxfp8":
+        return QTensor("mxfp8", ckpt.get(f"{m}.weight"), ckpt.get(f"{m}.weight_scale"),
+                       None, (n, k), "group", None, (32,))
+    s = ckpt.get(f"{m}.weight_scale").float()
+    s = s.reshape(1) if scheme.granularity == "tensor" else s
+    block = tuple(scheme.block) if scheme.granularity == "block" else ()
+    return QTensor("fp8", ckpt.get(f"{m}.weight"), s, None, (n, k), scheme.granularity, None, block)
+
+
+def _act_fn(ckpt: Checkpoint, scheme: Scheme, m: str) -> ActFn | None:
+    suffix = STATIC_SCALE.get(scheme.act or "")
+    static = ckpt.get(f"{m}.{suffix}") if suffix else None
+    return act_quantizer(scheme.act, m, static)
+
+
+def _load_plain(path: Path, ckpt: Checkpoint, model: nn.Module, names: list[str]) -> set[str]:
+    """Copy the artifact's non-quantized tensors (embeddings, norms, lm_head...) into the model."""
+    state = {n: ckpt.get(n) for n in names}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = model.load_state_dict(state, strict=False)
+    if result.unexpected_keys:
+        extra = sorted(result.unexpected_keys)
+        raise EvalError(f"{path}: tensor {extra[0]} is not a parameter of the architecture "
+                        f"({len(extra)} such tensors)",
+                        hint="the artifact's tensor names do not match config.json; rebuild it")
+    return set(state)
+
+
+def _set_expert(experts: nn.Module, parent: str, e: int, proj: str, w: torch.Tensor) -> set[str]:
+    """Write one expert's dequantized weight into the fused [E, N, K] parameters (v5 layout)."""
+    with torch.no_grad():
+        if proj == "down_proj":
+            experts.down_proj[e].copy_(w)
+            return {f"{parent}.down_proj"}
+        half = experts.gate_up_proj.shape[1] // 2
+        lo = 0 if proj == "gate_proj" else half
+        experts.gate_up_proj[e, lo:lo + half].copy_(w)
+    return {f"{parent}.gate_up_proj"}
+
+
+def _check_complete(path: Path, model: nn.Module, loaded: set[str]) -> None:
+    """Every parameter/persistent buffer came from the artifact (tied aliases count once)."""
+    groups: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        groups.setdefault(id(p), []).append(name)
+    missing = sorted(names[0] for names in groups.values() if not loaded.intersection(names))
+    state = set(model.state_dict())
+    missing += sorted(n for n, _ in model.named_buffers() if n in state and n not in loaded)
+    if missing:
+        raise EvalError(f"{path}: the artifact has no tensor for {missing[0]} ({len(missing)} missing)",
+                        hint=f"check the artifact with `tfcompile verify {path}`")

@@ -1,0 +1,111 @@
+"""`evaluate()`: run a candidate and its reference on the same tokens and report."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from tfcompile.evaluate.errors import EvalError
+from tfcompile.evaluate.gates import check_gates
+from tfcompile.evaluate.metrics import LayerSQNR, LogitMetrics
+from tfcompile.evaluate.models import load_candidate, load_checkpoint_model
+from tfcompile.evaluate.text import batches, load_text, load_tokenizer, token_rows
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DEFAULT_SEQ_LEN = 256
+
+
+class Progress(Protocol):
+    def task(self, description: str, total: int | None) -> None: ...
+    def advance(self, n: int = 1, detail: str | None = None) -> None: ...
+
+
+def _check_positive(name: str, value: int | None) -> None:
+    if value is not None and value < 1:
+        raise EvalError(f"{name} must be at least 1, got {value}", hint=f"pass a positive {name}")
+
+
+def _vocab(model) -> int:
+    return int(model.get_output_embeddings().weight.shape[0])
+
+
+def evaluate(model_path: Path, reference: Path, *, text: Path | None = None, max_tokens: int = 16384,
+             seq_len: int | None = None, batch_size: int = 4, dtype: str = "float32",
+             thresholds: dict[str, float | None] | None = None,
+             progress: Progress | None = None) -> dict:
+    """The report as a JSON-ready dict (see docs/ci.md for the fields)."""
+    for name, value in (("--max-tokens", max_tokens), ("--seq-len", seq_len), ("--batch-size", batch_size)):
+        _check_positive(name, value)
+    if dtype not in DTYPES:
+        raise EvalError(f"unknown --dtype {dtype!r}", hint="choose one of: " + ", ".join(DTYPES))
+    t0 = time.monotonic()
+    source = load_text(text)  # cheap checks first
+    ref = load_checkpoint_model(Path(reference), DTYPES[dtype], "reference")
+    tokenizer = load_tokenizer(Path(reference))
+    cand = load_candidate(Path(model_path), DTYPES[dtype])
+    vocab, ref_vocab = _vocab(cand.model), _vocab(ref)
+    if vocab != ref_vocab:
+        raise EvalError(f"vocabulary mismatch: {model_path} has {vocab} output tokens, "
+                        f"reference {reference} has {ref_vocab}",
+                        hint="compare an artifact with the checkpoint it was quantized from")
+    max_pos = getattr(ref.config, "max_position_embeddings", None)
+    if seq_len is None:
+        seq_len = min(DEFAULT_SEQ_LEN, max_pos or DEFAULT_SEQ_LEN)
+    elif max_pos and seq_len > max_pos:
+        raise EvalError(f"--seq-len {seq_len} exceeds the reference's max_position_embeddings {max_pos}",
+                        hint=f"pass --seq-len {max_pos} or less")
+    rows = token_rows(source.text, tokenizer, max_tokens=max_tokens,
+                      seq_len=seq_len, vocab=vocab)
+    logit_m, layer_m = LogitMetrics(), LayerSQNR()
+    layer_m.attach(cand.linears, ref)
+    work = batches(rows, batch_size)
+    if progress is not None:
+        progress.task("eval", len(work))
+    try:
+        with torch.inference_mode():
+            for ids in work:
+                logits = cand.model(input_ids=ids).logits  # candidate first: layer_m pairs outputs
+                ref_logits = ref(input_ids=ids).logits
+                logit_m.update(ids, logits, ref_logits)
+                if progress is not None:
+                    progress.advance(1, f"{ids.numel()} tokens")
+    finally:
+        layer_m.detach()
+    metrics = logit_m.result()
+    shapes = {n: list(q.module.weight.shape) for n, q in cand.linears.items()}
+    layers = [{**la, "shape": shapes[la["module"]]} for la in layer_m.result()]
+    gates = check_gates(metrics, thresholds or {})
+    warnings = list(cand.warnings)
+    if not all(math.isfinite(v) for v in metrics.values()):
+        warnings.append("some metrics are not finite (reported as null): the model's logits overflow")
+        metrics = {k: v if math.isfinite(v) else None for k, v in metrics.items()}
+        gates = [{**g, "value": g["value"] if math.isfinite(g["value"]) else None} for g in gates]
+    scheme = cand.scheme
+    return {
+        "ok": all(g["ok"] for g in gates),
+        "model": str(model_path), "reference": str(reference), "kind": cand.kind,
+        "format": scheme.name if scheme else None,
+        "activations": (scheme.act if scheme else None),
+        "dtype": dtype,
+        "text": {"source": source.source, "tokens": metrics["tokens"], "sequences": len(rows),
+                 "seq_len": seq_len, "batch_size": batch_size},
+        "metrics": metrics,
+        "layers": layers,
+        "layer_summary": _layer_summary(layers),
+        "gates": gates,
+        "warnings": warnings,
+        "seconds": round(time.monotonic() - t0, 3),
+    }
+
+
+def _layer_summary(layers: list[dict]) -> dict:
+    finite = [la for la in layers if la["sqnr_db"] is not None]
+    worst = min(finite, key=lambda la: la["sqnr_db"]) if finite else None
+    return {"count": len(layers),
+            "worst_module": worst["module"] if worst else None,
+            "worst_sqnr_db": worst["sqnr_db"] if worst else None,
+            "mean_sqnr_db": round(sum(la["sqnr_db"] for la in finite) / len(finite), 3) if finite else None}
