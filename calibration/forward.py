@@ -49,7 +49,8 @@ def load_tokenizer(model_dir: Path):
 
 
 def observe_input_amax(model_dir: Path, modules: set[str], *, data: str, samples: int, seq_len: int,
-                       seed: int, dtype: torch.dtype, kv: bool = False) -> CalibStats:
+                       seed: int, dtype: torch.dtype, kv: bool = False,
+                       hessian_groups: dict[str, str] | None = None) -> CalibStats:
     """max |input| per module name in `modules` (and, with `kv`, max |K|, |V| per attention
     module and KV head), over `samples` x `seq_len` calibration tokens."""
     from tfcompile.calibration.datasets import calibration_tokens
@@ -71,12 +72,13 @@ def observe_input_amax(model_dir: Path, modules: set[str], *, data: str, samples
     amax: dict[str, float] = {}
     hooks = [mod.register_forward_pre_hook(_recorder(name, amax))
              for name, mod in model.named_modules() if name in modules or _expert_parent(name, modules)]
+    hess = HessianRecorder(model, hessian_groups or {})
     try:
         with torch.inference_mode():
             for row in ids:
                 model(input_ids=row[None])
     finally:
-        for h in hooks:
+        for h in hooks + hess.hooks:
             h.remove()
     resolved, fallback = _resolve(modules, amax)
     kv_amax = {} if kv_obs is None else {n: (kv_obs.k[n], kv_obs.v[n]) for n in sorted(kv_obs.k)}
@@ -84,7 +86,33 @@ def observe_input_amax(model_dir: Path, modules: set[str], *, data: str, samples
         raise CheckpointError(f"{model_dir}: no attention call went through transformers' "
                               "AttentionInterface, so KV-cache scales cannot be calibrated",
                               hint="this architecture is not supported for --kv-cache yet")
-    return CalibStats(resolved, int(ids.numel()), f"{data}(seed={seed})", tuple(fallback), kv_amax)
+    return CalibStats(resolved, int(ids.numel()), f"{data}(seed={seed})", tuple(fallback), kv_amax,
+                      hessians=hess.result())
+
+
+class HessianRecorder:
+    """H = X^T X / n of each fusion group's input, recorded on one member (they share X).
+
+    Memory: one float32 [K, K] per group (the whole-model loop; the sequential
+    layer-by-layer loop of issue #4 holds one decoder layer's at a time)."""
+
+    def __init__(self, model: nn.Module, groups: dict[str, str]):
+        self._h: dict[str, torch.Tensor] = {}
+        self._n: dict[str, int] = {}
+        self.hooks = [mod.register_forward_pre_hook(self._hook(groups[name]))
+                      for name, mod in model.named_modules() if name in groups]
+
+    def _hook(self, key: str):
+        def hook(mod: nn.Module, args):
+            x = args[0].detach().reshape(-1, args[0].shape[-1]).float()
+            h = x.T @ x
+            self._h[key] = h if key not in self._h else self._h[key] + h
+            self._n[key] = self._n.get(key, 0) + x.shape[0]
+
+        return hook
+
+    def result(self) -> dict[str, torch.Tensor]:
+        return {k: self._h[k] / self._n[k] for k in sorted(self._h)}
 
 
 def _recorder(name: str, amax: dict):

@@ -15,3 +15,5 @@ class CalibStats:
     # attention module -> (max|K|, max|V|), float32 [kv_heads] each, post-RoPE as cached
     kv_amax: Mapping[str, tuple[Any, Any]] = field(default_factory=dict)
     kv_strategy: str | None = None  # None (no KV quantization) | "tensor" | "attn_head"
+    # GPTQ: fusion-group key -> H = X^T X / n over that group's (shared) input, float32 [K, K]
+    hessians: Mapping[str, Any] = field(default_factory=dict)

@@ -9,7 +9,7 @@ memory follows the largest fusion group, not the model.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 import torch
@@ -44,6 +44,9 @@ class Program:
     sqnr_rows: int  # rows sampled per Linear for the weight-SQNR figure
     kv_strategy: str | None = None  # KV-cache scales: None | "tensor" | "attn_head"
     kv_modules: tuple[str, ...] = ()  # attention modules that got k_scale / v_scale
+    hessians: Mapping[str, Any] = field(default_factory=dict)  # group key -> H [K, K] (gptq)
+    gptq_act_order: bool = True
+    gptq_damp: float = 0.01
 
     def specs(self) -> list:
         return [o for j in self.jobs for o in j.outputs]

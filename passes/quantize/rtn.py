@@ -27,7 +27,9 @@ from tfcompile.pipeline.passes import PassResult, register_pass
 
 @dataclass(frozen=True)
 class QuantizeConfig:
-    algorithm: str = "rtn"  # "rtn" | "mse" (block-scale search for nvfp4/mxfp4, passes/quantize/mse.py)
+    algorithm: str = "rtn"  # "rtn" | "mse" (block-scale search, mse.py) | "gptq" (gptq.py)
+    gptq_act_order: bool = True  # gptq: visit columns by decreasing diag(H)
+    gptq_damp: float = 0.01  # gptq: fraction of mean diag(H) added to the diagonal
     mx_rule: str = ""  # "floor" | "ceil"; empty = the formats module default
     sqnr_rows: int = 16  # rows per Linear sampled for the manifest's weight SQNR (0 = all)
 
@@ -58,8 +60,12 @@ def quantize(ctx, cfg: QuantizeConfig, reporter) -> PassResult:
     if cfg.algorithm not in ALGORITHMS:
         raise RecipeError(f"quantize.algorithm {cfg.algorithm!r} is unknown",
                           hint="choose one of: " + ", ".join(sorted(ALGORITHMS)))
+    hessians = dict(ctx.calib.hessians) if ctx.calib is not None else {}
+    if cfg.algorithm == "gptq" and not hessians:
+        raise RecipeError("quantize.algorithm gptq needs Hessians from the calibrate pass",
+                          hint="use --algorithm gptq (it schedules calibrate with hessian=true)")
     program = Program(scheme, cfg.algorithm, tuple(jobs + kv_jobs), act, rule, cfg.sqnr_rows,
-                      kv_strategy, kv_modules)
+                      kv_strategy, kv_modules, hessians, cfg.gptq_act_order, cfg.gptq_damp)
     return PassResult(ctx.with_(program=program),
                       {"jobs": len(jobs), "outputs": len(program.specs()), "mx_rule": rule})
 

@@ -34,6 +34,8 @@ def recipe_options(f):
         click.option("--calib-samples", type=int, help="Calibration sequences (default 16)."),
         click.option("--calib-seq-len", type=int, help="Tokens per calibration sequence (default 128)."),
         click.option("--calib-seed", type=int, help="Seed for shuffling/sampling calibration data (default 0)."),
+        click.option("--algorithm", type=click.Choice(["rtn", "mse", "gptq"]), help="Weight rounding: "
+                     "rtn (default), mse (block-scale search), gptq (Hessian-aware; adds calibration)."),
         click.option("--kv-cache", type=click.Choice(["fp8"]), help="Quantize the KV cache: calibrate "
                      "k_scale/v_scale for an FP8 E4M3 cache (adds the calibrate pass)."),
         click.option("--kv-per-head", is_flag=True, default=None, help="One KV scale per KV head."),
@@ -45,10 +47,12 @@ def recipe_options(f):
     return f
 
 
-def _build(fmt, recipe_file, sets, ignore, exports, skip, until, calib=None):
+def _build(fmt, recipe_file, sets, ignore, exports, skip, until, calib=None, algorithm=None):
     from tfcompile.recipe.build import build_recipe
 
     overrides = {}
+    if algorithm:
+        overrides["quantize"] = {"algorithm": algorithm}
     calib_opts = {k: v for k, v in (calib or {}).items() if v is not None}
     if calib_opts:
         overrides["calibrate"] = calib_opts
@@ -77,7 +81,7 @@ def cli() -> None:
 @click.option("-q", "--quiet", is_flag=True, help="No progress on stderr.")
 @recipe_options
 def quantize(model, out, overwrite, as_json, quiet, fmt, recipe_file, sets, ignore, exports, calib,
-             calib_samples, calib_seq_len, calib_seed, kv_cache, kv_per_head, skip, until):
+             calib_samples, calib_seq_len, calib_seed, algorithm, kv_cache, kv_per_head, skip, until):
     """Quantize the Hugging Face checkpoint MODEL into an artifact at OUT."""
     from tfcompile.api import run_pipeline
     from tfcompile.cli.tables import summary_table
@@ -85,7 +89,7 @@ def quantize(model, out, overwrite, as_json, quiet, fmt, recipe_file, sets, igno
     console = stderr_console()
     recipe = _build(fmt, recipe_file, sets, ignore, exports, skip, until,
                     dict(data=calib, samples=calib_samples, seq_len=calib_seq_len, seed=calib_seed,
-                         kv_cache=kv_cache, kv_per_head=kv_per_head))
+                         kv_cache=kv_cache, kv_per_head=kv_per_head), algorithm)
     reporter = RichReporter(console, quiet=quiet)
     ctx = run_pipeline(model, out, recipe, overwrite=overwrite, reporter=reporter)
     if ctx.manifest is not None and not quiet:
@@ -103,13 +107,13 @@ def quantize(model, out, overwrite, as_json, quiet, fmt, recipe_file, sets, igno
 @click.argument("model", required=False, type=click.Path(path_type=Path))
 @recipe_options
 def plan(model, fmt, recipe_file, sets, ignore, exports, calib, calib_samples, calib_seq_len, calib_seed,
-         kv_cache, kv_per_head, skip, until):
+         algorithm, kv_cache, kv_per_head, skip, until):
     """Print the resolved recipe (JSON on stdout) without running it."""
     from tfcompile.pipeline.manager import validate
 
     recipe = _build(fmt, recipe_file, sets, ignore, exports, skip, until,
                     dict(data=calib, samples=calib_samples, seq_len=calib_seq_len, seed=calib_seed,
-                         kv_cache=kv_cache, kv_per_head=kv_per_head))
+                         kv_cache=kv_cache, kv_per_head=kv_per_head), algorithm)
     specs = validate(recipe)
     doc = recipe.to_dict()
     for entry, spec in zip(doc["passes"], specs):

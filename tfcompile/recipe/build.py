@@ -59,15 +59,18 @@ def build_recipe(
     """Presets < recipe file < CLI options (`overrides`) < --set; then --skip/--until."""
     data = load_recipe_file(recipe_file) if recipe_file else {"version": RECIPE_VERSION}
     fmt = fmt or data.get("format")
-    kv = bool((overrides or {}).get("calibrate", {}).get("kv_cache")
-              or (data.get("passes") or {}).get("calibrate", {}).get("kv_cache"))
-    pipeline = list(data.get("pipeline") or (preset_pipeline(fmt, kv) if fmt else []))
+    file_passes, over = data.get("passes") or {}, overrides or {}
+    kv = bool(over.get("calibrate", {}).get("kv_cache") or file_passes.get("calibrate", {}).get("kv_cache"))
+    gptq = "gptq" in (over.get("quantize", {}).get("algorithm"), file_passes.get("quantize", {}).get("algorithm"))
+    pipeline = list(data.get("pipeline") or (preset_pipeline(fmt, kv or gptq) if fmt else []))
     if not pipeline:
         raise RecipeError("no pipeline: give --format or a recipe with `format` or `pipeline`",
                           hint="e.g. tfcompile quantize --format nvfp4 MODEL -o OUT")
     values: dict[str, dict[str, Any]] = {n: {} for n in pipeline}
     if fmt and "select" in values:
         values["select"]["format"] = fmt
+    if gptq and "calibrate" in values:
+        values["calibrate"]["hessian"] = True  # GPTQ needs each group's input Hessian
     for name, table in (data.get("passes") or {}).items():
         _merge(values, name, table, f"recipe passes.{name}")
     for name, table in (overrides or {}).items():
