@@ -9,6 +9,8 @@
 - any other string: a data set name already in the local Hugging Face cache
   (`datasets.load_dataset(name, split="train")` with HF_DATASETS_OFFLINE=1:
   nothing is downloaded);
+- "python-doc": the calibration split of Debian's python3.11-doc prose
+  (`calibration.corpus`; disjoint from the held-out split `tfcompile eval` uses);
 - "self": sequences sampled from the model itself (the default: needs no data);
 - "random": uniform random token ids (fast, but unlike real activations).
 
@@ -30,7 +32,7 @@ from tfcompile.errors import UserError
 
 BUILDERS = {".txt": "text", ".text": "text", ".jsonl": "json", ".json": "json", ".csv": "csv",
             ".parquet": "parquet"}
-SPECIAL = ("self", "random")
+SPECIAL = ("self", "random", "python-doc")
 
 
 def calibration_tokens(source: str, tokenizer: Any, *, samples: int, seq_len: int, seed: int,
@@ -50,6 +52,12 @@ def calibration_tokens(source: str, tokenizer: Any, *, samples: int, seq_len: in
 
 def load_texts(source: str, tokenizer: Any, seed: int) -> list[str]:
     """Documents of the data set, shuffled deterministically."""
+    if source == "python-doc":
+        from tfcompile.calibration.corpus import python_doc_texts
+
+        texts = python_doc_texts("calib")
+        order = torch.randperm(len(texts), generator=torch.Generator().manual_seed(seed)).tolist()
+        return [texts[i] for i in order]
     ds = _open(source)
     column = _text_column(ds, source)
     if column == "messages":

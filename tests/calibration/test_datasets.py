@@ -87,3 +87,10 @@ def test_quantize_with_a_text_file(tiny_llama, tmp_path, run_cli):
     assert res.json()["passes"]["calibrate"]["source"] == f"{data}(seed=0)"
     assert run_cli("quantize", tiny_llama, "-o", tmp_path / "o2", "--format", "nvfp4a16",
                    "--calib", data).code == 1  # weight-only: no calibrate pass to configure
+
+
+def test_python_doc_source_uses_the_calib_split(tok):
+    from tfcompile.calibration.corpus import python_doc_texts
+
+    got = calibration_tokens("python-doc", tok, samples=2, seq_len=32, seed=5)
+    assert torch.equal(got, _expected(tok, python_doc_texts("calib"), 5, 2, 32))
