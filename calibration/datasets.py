@@ -138,9 +138,20 @@ def sample_from_model(model: Any, tokenizer: Any, *, samples: int, seq_len: int,
     ids do not; costs one generation of samples x seq_len tokens."""
     start = tokenizer.bos_token_id if tokenizer is not None and tokenizer.bos_token_id is not None else 0
     prompt = torch.full((samples, 1), int(start), dtype=torch.int64)
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # generation-config notices are not ours to print
+    try:
+        out = _generate(model, prompt, seq_len, seed, start)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    return out[:, :seq_len]
+
+
+def _generate(model: Any, prompt: torch.Tensor, seq_len: int, seed: int, start: int) -> torch.Tensor:
     with torch.random.fork_rng(), torch.inference_mode():  # seeded without touching the caller's RNG
         torch.manual_seed(seed)
-        out = model.generate(prompt, do_sample=True, top_k=50, temperature=1.0, max_new_tokens=seq_len - 1,
+        return model.generate(prompt, do_sample=True, top_k=50, temperature=1.0, max_new_tokens=seq_len - 1,
                              min_new_tokens=seq_len - 1, pad_token_id=int(start),
                              attention_mask=torch.ones_like(prompt))
-    return out[:, :seq_len]
