@@ -13,6 +13,7 @@ pages are released after each job. How and why: docs/design.md "Streaming".
 from __future__ import annotations
 
 import json
+import math
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -103,7 +104,7 @@ def _stream(ctx, program, sinks, reporter) -> tuple[list[dict], int]:
         tensors, stats = execute(job, program, ctx.source)
         bytes_in += _job_source_bytes(job, ctx.source)
         for spec in job.outputs:
-            if job.group is not None and spec.name.endswith(SCALE_SUFFIXES):
+            if job.source is None and spec.name.endswith(SCALE_SUFFIXES):  # computed, not copied
                 check_scale_tensor(spec.name, tensors[spec.name])  # never ship a NaN/zero scale
             sinks[""].put(spec.name, tensors[spec.name])
         if "modelopt" in sinks:
@@ -120,28 +121,16 @@ def _job_source_bytes(job, source) -> int:
     if job.const is not None:
         return 0  # computed by a pass, not read from the source
     if job.group is None:
-        return _nbytes(source.info(job.source))
-    seen = {t.source for t in job.group.members}
+        return source.info(job.source).nbytes
     total = 0
-    for name in seen:
+    for name in {t.source for t in job.group.members}:
         info = source.info(name)
         members = [t for t in job.group.members if t.source == name]
         if members[0].expert is None:
-            total += _nbytes(info)
-        else:  # a slice of a fused expert tensor: count the slices this job used
-            total += sum(t.shape[0] * t.shape[1] for t in members) * _nbytes(info) // _numel(info)
+            total += info.nbytes
+        else:  # slices of a fused expert tensor: count the elements this job used
+            total += sum(math.prod(t.shape) for t in members) * info.nbytes // math.prod(info.shape)
     return total
-
-
-def _numel(info) -> int:
-    n = 1
-    for d in info.shape:
-        n *= d
-    return n
-
-
-def _nbytes(info) -> int:
-    return info.offsets[1] - info.offsets[0]
 
 
 def _modelopt_specs(program) -> list:

@@ -127,3 +127,12 @@ def test_context_is_immutable(tmp_path):
         ctx.plan = 1  # type: ignore[misc]
     with pytest.raises(AttributeError):
         ctx.with_(nonsense=1)
+
+
+def test_gptq_and_kv_cache_schedule_calibration_from_any_source(tmp_path):
+    for kw in ({"sets": ["quantize.algorithm=gptq"]},
+               {"overrides": {"quantize": {"algorithm": "gptq"}}},
+               {"sets": ["calibrate.kv_cache=fp8"]}):
+        r = build_recipe(fmt="nvfp4a16", **kw)
+        assert "calibrate" in r.names(), kw
+    assert build_recipe(fmt="nvfp4a16", sets=["quantize.algorithm=gptq"]).config("calibrate").hessian is True

@@ -70,7 +70,7 @@ def verify_artifact(path: Path, *, checksums: bool = True, config_shapes: bool =
     rep.add("manifest", True, f"schema {doc['schema_version']}")
     if checksums:
         _check_files(path, doc, rep)
-    headers = _headers(path, rep)
+    headers = _headers(path)
     scheme = get_scheme(doc["scheme"]["name"])
     _check_layers(path, doc, scheme, headers, rep)
     if config_shapes:
@@ -92,7 +92,7 @@ def _check_files(path: Path, doc: dict, rep: VerifyReport) -> None:
     rep.add("checksums", not bad, "; ".join(bad) or f"{len(doc.get('files', {}))} files match")
 
 
-def _headers(path: Path, rep: VerifyReport) -> dict[str, tuple[Path, torch.dtype, tuple]]:
+def _headers(path: Path) -> dict[str, tuple[Path, torch.dtype, tuple]]:
     """name -> (file, dtype, shape) for every tensor of the compressed-tensors view."""
     out = {}
     for f in sorted(path.glob("*.safetensors")):

@@ -59,9 +59,16 @@ def build_recipe(
     """Presets < recipe file < CLI options (`overrides`) < --set; then --skip/--until."""
     data = load_recipe_file(recipe_file) if recipe_file else {"version": RECIPE_VERSION}
     fmt = fmt or data.get("format")
-    file_passes, over = data.get("passes") or {}, overrides or {}
-    kv = bool(over.get("calibrate", {}).get("kv_cache") or file_passes.get("calibrate", {}).get("kv_cache"))
-    gptq = "gptq" in (over.get("quantize", {}).get("algorithm"), file_passes.get("quantize", {}).get("algorithm"))
+    edits = [(n, t, f"recipe passes.{n}") for n, t in (data.get("passes") or {}).items()]
+    edits += [(n, t, f"option for pass {n}") for n, t in (overrides or {}).items()]
+    for item in sets:
+        name, key, raw = _parse_set(item)
+        edits.append((name, {key: _parse_value(raw)}, f"--set {item}"))
+    # The preset's shape follows the settings, wherever they came from: an FP8 KV cache
+    # or GPTQ needs the calibrate pass (and GPTQ its Hessians).
+    kv = any(n == "calibrate" and isinstance(t, Mapping) and t.get("kv_cache") for n, t, _ in edits)
+    gptq = any(n == "quantize" and isinstance(t, Mapping) and t.get("algorithm") == "gptq"
+               for n, t, _ in edits)
     pipeline = list(data.get("pipeline") or (preset_pipeline(fmt, kv or gptq) if fmt else []))
     if not pipeline:
         raise RecipeError("no pipeline: give --format or a recipe with `format` or `pipeline`",
@@ -71,13 +78,8 @@ def build_recipe(
         values["select"]["format"] = fmt
     if gptq and "calibrate" in values:
         values["calibrate"]["hessian"] = True  # GPTQ needs each group's input Hessian
-    for name, table in (data.get("passes") or {}).items():
-        _merge(values, name, table, f"recipe passes.{name}")
-    for name, table in (overrides or {}).items():
-        _merge(values, name, table, f"option for pass {name}")
-    for item in sets:
-        name, key, raw = _parse_set(item)
-        _merge(values, name, {key: _parse_value(raw)}, f"--set {item}")
+    for name, table, where in edits:
+        _merge(values, name, table, where)
     pipeline = _cut(pipeline, skip, until)
     entries = tuple(PassEntry(n, build_config(get_pass(n).config, values[n], f"pass {n}"))
                     for n in pipeline)
