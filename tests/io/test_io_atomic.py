@@ -153,7 +153,7 @@ def test_write_error_mid_shard_cleans_up(tmp_path, monkeypatch, err):
         def __getattr__(self, name):
             return getattr(self.f, name)
 
-    monkeypatch.setattr(writer_mod, "OutputFile", lambda p: Full(real_open(p)))
+    monkeypatch.setattr(writer_mod, "OutputFile", lambda p, **kw: Full(real_open(p, **kw)))
     (plan,) = plan_shards([TensorSpec("w", torch.float32, (256,))], 1 << 20)
     out = tmp_path / "artifact"
     with pytest.raises(UserError) as exc:

@@ -307,3 +307,34 @@ def test_require_float(tmp_path, tiny_llama):
     assert "already quantized" in exc.value.hint
     with pytest.raises(CheckpointError, match="'idx' is I64"):
         ckpt.require_float("idx")
+
+
+def _mapped_rss_kb(path: Path) -> int:
+    """Resident KiB of this process's mappings of `path` (Linux /proc/self/smaps)."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()
+        if len(head) >= 5 and "-" in head[0] and not head[0].endswith(":"):
+            inside = line.endswith(str(path))
+        elif inside and line.startswith("Rss:"):
+            total += int(head[1])
+    return total
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="needs Linux /proc")
+def test_release_drops_touched_pages_and_data_stays_readable(tmp_path):
+    a = torch.arange(4 << 20, dtype=torch.float32).reshape(1024, -1)  # 16 MiB
+    b = torch.ones(3, 5, dtype=torch.bfloat16)
+    save_file({"a": a, "b": b}, tmp_path / "model.safetensors")
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}))
+    file = (tmp_path / "model.safetensors").resolve()
+    with open_checkpoint(tmp_path) as ckpt:
+        got = ckpt.get("a")
+        assert float(got.sum()) == float(a.sum())  # touches every page
+        assert _mapped_rss_kb(file) >= 16 << 10
+        ckpt.release()
+        assert _mapped_rss_kb(file) < 1 << 10  # the touched range left the resident set
+        assert torch.equal(got, a)  # still readable: pages fault back in from the page cache
+        assert torch.equal(ckpt.get("b"), b)
+        ckpt.release()
+    ckpt.release()  # after close: nothing to drop, no error

@@ -209,7 +209,7 @@ class _FailingFile:
 @pytest.mark.parametrize("err, hint", [(errno.ENOSPC, "disk is full"), (errno.EACCES, "permission")])
 def test_write_errors_become_user_errors(tmp_path, monkeypatch, err, hint):
     real_open = writer_mod.OutputFile
-    monkeypatch.setattr(writer_mod, "OutputFile", lambda p: _FailingFile(real_open(p), 100, err))
+    monkeypatch.setattr(writer_mod, "OutputFile", lambda p, **kw: _FailingFile(real_open(p, **kw), 100, err))
     (plan,) = plan_shards([TensorSpec("w", torch.float32, (64,))], 1000)
     path = tmp_path / "x.safetensors"
     w = ShardWriter(path, plan)
@@ -219,7 +219,7 @@ def test_write_errors_become_user_errors(tmp_path, monkeypatch, err, hint):
 
 
 def test_create_error_names_file(tmp_path, monkeypatch):
-    def denied(p):
+    def denied(p, **kw):
         raise PermissionError(errno.EACCES, "Permission denied", str(p))
 
     monkeypatch.setattr(writer_mod, "OutputFile", denied)

@@ -10,6 +10,7 @@ Only headers and scale tensors are read; packed weights are never loaded.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,7 +18,9 @@ import torch
 from safetensors import safe_open
 
 from tfcompile.errors import VerifyError
+from tfcompile.io.dtypes import torch_dtype_of
 from tfcompile.io.hashing import sha256_file
+from tfcompile.io.safetensors_header import read_header
 from tfcompile.passes.quantize.naming import ct_outputs
 from tfcompile.schemes import get_scheme
 
@@ -153,7 +156,11 @@ SCALE_SUFFIXES = ("weight_scale", "weight_global_scale", "input_global_scale", "
 
 
 def _load_scales(headers: dict, block_scales: bool) -> dict[str, torch.Tensor]:
-    """Every scale tensor (without per-block ones unless asked), reading each file once."""
+    """Every scale tensor (without per-block ones unless asked), one `pread` each.
+
+    Not `safe_open(...).get_tensor`: it maps the whole file and faulted in all
+    of a freshly written (O_DIRECT, so uncached) 2.5 GB shard to hand out
+    ~1 MB of scales (0.5-0.65 s inside `quantize`)."""
     by_file: dict[Path, list[str]] = {}
     for name, (f, _, shape) in headers.items():
         small = len(shape) <= 1 or shape[-1] == 1  # per tensor / per channel
@@ -161,9 +168,22 @@ def _load_scales(headers: dict, block_scales: bool) -> dict[str, torch.Tensor]:
             by_file.setdefault(f, []).append(name)
     out = {}
     for f, names in by_file.items():
-        with safe_open(f, framework="pt") as h:
-            out.update({n: h.get_tensor(n) for n in names})
+        head = read_header(f)
+        with open(f, "rb", buffering=0) as fh:
+            out.update({n: _pread_tensor(fh.fileno(), head, n) for n in names})
     return out
+
+
+def _pread_tensor(fd: int, head, name: str) -> torch.Tensor:
+    info = head.tensors[name]
+    dtype = torch_dtype_of(info.dtype)
+    raw = bytearray(os.pread(fd, info.nbytes, head.data_start + info.offsets[0]))
+    if len(raw) != info.nbytes:
+        raise VerifyError(f"{head.file}: tensor {name!r} is cut short ({len(raw)} of {info.nbytes} bytes)",
+                          hint="the artifact is corrupt; rebuild it")
+    if not raw:
+        return torch.empty(info.shape, dtype=dtype)
+    return torch.frombuffer(raw, dtype=torch.uint8).view(dtype).reshape(info.shape)
 
 
 def check_scale_tensor(name: str, t: torch.Tensor) -> None:
@@ -175,19 +195,28 @@ def check_scale_tensor(name: str, t: torch.Tensor) -> None:
 
 
 def _bad_scale(t: torch.Tensor) -> str | None:
-    """Why a scale tensor is invalid, or None. Checks bytes, not converted copies."""
+    """Why a scale tensor is invalid, or None. Checks bytes, not converted copies.
+
+    The common case (valid) costs one `aminmax` reduction, no temporaries: an
+    NVFP4 model's block scales are 1/16 of its weights' elements (0.14 G bytes
+    for a 4.5 GB checkpoint), where three masked `any()`s took ~0.7 s.
+    """
+    if t.numel() == 0:
+        return None
     if t.dtype == torch.uint8:  # E8M0: 0xFF is NaN; 2^(e-127) is never zero
-        return "E8M0 NaN (0xFF)" if bool((t == 255).any()) else None
-    if t.dtype == torch.float8_e4m3fn:  # sign bit, NaN = S.1111.111, zero = S.0000.000
+        return "E8M0 NaN (0xFF)" if int(t.max()) == 255 else None
+    if t.dtype == torch.float8_e4m3fn:  # valid bytes 0x01..0x7E: sign clear, not zero, not NaN (S.1111.111)
         b = t.view(torch.uint8)
-        if bool(((b & 0x7F) == 0x7F).any()):
-            return "not finite"
-        if bool((b >= 0x80).any() | ((b & 0x7F) == 0).any()):
-            return "zero or negative"
+        lo, hi = torch.aminmax(b)
+        if int(lo) >= 0x01 and int(hi) <= 0x7E:
+            return None
+        return "not finite" if bool(((b & 0x7F) == 0x7F).any()) else "zero or negative"
+    lo, hi = torch.aminmax(t)  # NaN propagates into both
+    if float(lo) > 0 and float(hi) < float("inf"):
         return None
     if not bool(torch.isfinite(t).all()):
         return "not finite"
-    return "zero or negative" if bool((t <= 0).any()) else None
+    return "zero or negative"
 
 
 def _check_scales(scales: dict[str, torch.Tensor], rep: VerifyReport) -> None:

@@ -49,6 +49,7 @@ class Checkpoint:
         self.files = sorted(files)
         self._infos = dict(sorted(infos.items()))
         self._maps: dict[Path, tuple[mmap.mmap, int]] = {}  # file -> (mapping, data section start)
+        self._touched: list[tuple[Path, int, int]] = []  # (file, byte offset, bytes) handed out since release()
 
     def names(self) -> list[str]:
         """Every tensor name, sorted."""
@@ -71,6 +72,7 @@ class Checkpoint:
                 return torch.empty(info.shape, dtype=dtype)
             mm, data_start = self._map(info.file)
             start = data_start + info.offsets[0]
+            self._touched.append((info.file, start, info.nbytes))
             with warnings.catch_warnings():  # the mapping is read-only; we never write to it
                 warnings.simplefilter("ignore", UserWarning)
                 raw = torch.frombuffer(mm, dtype=torch.uint8, count=info.nbytes, offset=start)
@@ -92,9 +94,20 @@ class Checkpoint:
         return self._maps[file]
 
     def release(self) -> None:
-        """Drop mapped pages from the resident set; tensors still in use fault back in."""
-        for mm, _ in self._maps.values():
-            mm.madvise(mmap.MADV_DONTNEED)
+        """Drop the pages of tensors handed out so far from the resident set.
+
+        Only the byte ranges `get` returned are advised (page-aligned outward),
+        not whole files: advising a 4.5 GB mapping after each of ~70 jobs cost
+        ~0.2 s of page-table walks. Pages of tensors still in use fault back in.
+        """
+        page = mmap.PAGESIZE
+        for file, start, nbytes in self._touched:
+            mm = self._maps[file][0]
+            lo = start - start % page
+            hi = min(len(mm), start + nbytes)
+            if hi > lo:
+                mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+        self._touched.clear()
 
     def require_float(self, name: str) -> TensorInfo:
         """Info for a tensor about to be quantized; it must be BF16, F16 or F32."""
@@ -124,6 +137,7 @@ class Checkpoint:
 
     def close(self) -> None:
         maps, self._maps = self._maps, {}
+        self._touched.clear()
         for mm, _ in maps.values():
             try:
                 mm.close()

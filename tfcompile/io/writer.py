@@ -159,7 +159,8 @@ class ShardWriter:
         self._size = 0
         header = encode_header(plan, metadata)
         try:
-            self._file = OutputFile(self.path)  # O_DIRECT where the file system allows it
+            # O_DIRECT where the file system allows it; the file hashes what it writes, in order
+            self._file = OutputFile(self.path, hasher=self._sha)
         except OSError as e:
             raise write_error(self.path, e, "create") from e
         self._emit(header)
@@ -215,5 +216,4 @@ class ShardWriter:
         except OSError as e:
             self.abort()
             raise write_error(self.path, e) from e
-        self._sha.update(data)
         self._size += len(data)
