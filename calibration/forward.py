@@ -9,13 +9,12 @@ default sequences the model samples itself (seeded), so it needs no data set.
 
 from __future__ import annotations
 
-import re
 import warnings
 from pathlib import Path
 
 import torch
-from torch import nn
 
+from tfcompile.calibration.recorders import Recorders
 from tfcompile.calibration.stats import CalibStats
 from tfcompile.errors import CheckpointError
 
@@ -48,105 +47,38 @@ def load_tokenizer(model_dir: Path):
         return None
 
 
-def observe_input_amax(model_dir: Path, modules: set[str], *, data: str, samples: int, seq_len: int,
-                       seed: int, dtype: torch.dtype, kv: bool = False,
-                       hessian_groups: dict[str, str] | None = None) -> CalibStats:
-    """max |input| per module name in `modules` (and, with `kv`, max |K|, |V| per attention
-    module and KV head), over `samples` x `seq_len` calibration tokens."""
+def calibration_ids(model_dir: Path, model, *, data: str, samples: int, seq_len: int,
+                    seed: int) -> torch.Tensor:
+    """The calibration token ids, int64 [samples, seq_len] (see calibration.datasets)."""
     from tfcompile.calibration.datasets import calibration_tokens
 
-    model = load_hf_model(model_dir, dtype)
-    kv_obs = None
-    if kv:
-        from tfcompile.calibration.kv import KVObserver, install
-
-        kv_obs = KVObserver(model)
-        model.set_attn_implementation(install(kv_obs))
     tokenizer = load_tokenizer(model_dir)
     if tokenizer is None and data not in ("self", "random"):
         raise CheckpointError(f"{model_dir}: no tokenizer files, so calibration text cannot be tokenized",
                               hint="add the tokenizer to the checkpoint, or use --calib self / random")
     vocab = int(getattr(model.config, "vocab_size", None) or model.get_input_embeddings().num_embeddings)
-    ids = calibration_tokens(data, tokenizer, samples=samples, seq_len=seq_len, seed=seed,
-                             model=model, vocab=vocab)
-    amax: dict[str, float] = {}
-    hooks = [mod.register_forward_pre_hook(_recorder(name, amax))
-             for name, mod in model.named_modules() if name in modules or _expert_parent(name, modules)]
-    hess = HessianRecorder(model, hessian_groups or {})
+    return calibration_tokens(data, tokenizer, samples=samples, seq_len=seq_len, seed=seed,
+                              model=model, vocab=vocab)
+
+
+def observe_input_amax(model_dir: Path, modules: set[str], *, data: str, samples: int, seq_len: int,
+                       seed: int, dtype: torch.dtype, kv: bool = False, observer: str = "max",
+                       hessian_groups: dict[str, str] | None = None) -> CalibStats:
+    """Statistics of every module in `modules` (see `Recorders`) over `samples` x `seq_len`
+    calibration tokens, running the whole model at once (the model must fit in RAM)."""
+    model = load_hf_model(model_dir, dtype)
+    # Tokens first: sampling them from the model (`self`) runs it, and no hook may see that.
+    ids = calibration_ids(model_dir, model, data=data, samples=samples, seq_len=seq_len, seed=seed)
+    rec = Recorders(model, modules, observer=observer, hessian_groups=hessian_groups, kv=kv)
     try:
         with torch.inference_mode():
             for row in ids:
                 model(input_ids=row[None])
     finally:
-        for h in hooks + hess.hooks:
-            h.remove()
-    resolved, fallback = _resolve(modules, amax)
-    kv_amax = {} if kv_obs is None else {n: (kv_obs.k[n], kv_obs.v[n]) for n in sorted(kv_obs.k)}
-    if kv and not kv_amax:
+        rec.remove()
+    stats = rec.stats(int(ids.numel()), f"{data}(seed={seed})")
+    if kv and not stats.kv_amax:
         raise CheckpointError(f"{model_dir}: no attention call went through transformers' "
                               "AttentionInterface, so KV-cache scales cannot be calibrated",
                               hint="this architecture is not supported for --kv-cache yet")
-    return CalibStats(resolved, int(ids.numel()), f"{data}(seed={seed})", tuple(fallback), kv_amax,
-                      hessians=hess.result())
-
-
-class HessianRecorder:
-    """H = X^T X / n of each fusion group's input, recorded on one member (they share X).
-
-    Memory: one float32 [K, K] per group (the whole-model loop; the sequential
-    layer-by-layer loop of issue #4 holds one decoder layer's at a time)."""
-
-    def __init__(self, model: nn.Module, groups: dict[str, str]):
-        self._h: dict[str, torch.Tensor] = {}
-        self._n: dict[str, int] = {}
-        self.hooks = [mod.register_forward_pre_hook(self._hook(groups[name]))
-                      for name, mod in model.named_modules() if name in groups]
-
-    def _hook(self, key: str):
-        def hook(mod: nn.Module, args):
-            x = args[0].detach().reshape(-1, args[0].shape[-1]).float()
-            h = x.T @ x
-            self._h[key] = h if key not in self._h else self._h[key] + h
-            self._n[key] = self._n.get(key, 0) + x.shape[0]
-
-        return hook
-
-    def result(self) -> dict[str, torch.Tensor]:
-        return {k: self._h[k] / self._n[k] for k in sorted(self._h)}
-
-
-def _recorder(name: str, amax: dict):
-    def hook(mod: nn.Module, args):
-        x = args[0] if args else None
-        if isinstance(x, torch.Tensor) and x.numel():
-            v = float(x.detach().abs().amax().float())
-            amax[name] = max(v, amax.get(name, 0.0))
-
-    return hook
-
-
-def _expert_parent(name: str, modules: set[str]) -> bool:
-    """A fused experts module (transformers v5) whose per-expert Linears we quantize."""
-    return name.endswith("experts") and any(m.startswith(name + ".") for m in modules)
-
-
-def _resolve(modules: set[str], amax: dict[str, float]) -> tuple[dict[str, float], list[str]]:
-    """Give every module a positive amax; modules no token reached get a fallback.
-
-    Fallback (documented in docs/design.md): a fused expert's gate/up input is
-    the experts module's input; anything else takes the largest amax observed
-    in the same decoder layer, else the model-wide largest. Never zero.
-    """
-    out, fallback = {}, []
-    top = max(amax.values(), default=1.0) or 1.0
-    for m in sorted(modules):
-        v = amax.get(m)
-        if v is None and re.search(r"\.experts\.\d+\.(gate_proj|up_proj)$", m):
-            v = amax.get(m.rsplit(".", 2)[0])
-        if not v:
-            layer = re.match(r"(.*?\.\d+)\.", m)
-            same = [a for k, a in amax.items() if layer and k.startswith(layer.group(1) + ".")]
-            v = max(same, default=0.0) or top
-            fallback.append(m)
-        out[m] = v
-    return out, fallback
+    return stats
