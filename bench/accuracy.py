@@ -2,10 +2,14 @@
 
 Every row quantizes examples/demo-lm with `tfcompile quantize` and scores it with `tfcompile eval`
 against the bf16 original on the held-out split of the python3.11-doc corpus (never used for
-training or calibration). Calibration (static activation scales, GPTQ Hessians) uses the corpus'
-calib split. Writes the "## Demo LM: quantization accuracy" section of docs/accuracy.md.
+training or calibration). Calibration (static activation scales, GPTQ Hessians, AWQ statistics)
+uses the corpus' calib split. Writes the "## Demo LM: quantization accuracy" section of
+docs/accuracy.md.
 
-    python bench/accuracy.py [--max-tokens 16384] [--write-docs]
+    python bench/accuracy.py [--max-tokens 16384] [--write-docs] [--only ALGO ...]
+
+`--only awq` measures only that algorithm's rows and keeps every other row (and the bf16
+reference row) from the table already in docs/accuracy.md; without it every row is measured.
 """
 
 from __future__ import annotations
@@ -23,11 +27,15 @@ sys.path.insert(0, str(REPO / "bench"))
 from common import replace_doc_section  # noqa: E402
 
 MODEL = REPO / "examples" / "demo-lm"
+DOC = REPO / "docs" / "accuracy.md"
 FORMATS = ["nvfp4", "nvfp4a16", "mxfp4", "mxfp4a16", "mxfp8", "fp8", "fp8-dynamic", "fp8-block"]
-ALGOS = {"nvfp4": ["rtn", "mse", "gptq"], "nvfp4a16": ["rtn", "mse", "gptq"],
-         "mxfp4": ["rtn", "mse", "gptq"], "mxfp4a16": ["rtn", "mse", "gptq"]}
+FOUR_BIT = ["rtn", "mse", "gptq", "awq"]
+ALGOS = {"nvfp4": FOUR_BIT, "nvfp4a16": FOUR_BIT, "mxfp4": FOUR_BIT, "mxfp4a16": FOUR_BIT}
+NEEDS_CALIB = ("gptq", "awq")  # algorithms that add the calibrate pass
 CALIB = ["--calib", "python-doc", "--calib-samples", "64", "--calib-seq-len", "256"]
 HEADING = "## Demo LM: quantization accuracy"
+HEADER = ["| format | algorithm | KL (nats/token) | perplexity | change | top-1 agreement | quantize s |",
+          "|---|---|---:|---:|---:|---:|---:|"]
 
 
 def run(argv: list[str]) -> dict:
@@ -37,9 +45,9 @@ def run(argv: list[str]) -> dict:
     return json.loads(res.stdout)
 
 
-def row(fmt: str, algo: str, work: Path, max_tokens: int) -> dict:
+def measure(fmt: str, algo: str, work: Path, max_tokens: int) -> dict:
     out = work / f"{fmt}-{algo}"
-    needs_calib = algo == "gptq" or fmt in ("nvfp4", "fp8")
+    needs_calib = algo in NEEDS_CALIB or fmt in ("nvfp4", "fp8")
     t0 = time.perf_counter()
     run(["tfcompile", "quantize", str(MODEL), "-o", str(out), "--format", fmt, "--algorithm", algo,
          "--json", "-q", *(CALIB if needs_calib else [])])
@@ -52,36 +60,84 @@ def row(fmt: str, algo: str, work: Path, max_tokens: int) -> dict:
             "top1": m["top1_agreement"], "quantize_s": seconds, "tokens": m["tokens"]}
 
 
-def table(rows: list[dict]) -> str:
-    lines = ["| format | algorithm | KL (nats/token) | perplexity | change | top-1 agreement | quantize s |",
-             "|---|---|---:|---:|---:|---:|---:|"]
-    ref = rows[0]["ref_ppl"]
-    lines.append(f"| bf16 (reference) | - | 0 | {ref:.3f} | 0 | 1 | - |")
-    for r in rows:
-        lines.append(f"| {r['format']} | {r['algorithm']} | {r['kl']:.5f} | {r['ppl']:.3f} | "
-                     f"{100 * r['ppl_increase']:+.2f}% | {r['top1']:.4f} | {r['quantize_s']:.1f} |")
+def cells(r: dict) -> list[str]:
+    """A measured row as the table's cells (format, algorithm, KL, ppl, change, top-1, seconds)."""
+    return [r["format"], r["algorithm"], f"{r['kl']:.5f}", f"{r['ppl']:.3f}",
+            f"{100 * r['ppl_increase']:+.2f}%", f"{r['top1']:.4f}", f"{r['quantize_s']:.1f}"]
+
+
+def ref_cells(ref_ppl: float) -> list[str]:
+    return ["bf16 (reference)", "-", "0", f"{ref_ppl:.3f}", "0", "1", "-"]
+
+
+def parse_table(text: str) -> tuple[list[str] | None, dict[tuple[str, str], list[str]]]:
+    """(reference row cells, (format, algorithm) -> cells) of the section's table in `text`."""
+    start = text.find(HEADING)
+    section = text[start:].split("\n## ", 1)[0] if start >= 0 else ""
+    ref, rows = None, {}
+    for line in section.splitlines():
+        if not line.startswith("| ") or line.startswith(("| format", "|---")):
+            continue
+        c = [x.strip() for x in line.strip().strip("|").split("|")]
+        if c[0] == "bf16 (reference)":
+            ref = c
+        elif len(c) == len(HEADER[0].strip("|").split("|")):
+            rows[(c[0], c[1])] = c
+    return ref, rows
+
+
+def table(ref: list[str], rows: dict[tuple[str, str], list[str]]) -> str:
+    keys = [(f, a) for f in FORMATS for a in ALGOS.get(f, ["rtn"])]
+    lines = HEADER + ["| " + " | ".join(ref) + " |"]
+    lines += ["| " + " | ".join(rows[k]) + " |" for k in keys if k in rows]
     return "\n".join(lines)
+
+
+def awq_summary(rows: dict[tuple[str, str], list[str]]) -> str:
+    """One sentence: AWQ's KL against RTN's, per format that has both rows."""
+    parts = []
+    for f in FORMATS:
+        if (f, "awq") in rows and (f, "rtn") in rows:
+            a, r = float(rows[(f, "awq")][2]), float(rows[(f, "rtn")][2])
+            parts.append(f"{f} {r:.5f} -> {a:.5f} ({100 * (a / r - 1):+.0f}%)")
+    return ("AWQ vs RTN, KL: " + "; ".join(parts) + ".") if parts else ""
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--max-tokens", type=int, default=16384)
     ap.add_argument("--write-docs", action="store_true")
+    ap.add_argument("--only", nargs="+", metavar="ALGO", help="measure only these algorithms' rows; "
+                    "keep the others from docs/accuracy.md")
     args = ap.parse_args()
-    rows = []
+    old_ref, rows = parse_table(DOC.read_text()) if args.only else (None, {})
+    if args.only and old_ref is None:
+        raise SystemExit("--only needs the existing table in docs/accuracy.md; run without --only first")
+    measured = []
     with tempfile.TemporaryDirectory(prefix="tfc-acc-") as tmp:
         for fmt in FORMATS:
             for algo in ALGOS.get(fmt, ["rtn"]):
-                rows.append(row(fmt, algo, Path(tmp), args.max_tokens))
-                print(f"{fmt:12s} {algo:5s} kl={rows[-1]['kl']:.5f} top1={rows[-1]['top1']:.4f}", file=sys.stderr)
-    body = (f"Command: `python bench/accuracy.py --max-tokens {args.max_tokens} --write-docs`. Model: "
+                if args.only and algo not in args.only:
+                    continue
+                r = measure(fmt, algo, Path(tmp), args.max_tokens)
+                measured.append(r)
+                rows[(fmt, algo)] = cells(r)
+                print(f"{fmt:12s} {algo:5s} kl={r['kl']:.5f} top1={r['top1']:.4f}", file=sys.stderr)
+    ref = old_ref or ref_cells(measured[0]["ref_ppl"])
+    if measured and f"{measured[0]['ref_ppl']:.3f}" != ref[3]:
+        raise SystemExit(f"reference perplexity {measured[0]['ref_ppl']:.3f} differs from the table's "
+                         f"{ref[3]}: the model or text changed; rerun without --only")
+    body = (f"Command: `python bench/accuracy.py --max-tokens {args.max_tokens} --write-docs` (add "
+            f"`--only awq` to remeasure one algorithm's rows and keep the rest). Model: "
             f"examples/demo-lm (bf16). Text: held-out split of the python3.11-doc corpus, "
-            f"{rows[0]['tokens']} tokens; calibration: 64 x 256 tokens of the calib split. KL is "
-            f"KL(reference || quantized) of the next-token distribution; activations are quantized as "
-            f"each format does at inference (tfcompile eval's emulation).\n\n" + table(rows) + "\n")
-    print(table(rows))
+            f"{measured[0]['tokens'] if measured else args.max_tokens} tokens; calibration: 64 x 256 "
+            f"tokens of the calib split. KL is KL(reference || quantized) of the next-token "
+            f"distribution; activations are quantized as each format does at inference (tfcompile "
+            f"eval's emulation); change is the perplexity change against the bf16 reference.\n\n"
+            + table(ref, rows) + "\n\n" + awq_summary(rows) + "\n")
+    print(table(ref, rows))
     if args.write_docs:
-        replace_doc_section(HEADING, body, REPO / "docs" / "accuracy.md")
+        replace_doc_section(HEADING, body, DOC)
     return 0
 
 

@@ -57,11 +57,13 @@ def require_gnu_time() -> None:
         sys.exit(f"error: {GNU_TIME} not found\nhint: apt-get update && apt-get install -y time")
 
 
-def run_timed(argv: list[str], env: dict[str, str] | None = None, cwd: str | None = None) -> Timed:
-    """Run argv under `/usr/bin/time -v`; wall time is measured around the whole process."""
-    with open(os.devnull, "wb") as devnull:
+def run_timed(argv: list[str], env: dict[str, str] | None = None, cwd: str | None = None,
+              stdout: Path | None = None) -> Timed:
+    """Run argv under `/usr/bin/time -v`; wall time is measured around the whole process.
+    The command's stdout goes to `stdout` (a file) or is discarded."""
+    with open(stdout or os.devnull, "wb") as sink:
         t0 = time.perf_counter()
-        p = subprocess.run([GNU_TIME, "-v", *argv], stdout=devnull, stderr=subprocess.PIPE, env=env, cwd=cwd)
+        p = subprocess.run([GNU_TIME, "-v", *argv], stdout=sink, stderr=subprocess.PIPE, env=env, cwd=cwd)
         wall = time.perf_counter() - t0
     err = p.stderr.decode(errors="replace")
     cut = err.rfind("\tCommand being timed:")

@@ -150,7 +150,8 @@ def config_json(layers: int, shape: dict) -> dict:
     }
 
 
-def make_checkpoint(out: Path, size_gb: float, seed: int = 0) -> Path:
+def make_checkpoint(out: Path, size_gb: float, seed: int = 0, shape: dict | None = None,
+                    layers: int | None = None) -> Path:
     """Write a random bf16 Llama checkpoint of >= size_gb, one shard per decoder layer.
 
     Memory stays at about one shard (~0.45 GB of tensors + safetensors' copy):
@@ -162,8 +163,8 @@ def make_checkpoint(out: Path, size_gb: float, seed: int = 0) -> Path:
     import torch
     from safetensors.torch import save_file
 
-    shape = dict(SHAPE)
-    layers = plan_layers(size_gb, shape)
+    shape = dict(shape or SHAPE)
+    layers = layers or plan_layers(size_gb, shape)
     stamp = {"size_gb": size_gb, "seed": seed, "layers": layers, **shape}
     if (out / STAMP).exists() and json.loads((out / STAMP).read_text()) == stamp:
         print(f"reusing {out} ({layers} layers)", file=sys.stderr)

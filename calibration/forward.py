@@ -19,18 +19,26 @@ from tfcompile.calibration.stats import CalibStats
 from tfcompile.errors import CheckpointError
 
 
-def load_hf_model(model_dir: Path, dtype: torch.dtype):
-    """The transformers model for config.json's architecture, weights loaded."""
+def model_class(model_dir: Path, cfg):
+    """The transformers class named by config.json's architectures (never remote code)."""
     import transformers
 
-    transformers.utils.logging.disable_progress_bar()  # stderr belongs to our reporter
-    cfg = transformers.AutoConfig.from_pretrained(model_dir, trust_remote_code=False)
     arch = (cfg.architectures or [None])[0]
     cls = getattr(transformers, arch, None) if arch else None
     if cls is None:
         raise CheckpointError(f"{model_dir}/config.json: architecture {arch!r} is not in transformers",
                               hint="calibration needs a transformers architecture; use a weight-only "
                                    "or dynamic-activation format (e.g. nvfp4a16, fp8-dynamic)")
+    return cls
+
+
+def load_hf_model(model_dir: Path, dtype: torch.dtype):
+    """The transformers model for config.json's architecture, weights loaded."""
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()  # stderr belongs to our reporter
+    cfg = transformers.AutoConfig.from_pretrained(model_dir, trust_remote_code=False)
+    cls = model_class(model_dir, cfg)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = cls.from_pretrained(model_dir, dtype=dtype, trust_remote_code=False)
@@ -63,13 +71,18 @@ def calibration_ids(model_dir: Path, model, *, data: str, samples: int, seq_len:
 
 def observe_input_amax(model_dir: Path, modules: set[str], *, data: str, samples: int, seq_len: int,
                        seed: int, dtype: torch.dtype, kv: bool = False, observer: str = "max",
-                       hessian_groups: dict[str, str] | None = None) -> CalibStats:
+                       observer_params: dict | None = None,
+                       hessian_groups: dict[str, str] | None = None,
+                       awq_groups: dict[str, str] | None = None) -> CalibStats:
     """Statistics of every module in `modules` (see `Recorders`) over `samples` x `seq_len`
-    calibration tokens, running the whole model at once (the model must fit in RAM)."""
+    calibration tokens, running the whole model at once (the model must fit in RAM).
+    `awq_groups` (member Linear -> group key) adds AWQ statistics (calibration.awq_stats)."""
     model = load_hf_model(model_dir, dtype)
     # Tokens first: sampling them from the model (`self`) runs it, and no hook may see that.
     ids = calibration_ids(model_dir, model, data=data, samples=samples, seq_len=seq_len, seed=seed)
-    rec = Recorders(model, modules, observer=observer, hessian_groups=hessian_groups, kv=kv)
+    rec = Recorders(model, modules, observer=observer, observer_params=observer_params,
+                    hessian_groups=hessian_groups, kv=kv,
+                    awq_groups=awq_groups)
     try:
         with torch.inference_mode():
             for row in ids:

@@ -8,10 +8,12 @@ name, so both produce the same `CalibStats` for the same tokens.
 from __future__ import annotations
 
 import re
+import time
 
 import torch
 from torch import nn
 
+from tfcompile.calibration.awq_stats import AWQRecorder
 from tfcompile.calibration.observers import Observer, make_observer
 from tfcompile.calibration.stats import CalibStats
 
@@ -20,16 +22,20 @@ class Recorders:
     """Every hook of one calibration run; `remove()` them, then `stats()`."""
 
     def __init__(self, model: nn.Module, modules: set[str], *, observer: str = "max",
-                 hessian_groups: dict[str, str] | None = None, kv: bool = False):
+                 observer_params: dict | None = None,
+                 hessian_groups: dict[str, str] | None = None, kv: bool = False,
+                 awq_groups: dict[str, str] | None = None):
         self.modules = set(modules)
         self.observers: dict[str, Observer] = {}
         self.hooks = []
         for name, mod in model.named_modules():
             if name in self.modules or _expert_parent(name, self.modules):
-                self.observers[name] = make_observer(observer)
+                self.observers[name] = make_observer(observer, **(observer_params or {}))
                 self.hooks.append(mod.register_forward_pre_hook(_observe(self.observers[name])))
         self.hessians = HessianRecorder(model, hessian_groups or {})
         self.hooks += self.hessians.hooks
+        self.awq = AWQRecorder(model, awq_groups or {})  # member -> group key; {} installs nothing
+        self.hooks += self.awq.hooks
         self.kv = None
         if kv:
             from tfcompile.calibration.kv import KVObserver, install
@@ -46,7 +52,10 @@ class Recorders:
         amax = {n: v for n, o in self.observers.items() if (v := o.amax()) is not None}
         resolved, fallback = _resolve(self.modules, amax)
         kv_amax = {} if self.kv is None else {n: (self.kv.k[n], self.kv.v[n]) for n in sorted(self.kv.k)}
-        return CalibStats(resolved, tokens, source, tuple(fallback), kv_amax, hessians=self.hessians.result())
+        awq, awq_skipped = self.awq.result()  # after kv_amax: its fold check runs the model
+        return CalibStats(resolved, tokens, source, tuple(fallback), kv_amax, hessians=self.hessians.result(),
+                          hessian_seconds=dict(sorted(self.hessians.seconds.items())),
+                          awq=awq, awq_skipped=awq_skipped)
 
 
 class HessianRecorder:
@@ -57,20 +66,30 @@ class HessianRecorder:
     def __init__(self, model: nn.Module, groups: dict[str, str]):
         self._h: dict[str, torch.Tensor] = {}
         self._n: dict[str, int] = {}
+        self.seconds: dict[str, float] = {}  # group key -> seconds spent accumulating its H
         self.hooks = [mod.register_forward_pre_hook(self._hook(groups[name]))
                       for name, mod in model.named_modules() if name in groups]
 
     def _hook(self, key: str):
         def hook(mod: nn.Module, args):
+            t0 = time.perf_counter()
             x = args[0].detach().reshape(-1, args[0].shape[-1]).float()
             h = x.T @ x
             self._h[key] = h if key not in self._h else self._h[key] + h
             self._n[key] = self._n.get(key, 0) + x.shape[0]
+            self.seconds[key] = self.seconds.get(key, 0.0) + time.perf_counter() - t0
 
         return hook
 
     def result(self) -> dict[str, torch.Tensor]:
         return {k: self._h[k] / self._n[k] for k in sorted(self._h)}
+
+    def take(self) -> dict[str, torch.Tensor]:
+        """The finished Hessians so far, forgotten here (the layer loop spills them)."""
+        out = self.result()
+        self._h.clear()
+        self._n.clear()
+        return out
 
 
 def _observe(obs: Observer):

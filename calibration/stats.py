@@ -17,3 +17,9 @@ class CalibStats:
     kv_strategy: str | None = None  # None (no KV quantization) | "tensor" | "attn_head"
     # GPTQ: fusion-group key -> H = X^T X / n over that group's (shared) input, float32 [K, K]
     hessians: Mapping[str, Any] = field(default_factory=dict)
+    hessian_seconds: Mapping[str, float] = field(default_factory=dict)  # group key -> seconds computing H
+    # AWQ: fusion-group key -> calibration.awq_stats.AWQInput (its norm; mean/max |x| per input
+    # channel, float32 [K]; sampled input rows, float32 [n, K]) for groups fed by a norm output
+    awq: Mapping[str, Any] = field(default_factory=dict)
+    awq_skipped: Mapping[str, str] = field(default_factory=dict)  # group key -> why it has no AWQ stats
+    layer_seconds: tuple[float, ...] = ()  # layer-by-layer loop: wall seconds per decoder layer

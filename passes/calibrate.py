@@ -6,6 +6,8 @@ import dataclasses
 from dataclasses import dataclass
 
 from tfcompile.calibration.forward import observe_input_amax
+from tfcompile.calibration.observers import OBSERVERS
+from tfcompile.calibration.sequential import Unsupported, observe_sequential
 from tfcompile.passes.quantize.program import torch_dtype
 from tfcompile.errors import RecipeError
 from tfcompile.pipeline.passes import PassResult, register_pass
@@ -20,26 +22,107 @@ class CalibrateConfig:
     kv_cache: str = ""  # "" (keep the engine's default KV dtype) | "fp8": calibrate k_scale/v_scale
     kv_per_head: bool = False  # one KV scale per KV head instead of per tensor
     hessian: bool = False  # record H = X^T X / n per fusion group (for quantize.algorithm=gptq)
+    awq: bool = False  # record AWQ statistics per norm-fed fusion group (quantize.algorithm=awq)
+    # "auto": layer by layer from the mapped checkpoint when its tensors map onto the model's
+    # parameters, else the whole model; "sequential" insists; "whole" loads the whole model
+    mode: str = "auto"
+    batch: int = 4  # sequences per layer call in the layer-by-layer loop
+    # static activation amax per module (calibration/observers.py): "max" | "percentile" | "mse"
+    observer: str = "max"
+    percentile: float = 99.99  # observer "percentile": p-th percentile of |x|, in (0, 100]
+
+    def __post_init__(self) -> None:  # checked when the recipe is built, before anything runs
+        if self.observer not in OBSERVERS:
+            raise RecipeError(f"calibrate.observer {self.observer!r} is unknown",
+                              hint="--observer " + "|".join(sorted(OBSERVERS)) + " (default max)")
+        if not 0 < self.percentile <= 100:
+            raise RecipeError(f"calibrate.percentile {self.percentile!r} is not in (0, 100]",
+                              hint="e.g. --set calibrate.percentile=99.99 (100 is the max)")
 
 
 @register_pass("calibrate", config=CalibrateConfig, requires=("source", "model", "plan"),
                produces=("calib",))
 def calibrate(ctx, cfg: CalibrateConfig, reporter) -> PassResult:
-    """Observe max |x| at every quantized Linear's input (model-sampled tokens by default)."""
+    """Observe |x| at every quantized Linear's input (calibrate.observer; model-sampled tokens by default)."""
     if cfg.kv_cache not in ("", "fp8"):
         raise RecipeError(f"calibrate.kv_cache {cfg.kv_cache!r} is not supported",
                           hint="use --kv-cache fp8 (FP8 E4M3 with calibrated scales)")
+    if cfg.mode not in MODES:
+        raise RecipeError(f"calibrate.mode {cfg.mode!r} is not one of {', '.join(MODES)}",
+                          hint="auto (default) calibrates layer by layer when it can")
     modules = {t.module for t in ctx.plan.targets()}
-    stats = observe_input_amax(ctx.source_path, modules, data=cfg.data, samples=cfg.samples,
-                               seq_len=cfg.seq_len, seed=cfg.seed, dtype=torch_dtype(ctx.model.dtype),
-                               kv=bool(cfg.kv_cache),
-                               hessian_groups={g.members[0].module: g.key for g in ctx.plan.groups}
-                               if cfg.hessian else None)
+    common = dict(data=cfg.data, samples=cfg.samples, seq_len=cfg.seq_len, seed=cfg.seed,
+                  dtype=torch_dtype(ctx.model.dtype), kv=bool(cfg.kv_cache),
+                  hessian_groups={g.members[0].module: g.key for g in ctx.plan.groups}
+                  if cfg.hessian else None)
+    common.update(observer=cfg.observer, observer_params=observer_params(cfg, ctx.plan.scheme))
+    if cfg.awq:  # AWQ statistics and their fold check run the whole model (calibration/awq_stats.py)
+        if cfg.mode == "sequential":
+            raise RecipeError("calibrate.awq needs the whole-model loop, not calibrate.mode sequential",
+                              hint="use --set calibrate.mode=auto (or whole) with --algorithm awq")
+        awq_groups = {t.module: g.key for g in ctx.plan.groups for t in g.members}
+        stats, loop = observe_input_amax(ctx.source_path, modules, awq_groups=awq_groups, **common), "whole"
+    else:
+        stats, loop = _observe(ctx, cfg, modules, reporter, common)
     if cfg.kv_cache:
         stats = dataclasses.replace(stats, kv_strategy="attn_head" if cfg.kv_per_head else "tensor")
     for m in stats.fallback:
         reporter.warn(f"calibrate: no token reached {m}; used the fallback scale")
-    return PassResult(ctx.with_(calib=stats), {"tokens": stats.tokens, "source": stats.source,
+    return PassResult(ctx.with_(calib=stats), {"tokens": stats.tokens, "source": stats.source, "loop": loop,
                                                "fallback_modules": list(stats.fallback),
                                                "kv_attention_modules": len(stats.kv_amax),
-                                               "hessians": len(stats.hessians)})
+                                               "hessians": len(stats.hessians),
+                                               "awq_groups": len(stats.awq),
+                                               "awq_skipped_groups": len(stats.awq_skipped),
+                                               **_timings(stats)})
+
+
+MODES = ("auto", "sequential", "whole")
+# scheme.act of the schemes with static activation scales -> the mse observer's error model
+STATIC_ACT_FORMATS = {"nvfp4": "nvfp4", "fp8-static": "fp8"}
+
+
+def observer_params(cfg: CalibrateConfig, scheme) -> dict:
+    """make_observer(cfg.observer, **params): the percentile, or the mse observer's format."""
+    fmt = STATIC_ACT_FORMATS.get(scheme.act) if scheme.act_static else None
+    if cfg.observer != "max" and fmt is None:
+        raise RecipeError(f"calibrate.observer {cfg.observer!r} has no effect with --format {scheme.name}: "
+                          "it has no static activation scales",
+                          hint="drop --observer, or use --format nvfp4 or fp8")
+    if cfg.observer == "percentile":
+        return {"p": cfg.percentile}
+    if cfg.observer == "mse":
+        return {"fmt": fmt}
+    return {}
+
+
+def _observe(ctx, cfg: CalibrateConfig, modules: set[str], reporter, common: dict):
+    """(stats, "sequential" | "whole"): the layer loop when it applies, else the whole model."""
+    if cfg.mode != "whole":
+        layer_times: list[float] = []
+
+        def on_layer(i: int, n: int, seconds: float) -> None:
+            layer_times.append(round(seconds, 4))
+
+        try:
+            stats = observe_sequential(ctx.source_path, ctx.source, modules, batch=cfg.batch,
+                                       on_layer=on_layer, **common)
+            return dataclasses.replace(stats, layer_seconds=tuple(layer_times)), "sequential"
+        except Unsupported as e:
+            if cfg.mode == "sequential":
+                raise RecipeError(f"calibrate.mode sequential: {e}",
+                                  hint="use --set calibrate.mode=whole (the model must fit in RAM)") from None
+            reporter.warn(f"calibrate: layer-by-layer loop not possible ({e}); running the whole model")
+    return observe_input_amax(ctx.source_path, modules, **common), "whole"
+
+
+def _timings(stats) -> dict:
+    """Wall seconds per decoder layer (layer loop) and spent on Hessians per layer (not in the manifest)."""
+    from tfcompile.passes.pack import per_decoder_layer
+
+    out = {}
+    if stats.layer_seconds:
+        out["layer_seconds"] = list(stats.layer_seconds)
+    if stats.hessian_seconds:
+        out["hessian_seconds_per_layer"] = per_decoder_layer(dict(stats.hessian_seconds))
+    return out

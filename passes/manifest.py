@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -73,12 +74,31 @@ def manifest(ctx, cfg: ManifestConfig, reporter) -> PassResult:
         "layers": [_clean(x) for x in art.layers],
         "summary": summarize(list(art.layers), art.bytes_in, art.bytes_out),
     }
-    path = Path(ctx.out_dir) / MANIFEST
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    # a pass that replaced source weights (distill: tfcompile/io/overlay.py) says how, e.g. {"distill": ...}
+    doc.update(getattr(ctx.source, "provenance", None) or {})
+    if getattr(plan, "layout", None) is not None:  # --layout: what each transform did (passes/layout.py)
+        from tfcompile.passes.layout import manifest_record
+
+        doc["layout"] = manifest_record(ctx, art.files)
+    write_manifest(Path(ctx.out_dir), doc)
     return PassResult(ctx.with_(manifest=doc), {"path": MANIFEST})
 
 
+def write_manifest(out_dir: Path, doc: dict) -> None:
+    """Write OUT/tfcompile/manifest.json atomically (temp file + rename), deterministic JSON.
+
+    manifest.json is not in its own `files` list, so a later pass (eval) may
+    rewrite it without invalidating any recorded checksum."""
+    path = Path(out_dir) / MANIFEST
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
 def _clean(layer: dict) -> dict:
+    """The per-layer record as stored: finite SQNR or null; no timings (not reproducible)."""
     v = layer.get("sqnr_db")
-    return dict(layer, sqnr_db=None if v is None or not math.isfinite(v) else v)
+    out = dict(layer, sqnr_db=None if v is None or not math.isfinite(v) else v)
+    out.pop("timing", None)
+    return out

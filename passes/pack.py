@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +33,7 @@ from tfcompile.artifact.configs import ct_quantization_config, modelopt_quant_co
 from tfcompile.errors import RecipeError
 from tfcompile.kernels.formats import kernel_threads
 from tfcompile.pipeline.passes import PassResult, register_pass
+from tfcompile.passes import layout as layout_pass
 
 EXPORTS = ("modelopt",)
 
@@ -73,12 +75,15 @@ def pack(ctx, cfg: PackConfig, reporter) -> PassResult:
     sinks = {"": ShardSink(out, program.specs(), limit)}
     if "modelopt" in cfg.export:
         sinks["modelopt"] = ShardSink(out / "modelopt", _modelopt_specs(program), limit, "modelopt/")
+    view = layout_pass.open_view(ctx)  # the engine view OUT/<target>/ (passes/layout.py), or None
+    if view is not None:
+        sinks[view.dir] = ShardSink(out / view.dir, view.specs(), limit, f"{view.dir}/")
     files: dict[str, str] = {}
     try:
         # Leave one core to the writer thread (measured: 2 kernel threads + the
         # writer on 2 vCPUs ran ~10% slower than 1 + the writer).
         with kernel_threads(max(1, torch.get_num_threads() - 1)), _torch_threads(program):
-            layers, bytes_in = _stream(ctx, program, sinks, reporter)
+            layers, bytes_in = _stream(ctx, program, sinks, reporter, view)
         for sink in sinks.values():
             files.update(sink.close())
     except BaseException:
@@ -86,15 +91,30 @@ def pack(ctx, cfg: PackConfig, reporter) -> PassResult:
             sink.abort()  # stop writer threads before the staging dir is removed
         raise
     files.update(_write_configs(out, ctx, cfg))
+    files.update(layout_pass.write_files(out, ctx, view, layers, _dump))  # view configs, kv_cache.json
     files.update(copy_aux_files(ctx.source.aux_files(), out))
     if "modelopt" in sinks:
         files.update({f"modelopt/{k}": v for k, v in copy_aux_files(ctx.source.aux_files(),
                                                                      out / "modelopt").items()})
     info = ArtifactInfo(out, dict(sorted(files.items())), hasher.result(), tuple(layers), bytes_in,
-                        sinks[""].bytes_written, ("compressed-tensors",) + tuple(cfg.export))
+                        sinks[""].bytes_written, ("compressed-tensors",) + tuple(cfg.export)
+                        + ((view.dir,) if view is not None else ()))
     ratio = bytes_in / max(info.bytes_out, 1)
-    return PassResult(ctx.with_(artifact=info), {"files": len(files), "bytes_in": bytes_in,
-                                                 "bytes_out": info.bytes_out, "ratio": round(ratio, 3)})
+    stats = {"files": len(files), "bytes_in": bytes_in, "bytes_out": info.bytes_out, "ratio": round(ratio, 3)}
+    solve = per_decoder_layer({x["module"]: x["timing"]["solve_s"] for x in layers if "timing" in x})
+    if solve:
+        stats["gptq_solve_seconds_per_layer"] = solve
+    return PassResult(ctx.with_(artifact=info), stats)
+
+
+def per_decoder_layer(seconds: dict[str, float]) -> dict[str, float]:
+    """Sum seconds by decoder layer index ("model.layers.3.mlp.up_proj" -> "3"; others -> "other")."""
+    out: dict[str, float] = {}
+    for name, s in seconds.items():
+        m = re.search(r"\.layers\.(\d+)\.", name)
+        key = m.group(1) if m else "other"
+        out[key] = out.get(key, 0.0) + s
+    return {k: round(v, 4) for k, v in sorted(out.items(), key=lambda kv: (not kv[0].isdigit(), int(kv[0]) if kv[0].isdigit() else 0))}
 
 
 @contextlib.contextmanager
@@ -113,7 +133,7 @@ def _torch_threads(program):
         torch.set_num_threads(old)
 
 
-def _stream(ctx, program, sinks, reporter) -> tuple[list[dict], int]:
+def _stream(ctx, program, sinks, reporter, view=None) -> tuple[list[dict], int]:
     """Execute every job in order, handing its outputs to the sinks."""
     layers, bytes_in = [], 0
     reporter.task("quantize + write", len(program.jobs))
@@ -127,6 +147,9 @@ def _stream(ctx, program, sinks, reporter) -> tuple[list[dict], int]:
         if "modelopt" in sinks:
             for name, t in _job_modelopt(job, program, tensors):
                 sinks["modelopt"].put(name, t)
+        if view is not None:  # the engine view: gathered / fused rows, quantized here
+            for name, t in view.tensors(job, tensors, ctx.source):
+                sinks[view.dir].put(name, t)
         layers.extend(stats)
         del tensors
         ctx.source.release()  # RSS follows the jobs in hand, not the bytes read so far
@@ -135,9 +158,9 @@ def _stream(ctx, program, sinks, reporter) -> tuple[list[dict], int]:
 
 
 def _job_source_bytes(job, source) -> int:
-    if job.const is not None:
+    if job.kind == "const":
         return 0  # computed by a pass, not read from the source
-    if job.group is None:
+    if job.group is None:  # a copy, or an override standing in for that source tensor
         return source.info(job.source).nbytes
     total = 0
     for name in {t.source for t in job.group.members}:
@@ -153,12 +176,12 @@ def _job_source_bytes(job, source) -> int:
 def _modelopt_specs(program) -> list:
     specs = []
     for job in program.jobs:
-        if job.const is not None:  # KV scale: modelopt name, fp32 (0-d when per tensor)
+        if job.kind == "const":  # KV scale: modelopt name, fp32 (0-d when per tensor)
             spec = job.outputs[0]
             shape = () if spec.shape == (1,) else spec.shape
             specs.append(OutSpec(modelopt_kv_name(spec.name), torch.float32, shape))
             continue
-        if job.group is None:
+        if job.group is None:  # copies and overrides keep their source name and dtype
             specs.extend(job.outputs)
             continue
         for t in job.group.members:
@@ -167,12 +190,12 @@ def _modelopt_specs(program) -> list:
 
 
 def _job_modelopt(job, program, tensors):
-    if job.const is not None:
+    if job.kind == "const":
         spec = job.outputs[0]
         t = tensors[spec.name].float()
         yield modelopt_kv_name(spec.name), t.reshape(()) if spec.shape == (1,) else t
         return
-    if job.group is None:
+    if job.group is None:  # a copy, or its override (same name in both views)
         yield job.source, tensors[job.source]
         return
     for t in job.group.members:

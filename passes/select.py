@@ -19,6 +19,7 @@ from __future__ import annotations
 import fnmatch
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from tfcompile.errors import CheckpointError, FormatError, RecipeError
 from tfcompile.pipeline.passes import PassResult, register_pass
@@ -50,6 +51,9 @@ class QuantTarget:
     expert: int | None  # index along dim 0 of a fused 3-D expert tensor
     rows: tuple[int, int] | None  # [start, stop) rows of that slice (gate vs up halves)
     shape: tuple[int, int]  # (N out_features, K in_features)
+    # A layout view Linear (tfcompile/layout): ((member target, source rows), ...) gathered and
+    # concatenated in this order; empty for an ordinary Linear.
+    parts: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,7 @@ class QuantPlan:
     ignore: tuple[str, ...]  # Linear module names left unquantized (config.json `ignore`)
     embeddings: tuple[str, ...]  # embedding modules (modelopt lists them in exclude_modules)
     sources: frozenset[str]  # source tensors consumed by quantized groups
+    layout: Any = None  # tfcompile.layout.plan.LayoutPlan, attached by the `layout` pass
 
     def targets(self) -> list[QuantTarget]:
         return [t for g in self.groups for t in g.members]

@@ -21,5 +21,14 @@ def test_wheel_has_no_generic_top_level_packages(tmp_path):
         assert f"tfcompile/{sub}/__init__.py" in names, sub
     assert "tfcompile/kernels/formats/__init__.py" in names
     assert "tfcompile/passes/quantize/rtn.py" in names
+    # every module of the source tree ships (an explicit package list forgets new ones silently)
+    mapping = {"tfcompile": ROOT / "tfcompile", "tfcompile/passes": ROOT / "passes",
+               "tfcompile/kernels": ROOT / "kernels", "tfcompile/calibration": ROOT / "calibration"}
+    for prefix, src in mapping.items():
+        for f in src.rglob("*.py"):
+            rel = f.relative_to(src).as_posix()
+            if "__pycache__" in rel:
+                continue
+            assert f"{prefix}/{rel}" in names, f"{f.relative_to(ROOT)} is not in the wheel (pyproject packages list)"
     entry = next(n for n in names if n.endswith("entry_points.txt"))
     assert "tfcompile = tfcompile.cli.main:entry" in zipfile.ZipFile(wheel).read(entry).decode()

@@ -16,6 +16,7 @@ batch updates. With H = I no error is propagated and GPTQ equals RTN.
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import torch
 
@@ -107,9 +108,15 @@ def run_gptq(job, program, source):
         out, stats = run_rtn(job, program, source)
         return out, [dict(x, algorithm="rtn (no Hessian)") for x in stats]
 
+    solve: list[float] = []  # seconds per member, in member order
+
     def quantizer(w, scheme, prog, gscale, name, model_dtype):
+        t0 = time.perf_counter()
         q = quantize_weight(w, scheme, prog, gscale, name, model_dtype)
-        return gptq_quantize(w, h, q, act_order=prog.gptq_act_order, damp=prog.gptq_damp)
+        q = gptq_quantize(w, h, q, act_order=prog.gptq_act_order, damp=prog.gptq_damp)
+        solve.append(time.perf_counter() - t0)
+        return q
 
     out, stats = run_rtn(job, program, source, quantizer=quantizer)
-    return out, [dict(x, algorithm="gptq") for x in stats]
+    # "timing" is reported by pack and kept out of the manifest (it would break byte-identical reruns)
+    return out, [dict(x, algorithm="gptq", timing={"solve_s": s}) for x, s in zip(stats, solve)]

@@ -9,6 +9,7 @@ memory follows the largest fusion group, not the model.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -33,6 +34,17 @@ class Job:
     outputs: tuple  # tuple[OutSpec, ...] in write order
     const: Any = None  # a small tensor computed by the pass itself (e.g. a KV-cache scale)
 
+    @property
+    def kind(self) -> str:
+        """"group": quantize a fusion group; "copy": a source tensor verbatim; "override": a
+        source tensor replaced by `const` (same name, dtype, shape; e.g. an AWQ-folded norm
+        weight); "const": a tensor of the pass's own (e.g. a KV-cache scale)."""
+        if self.group is not None:
+            return "group"
+        if self.source is None:
+            return "const"
+        return "copy" if self.const is None else "override"
+
 
 @dataclass(frozen=True)
 class Program:
@@ -47,18 +59,46 @@ class Program:
     hessians: Mapping[str, Any] = field(default_factory=dict)  # group key -> H [K, K] (gptq)
     gptq_act_order: bool = True
     gptq_damp: float = 0.01
+    awq: Mapping[str, Any] = field(default_factory=dict)  # group key -> passes.quantize.awq.AWQFold
+    awq_skipped: Mapping[str, str] = field(default_factory=dict)  # group key -> why it stays RTN
 
     def specs(self) -> list:
         return [o for j in self.jobs for o in j.outputs]
 
+    def with_overrides(self, tensors: Mapping[str, torch.Tensor]) -> "Program":
+        """This program with the verbatim copies of `tensors` (source names) replaced by the
+        given values, in both views. Each must match its source tensor's dtype and shape."""
+        jobs, left = [], dict(tensors)
+        for j in self.jobs:
+            t = left.pop(j.source, None) if j.kind == "copy" else None
+            if t is not None:
+                spec = j.outputs[0]
+                if t.dtype != spec.dtype or tuple(t.shape) != spec.shape:
+                    raise ValueError(f"override of {j.source}: {t.dtype} {tuple(t.shape)} does not "
+                                     f"match the source's {spec.dtype} {spec.shape}")
+                j = dataclasses.replace(j, const=t)
+            jobs.append(j)
+        if left:
+            raise ValueError(f"no verbatim copy to override for {sorted(left)[:3]}")
+        return dataclasses.replace(self, jobs=tuple(jobs))
+
 
 # algorithm name -> fn(job, program, source) -> (tensors by output name, per-layer stats)
 ALGORITHMS: dict[str, Callable[..., tuple[dict[str, torch.Tensor], list[dict]]]] = {}
+# algorithm name -> fn(ctx, program, reporter) -> (program, stats): work done once, when the
+# quantize pass plans, before pack streams the jobs (AWQ's scale search and norm folds)
+PREPARE: dict[str, Callable[..., tuple["Program", dict]]] = {}
+# algorithm name -> fn(scheme) -> None, raising RecipeError for a format it cannot handle
+SUPPORTS: dict[str, Callable[[Scheme], None]] = {}
 
 
-def register_algorithm(name: str):
+def register_algorithm(name: str, *, prepare=None, supports=None):
     def wrap(fn):
         ALGORITHMS[name] = fn
+        if prepare is not None:
+            PREPARE[name] = prepare
+        if supports is not None:
+            SUPPORTS[name] = supports
         return fn
 
     return wrap
@@ -74,7 +114,10 @@ def execute(job: Job, program: Program, source) -> tuple[dict[str, torch.Tensor]
 
 
 def load_target(source, target) -> torch.Tensor:
-    """The [N, K] weight of one target: a whole tensor or a slice of fused experts."""
+    """The [N, K] weight of one target: a whole tensor or a slice of fused experts, or for a
+    layout view Linear (`target.parts`) its members' rows gathered and concatenated."""
+    if target.parts:  # rows are gathered *before* quantization (tfcompile/layout/heads.py)
+        return torch.cat([load_target(source, t)[torch.tensor(rows)] for t, rows in target.parts])
     w = source.get(target.source)
     if target.expert is not None:
         w = w[target.expert]

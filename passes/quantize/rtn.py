@@ -18,24 +18,34 @@ import torch
 
 from tfcompile.passes.quantize.naming import OutSpec, ct_outputs
 from tfcompile.passes.quantize.program import (
-    ALGORITHMS, Job, Program, load_target, register_algorithm, torch_dtype)
+    ALGORITHMS, PREPARE, SUPPORTS, Job, Program, load_target, register_algorithm, torch_dtype)
 from tfcompile.io.dtypes import torch_dtype_of
 from tfcompile.kernels import formats as F
 from tfcompile.errors import RecipeError
 from tfcompile.pipeline.passes import PassResult, register_pass
+from tfcompile.schemes import SCHEMES
 
 
 @dataclass(frozen=True)
 class QuantizeConfig:
-    algorithm: str = "rtn"  # "rtn" | "mse" (block-scale search, mse.py) | "gptq" (gptq.py)
+    algorithm: str = "rtn"  # "rtn" | "mse" (block-scale search, mse.py) | "gptq" (gptq.py) | "awq" (awq.py)
     gptq_act_order: bool = True  # gptq: visit columns by decreasing diag(H)
     gptq_damp: float = 0.01  # gptq: fraction of mean diag(H) added to the diagonal
     mx_rule: str = ""  # "floor" | "ceil"; empty = the formats module default
     sqnr_rows: int = 16  # rows per Linear sampled for the manifest's weight SQNR (0 = all)
 
 
+def _supports(recipe, cfg: QuantizeConfig) -> str | None:
+    """An algorithm that declares its formats (SUPPORTS) rejects the others before anything runs."""
+    check = SUPPORTS.get(cfg.algorithm)
+    fmt = recipe.config("select").format if "select" in recipe.names() else recipe.format
+    if check is not None and fmt in SCHEMES:
+        check(SCHEMES[fmt])  # raises RecipeError with a hint
+    return None
+
+
 @register_pass("quantize", config=QuantizeConfig, requires=("source", "model", "plan"),
-               produces=("program",))
+               produces=("program",), supports=_supports)
 def quantize(ctx, cfg: QuantizeConfig, reporter) -> PassResult:
     """Plan every output tensor (names, dtypes, shapes) for round-to-nearest quantization."""
     plan, model_dtype = ctx.plan, torch_dtype(ctx.model.dtype)
@@ -60,14 +70,17 @@ def quantize(ctx, cfg: QuantizeConfig, reporter) -> PassResult:
     if cfg.algorithm not in ALGORITHMS:
         raise RecipeError(f"quantize.algorithm {cfg.algorithm!r} is unknown",
                           hint="choose one of: " + ", ".join(sorted(ALGORITHMS)))
-    hessians = dict(ctx.calib.hessians) if ctx.calib is not None else {}
+    hessians = ctx.calib.hessians if ctx.calib is not None else {}  # lazy: may be spilled to disk
     if cfg.algorithm == "gptq" and not hessians:
         raise RecipeError("quantize.algorithm gptq needs Hessians from the calibrate pass",
                           hint="use --algorithm gptq (it schedules calibrate with hessian=true)")
     program = Program(scheme, cfg.algorithm, tuple(jobs + kv_jobs), act, rule, cfg.sqnr_rows,
                       kv_strategy, kv_modules, hessians, cfg.gptq_act_order, cfg.gptq_damp)
+    extra = {}
+    if cfg.algorithm in PREPARE:  # plan-time work of the algorithm (AWQ: search and fold)
+        program, extra = PREPARE[cfg.algorithm](ctx, program, reporter)
     return PassResult(ctx.with_(program=program),
-                      {"jobs": len(jobs), "outputs": len(program.specs()), "mx_rule": rule})
+                      {"jobs": len(jobs), "outputs": len(program.specs()), "mx_rule": rule, **extra})
 
 
 def kv_scale_jobs(calib, model_dtype: torch.dtype) -> list[Job]:
@@ -96,25 +109,32 @@ def _spec(name, info):
 
 
 @register_algorithm("rtn")
-def run_rtn(job: Job, program: Program, source, quantizer=None):
+def run_rtn(job: Job, program: Program, source, quantizer=None, weights=None):
     """Quantize one group; returns its output tensors and per-Linear stats.
 
     `quantizer(w, scheme, program, gscale, name, model_dtype) -> QTensor` replaces
-    round-to-nearest (the `mse` algorithm passes its scale search)."""
+    round-to-nearest (the `mse` algorithm passes its scale search). `weights` ([N, K] per
+    member) replace the source's (AWQ passes W * s, float32); scales stay in the source dtype."""
     quantizer = quantizer or quantize_weight
     scheme, members = program.scheme, job.group.members
-    weights = [load_target(source, t) for t in members]
-    model_dtype = weights[0].dtype
-    gscale = None
-    if scheme.weight == "nvfp4":  # one global scale for the group: its largest |w|
-        amax = torch.cat([F.weight_amax(w, name=t.source) for t, w in zip(members, weights)]).amax()
-        gscale = F.nvfp4_global_scale(amax.reshape(1))
+    src = [load_target(source, t) for t in members]
+    model_dtype = src[0].dtype
+    weights = src if weights is None else weights
+    gscale = group_global_scale(scheme, members, weights)
     out, stats = {}, []
     for t, w in zip(members, weights):
         q = quantizer(w, scheme, program, gscale, t.source, model_dtype)
         out.update(ct_tensors(q, scheme, t.module, program, members, model_dtype))
         stats.append(layer_stats(t, w, q, scheme, program.sqnr_rows))
     return out, stats
+
+
+def group_global_scale(scheme, members, weights) -> torch.Tensor | None:
+    """NVFP4: one global scale for the fused group, from its largest |w| ((1,) float32); else None."""
+    if scheme.weight != "nvfp4":
+        return None
+    amax = torch.cat([F.weight_amax(w, name=t.source) for t, w in zip(members, weights)]).amax()
+    return F.nvfp4_global_scale(amax.reshape(1))
 
 
 def quantize_weight(w, scheme, program, gscale, name, model_dtype):

@@ -81,6 +81,8 @@ def verify_artifact(path: Path, *, checksums: bool = True, config_shapes: bool =
     scales = _load_scales(headers, block_scales)
     _check_scales(scales, rep)
     _check_groups(doc, scheme, scales, rep)
+    if (doc.get("layout") or {}).get("view"):  # --layout: the engine view OUT/<target>/
+        _check_view(path, doc, scheme, scales, rep)
     return rep
 
 
@@ -235,3 +237,38 @@ def _check_groups(doc, scheme, scales, rep) -> None:
             bad.append(f"{', '.join(group)}: {sorted(values)}")
     rep.add("fused groups share global scale", not bad,
             "; ".join(bad[:3]) or f"{len(doc.get('groups', []))} groups")
+
+
+def _check_view(path: Path, doc: dict, scheme, scales: dict, rep: VerifyReport) -> None:
+    """The engine view (tfcompile/layout): every Linear its layout.json lists is present with the
+    scheme's shapes, and a fused / gathered Linear's NVFP4 global scale equals each member's in
+    the compressed-tensors view (one scale for q/k/v, unified before quantization)."""
+    view = doc["layout"]["view"]["dir"]
+    try:
+        linears = json.loads((path / view / "layout.json").read_text())["linears"]
+    except (OSError, json.JSONDecodeError, KeyError) as e:
+        rep.add("engine view", False, f"{view}/layout.json unreadable ({e})")
+        return
+    headers = _headers(path / view)
+    bad = []
+    for m, x in sorted(linears.items()):
+        for spec in ct_outputs(scheme, m, *x["shape"], torch.bfloat16):
+            got = headers.get(spec.name)
+            if got is None or got[2] != spec.shape:
+                bad.append(f"{view}/{spec.name}: " + ("missing" if got is None else f"shape {list(got[2])}, "
+                                                      f"expected {list(spec.shape)}"))
+    view_scales = _load_scales(headers, False)  # per-tensor / per-channel ones (pack checked the rest)
+    bad += [f"{view}/{n}: {why}" for n, t in sorted(view_scales.items()) if (why := _bad_scale(t))]
+    rep.add("engine view layers", not bad, "; ".join(bad[:5]) or f"{view}: {len(linears)} Linears")
+    if not scheme.shares_global_scale:
+        rep.add("engine view shares global scale", True, "not applicable")
+        return
+    bad = []
+    for m, x in sorted(linears.items()):
+        mine = view_scales.get(f"{m}.weight_global_scale")
+        members = [scales.get(f"{src}.weight_global_scale") for src in x.get("from", [])]
+        values = {float(t.float().item()) for t in [mine] + members if t is not None}
+        if len(values) > 1:
+            bad.append(f"{view}/{m} vs {', '.join(x['from'])}: {sorted(values)}")
+    rep.add("engine view shares global scale", not bad,
+            "; ".join(bad[:3]) or f"{sum(1 for x in linears.values() if x.get('from'))} fused/gathered Linears")

@@ -8,6 +8,7 @@ import click
 from rich.table import Table
 
 from tfcompile.cli.output import RichReporter, emit_json, stderr_console
+from tfcompile.evaluate.kvcache import KV_MODES, describe
 
 
 def _fmt(v, spec: str = ".4f") -> str:
@@ -18,12 +19,15 @@ def _db(v) -> str:
     return "inf" if v is None else f"{v:.2f}"  # null SQNR: no error at all
 
 
-def metrics_table(doc: dict) -> Table:
-    m, t = doc["metrics"], Table(title=f"eval {doc['model']} vs {doc['reference']}", show_header=False)
+def metrics_table(doc: dict, title: str | None = None) -> Table:
+    """The report (or quantize --eval's manifest section, which has no model/format keys)."""
+    m = doc["metrics"]
+    t = Table(title=title or f"eval {doc['model']} vs {doc['reference']}", show_header=False)
     t.add_column("", style="bold")
     t.add_column("")
-    fmt = doc["format"] or "none (checkpoint)"
+    fmt = (doc["format"] or "none (checkpoint)") if "format" in doc else "artifact"
     t.add_row("format", f"{fmt}, activations {doc['activations'] or 'not quantized'}")
+    t.add_row("KV cache", describe(doc.get("kv_cache")))
     t.add_row("tokens", f"{m['tokens']} in {doc['text']['sequences']} sequences ({doc['text']['source']})")
     t.add_row("perplexity", f"{_fmt(m['perplexity'])} (reference {_fmt(m['reference_perplexity'])}, "
                             f"{_fmt(None if m['ppl_increase'] is None else 100 * m['ppl_increase'], '+.2f')}%)")
@@ -52,20 +56,23 @@ def layers_table(layers: list[dict]) -> Table:
 @click.option("--reference", required=True, type=click.Path(path_type=Path),
               help="The original checkpoint to compare against (its tokenizer is used).")
 @click.option("--text", type=click.Path(path_type=Path),
-              help="Evaluation text (UTF-8). Default: the held-out split of tfcompile.calibration.corpus.")
+              help="Evaluation text (UTF-8 file), or python-doc (the default): the held-out split "
+              "of tfcompile.calibration.corpus.")
 @click.option("--max-tokens", type=int, default=16384, show_default=True, help="Tokens of text to evaluate.")
 @click.option("--seq-len", type=int, default=None, help="Tokens per sequence [default: 256, or the model's maximum].")
 @click.option("--batch-size", type=int, default=4, show_default=True, help="Sequences per forward pass.")
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32",
               show_default=True, help="Compute dtype of both models.")
+@click.option("--kv-cache", type=click.Choice(KV_MODES), default="auto", show_default=True,
+              help="auto: emulate the artifact's FP8 KV cache when it has one (kv_cache_scheme); off: never.")
 @click.option("--max-kl", type=float, help="Gate: mean KL(ref || model) in nats must be <= this.")
 @click.option("--max-ppl-increase", type=float, help="Gate: relative perplexity increase, e.g. 0.05 = 5%.")
 @click.option("--min-top1", type=float, help="Gate: top-1 agreement with the reference must be >= this.")
 @click.option("--layers/--no-layers", default=True, help="Show the per-layer table.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress on stderr.")
-def eval_cmd(model, reference, text, max_tokens, seq_len, batch_size, dtype, max_kl, max_ppl_increase,
-             min_top1, layers, as_json, quiet):
+def eval_cmd(model, reference, text, max_tokens, seq_len, batch_size, dtype, kv_cache, max_kl,
+             max_ppl_increase, min_top1, layers, as_json, quiet):
     """Evaluate MODEL (artifact or checkpoint) against --reference: perplexity, KL, top-1, layer SQNR.
 
     Exit 1 when a gate (--max-kl, --max-ppl-increase, --min-top1) is missed."""
@@ -74,7 +81,7 @@ def eval_cmd(model, reference, text, max_tokens, seq_len, batch_size, dtype, max
     console = stderr_console()
     reporter = RichReporter(console, quiet=quiet)
     doc = evaluate(model, reference, text=text, max_tokens=max_tokens, seq_len=seq_len,
-                   batch_size=batch_size, dtype=dtype, progress=reporter,
+                   batch_size=batch_size, dtype=dtype, kv_cache=kv_cache, progress=reporter,
                    thresholds={"max-kl": max_kl, "max-ppl-increase": max_ppl_increase, "min-top1": min_top1})
     reporter._stop()
     for w in doc["warnings"]:
@@ -88,3 +95,22 @@ def eval_cmd(model, reference, text, max_tokens, seq_len, batch_size, dtype, max
     err = gate_error(doc["gates"])
     if err is not None:
         raise err
+
+
+def quantize_eval_table(section: dict) -> Table:
+    """`quantize --eval`: the figures stored under the manifest's "eval" key."""
+    return metrics_table(section, title="eval of the artifact against MODEL (manifest \"eval\")")
+
+
+def quantize_eval_failed(err: Exception, *, console, quiet: bool, as_json: bool, recipe,
+                         warnings: list[str]) -> None:
+    """When `quantize --eval` missed a gate: its figures in a table (stderr) and the --json
+    document ({ok: false, output: null, eval, error}); other errors are left alone."""
+    report = getattr(getattr(err, "inner", None), "report", None)
+    if report is None:
+        return
+    if not quiet and not as_json:
+        console.print(quantize_eval_table(report))
+    if as_json:
+        emit_json({"ok": False, "output": None, "recipe": recipe.to_dict(), "eval": report,
+                   "error": getattr(err, "message", str(err)), "warnings": list(warnings)})

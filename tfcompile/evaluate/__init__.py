@@ -7,7 +7,8 @@ and `gate_error` turn thresholds into a pass/fail. See docs/ci.md.
 
 Modules: text (evaluation text -> token rows), models (transformers models;
 artifact weights dequantized, activation quantization emulated by hooks),
-actquant (the emulation per scheme), metrics, gates, runner.
+actquant (the emulation per scheme), kvcache (the FP8 KV cache emulated in
+attention, through transformers' AttentionInterface), metrics, gates, runner.
 """
 
 from tfcompile.evaluate.errors import EvalError, GateFailed

@@ -10,4 +10,11 @@ class EvalError(UserError):
 
 
 class GateFailed(UserError):
-    """A quality gate (--max-kl, --max-ppl-increase, --min-top1) was missed."""
+    """A quality gate (--max-kl, --max-ppl-increase, --min-top1) was missed.
+
+    `report` optionally carries the figures that missed (quantize --eval puts
+    the manifest's would-be eval section there for its --json output)."""
+
+    def __init__(self, message: str, hint: str | None = None, report: dict | None = None):
+        super().__init__(message, hint)
+        self.report = report

@@ -6,8 +6,10 @@
 - a tfcompile artifact: the architecture of its config.json (without
   `quantization_config`) built by transformers, every non-quantized tensor
   loaded from the artifact, every quantized Linear's weight replaced by
-  `tfcompile.kernels.formats.dequantize` of the stored tensors, and the
-  scheme's activation quantization emulated by forward pre-hooks.
+  `tfcompile.kernels.formats.dequantize` of the stored tensors, the
+  scheme's activation quantization emulated by forward pre-hooks, and, for an
+  artifact with a `kv_cache_scheme`, the FP8 KV cache emulated in attention
+  (kvcache.py; `--kv-cache off` turns that off).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from torch import nn
 
 from tfcompile.evaluate.actquant import STATIC_SCALE, ActFn, act_quantizer, pre_hook
 from tfcompile.evaluate.errors import EvalError
+from tfcompile.evaluate.kvcache import KINDS, KV_MODES, KVEmulator, KVScales, install, read_kv_scales
 from tfcompile.io.checkpoint import Checkpoint, open_checkpoint
 from tfcompile.kernels.formats import QTensor, dequantize
 from tfcompile.passes.quantize.naming import ct_outputs
@@ -46,6 +49,8 @@ class Candidate:
     scheme: Scheme | None
     linears: dict[str, QLinear] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    kv_scales: KVScales | None = None  # the artifact's FP8 KV-cache scales (None: not quantized)
+    kv: KVEmulator | None = None  # installed emulation (None: off, or nothing to emulate)
 
 
 def _transformers():
@@ -95,8 +100,12 @@ def load_checkpoint_model(path: Path, dtype: torch.dtype, role: str) -> nn.Modul
     return model.eval()
 
 
-def load_candidate(path: Path, dtype: torch.dtype) -> Candidate:
-    """MODEL_OR_ARTIFACT: a tfcompile artifact (dequantized + emulated) or a checkpoint (as is)."""
+def load_candidate(path: Path, dtype: torch.dtype, kv_cache: str = "auto") -> Candidate:
+    """MODEL_OR_ARTIFACT: a tfcompile artifact (dequantized + emulated) or a checkpoint (as is).
+
+    kv_cache: "auto" emulates the artifact's FP8 KV cache when it has one, "off" never does."""
+    if kv_cache not in KV_MODES:
+        raise EvalError(f"unknown --kv-cache {kv_cache!r}", hint="choose one of: " + ", ".join(KV_MODES))
     path = Path(path)
     if not _has_manifest(path):
         return Candidate(load_checkpoint_model(path, dtype, "model"), "checkpoint", None)
@@ -106,9 +115,12 @@ def load_candidate(path: Path, dtype: torch.dtype) -> Candidate:
     scheme = get_scheme(manifest["scheme"]["name"])
     ckpt = open_checkpoint(path)
     try:
-        return _build_artifact(path, ckpt, manifest, scheme, dtype)
+        cand = _build_artifact(path, ckpt, manifest, scheme, dtype)
     finally:
         ckpt.close()
+    if cand.kv_scales is not None and kv_cache == "auto":
+        cand.kv = install(cand.model, cand.kv_scales)
+    return cand
 
 
 def _build_artifact(path: Path, ckpt: Checkpoint, manifest: dict, scheme: Scheme,
@@ -128,7 +140,9 @@ def _build_artifact(path: Path, ckpt: Checkpoint, manifest: dict, scheme: Scheme
     if missing:
         raise EvalError(f"{path}: quantized tensor {missing[0]} is missing ({len(missing)} in all)",
                         hint=f"check the artifact with `tfcompile verify {path}`")
-    loaded = _load_plain(path, ckpt, model, [n for n in ckpt.names() if n not in qnames])
+    kv_names = {f"{m}.{k}" for m in manifest.get("kv_modules", []) for k in KINDS}
+    cand.kv_scales = read_kv_scales(path, ckpt, ckpt.config, list(manifest.get("kv_modules", [])))
+    loaded = _load_plain(path, ckpt, model, [n for n in ckpt.names() if n not in qnames | kv_names])
     modules = dict(model.named_modules())
     expert_inputs: dict[str, ActFn | None] = {}
     for name, (n, k) in sorted(layers.items()):

@@ -11,6 +11,7 @@ import torch
 
 from tfcompile.evaluate.errors import EvalError
 from tfcompile.evaluate.gates import check_gates
+from tfcompile.evaluate.kvcache import KV_MODES, not_emulated
 from tfcompile.evaluate.metrics import LayerSQNR, LogitMetrics
 from tfcompile.evaluate.models import load_candidate, load_checkpoint_model
 from tfcompile.evaluate.text import batches, load_text, load_tokenizer, token_rows
@@ -35,34 +36,74 @@ def _vocab(model) -> int:
 
 def evaluate(model_path: Path, reference: Path, *, text: Path | None = None, max_tokens: int = 16384,
              seq_len: int | None = None, batch_size: int = 4, dtype: str = "float32",
-             thresholds: dict[str, float | None] | None = None,
+             kv_cache: str = "auto", thresholds: dict[str, float | None] | None = None,
              progress: Progress | None = None) -> dict:
-    """The report as a JSON-ready dict (see docs/ci.md for the fields)."""
+    """The report as a JSON-ready dict (see docs/ci.md for the fields).
+
+    kv_cache: "auto" emulates an artifact's FP8 KV cache (kvcache.py), "off" does not."""
     for name, value in (("--max-tokens", max_tokens), ("--seq-len", seq_len), ("--batch-size", batch_size)):
         _check_positive(name, value)
     if dtype not in DTYPES:
         raise EvalError(f"unknown --dtype {dtype!r}", hint="choose one of: " + ", ".join(DTYPES))
+    if kv_cache not in KV_MODES:
+        raise EvalError(f"unknown --kv-cache {kv_cache!r}", hint="choose one of: " + ", ".join(KV_MODES))
     t0 = time.monotonic()
     source = load_text(text)  # cheap checks first
     ref = load_checkpoint_model(Path(reference), DTYPES[dtype], "reference")
     tokenizer = load_tokenizer(Path(reference))
-    cand = load_candidate(Path(model_path), DTYPES[dtype])
+    cand = load_candidate(Path(model_path), DTYPES[dtype], kv_cache)
     vocab, ref_vocab = _vocab(cand.model), _vocab(ref)
     if vocab != ref_vocab:
         raise EvalError(f"vocabulary mismatch: {model_path} has {vocab} output tokens, "
                         f"reference {reference} has {ref_vocab}",
                         hint="compare an artifact with the checkpoint it was quantized from")
-    max_pos = getattr(ref.config, "max_position_embeddings", None)
-    if seq_len is None:
-        seq_len = min(DEFAULT_SEQ_LEN, max_pos or DEFAULT_SEQ_LEN)
-    elif max_pos and seq_len > max_pos:
-        raise EvalError(f"--seq-len {seq_len} exceeds the reference's max_position_embeddings {max_pos}",
-                        hint=f"pass --seq-len {max_pos} or less")
+    seq_len = _seq_len(ref, seq_len)
     rows = token_rows(source.text, tokenizer, max_tokens=max_tokens,
                       seq_len=seq_len, vocab=vocab)
+    logit_m, layer_m = _run(cand, ref, batches(rows, batch_size), progress)
+    kv_entry, kv_warnings = _kv_report(cand, kv_cache)
+    metrics = logit_m.result()
+    shapes = {n: list(q.module.weight.shape) for n, q in cand.linears.items()}
+    layers = [{**la, "shape": shapes[la["module"]]} for la in layer_m.result()]
+    gates = check_gates(metrics, thresholds or {})
+    warnings = list(cand.warnings) + kv_warnings
+    if not all(math.isfinite(v) for v in metrics.values()):
+        warnings.append("some metrics are not finite (reported as null): the model's logits overflow")
+        metrics = {k: v if math.isfinite(v) else None for k, v in metrics.items()}
+        gates = [{**g, "value": g["value"] if math.isfinite(g["value"]) else None} for g in gates]
+    scheme = cand.scheme
+    return {
+        "ok": all(g["ok"] for g in gates),
+        "model": str(model_path), "reference": str(reference), "kind": cand.kind,
+        "format": scheme.name if scheme else None,
+        "activations": (scheme.act if scheme else None),
+        "kv_cache": kv_entry,
+        "dtype": dtype,
+        "text": {"source": source.source, "tokens": metrics["tokens"], "sequences": len(rows),
+                 "seq_len": seq_len, "batch_size": batch_size},
+        "metrics": metrics,
+        "layers": layers,
+        "layer_summary": _layer_summary(layers),
+        "gates": gates,
+        "warnings": warnings,
+        "seconds": round(time.monotonic() - t0, 3),
+    }
+
+
+def _seq_len(ref, seq_len: int | None) -> int:
+    max_pos = getattr(ref.config, "max_position_embeddings", None)
+    if seq_len is None:
+        return min(DEFAULT_SEQ_LEN, max_pos or DEFAULT_SEQ_LEN)
+    if max_pos and seq_len > max_pos:
+        raise EvalError(f"--seq-len {seq_len} exceeds the reference's max_position_embeddings {max_pos}",
+                        hint=f"pass --seq-len {max_pos} or less")
+    return seq_len
+
+
+def _run(cand, ref, work: list[torch.Tensor], progress: Progress | None) -> tuple[LogitMetrics, LayerSQNR]:
+    """Both models over every [B, L] batch; the running metrics."""
     logit_m, layer_m = LogitMetrics(), LayerSQNR()
     layer_m.attach(cand.linears, ref)
-    work = batches(rows, batch_size)
     if progress is not None:
         progress.task("eval", len(work))
     try:
@@ -75,31 +116,21 @@ def evaluate(model_path: Path, reference: Path, *, text: Path | None = None, max
                     progress.advance(1, f"{ids.numel()} tokens")
     finally:
         layer_m.detach()
-    metrics = logit_m.result()
-    shapes = {n: list(q.module.weight.shape) for n, q in cand.linears.items()}
-    layers = [{**la, "shape": shapes[la["module"]]} for la in layer_m.result()]
-    gates = check_gates(metrics, thresholds or {})
-    warnings = list(cand.warnings)
-    if not all(math.isfinite(v) for v in metrics.values()):
-        warnings.append("some metrics are not finite (reported as null): the model's logits overflow")
-        metrics = {k: v if math.isfinite(v) else None for k, v in metrics.items()}
-        gates = [{**g, "value": g["value"] if math.isfinite(g["value"]) else None} for g in gates]
-    scheme = cand.scheme
-    return {
-        "ok": all(g["ok"] for g in gates),
-        "model": str(model_path), "reference": str(reference), "kind": cand.kind,
-        "format": scheme.name if scheme else None,
-        "activations": (scheme.act if scheme else None),
-        "dtype": dtype,
-        "text": {"source": source.source, "tokens": metrics["tokens"], "sequences": len(rows),
-                 "seq_len": seq_len, "batch_size": batch_size},
-        "metrics": metrics,
-        "layers": layers,
-        "layer_summary": _layer_summary(layers),
-        "gates": gates,
-        "warnings": warnings,
-        "seconds": round(time.monotonic() - t0, 3),
-    }
+    return logit_m, layer_m
+
+
+def _kv_report(cand, mode: str) -> tuple[dict, list[str]]:
+    """The report's kv_cache entry, and warnings for attention the emulation never saw."""
+    if cand.kv is None:
+        return not_emulated(mode, cand.kv_scales), []
+    if not cand.kv.calls:
+        raise EvalError("the artifact has an FP8 KV-cache scheme, but no attention call went through "
+                        "transformers' AttentionInterface, so the KV cache cannot be emulated",
+                        hint="evaluate with --kv-cache off (the figures then leave the KV cache out)")
+    unreached = cand.kv.unreached()
+    warn = [f"KV-cache emulation: no attention call reached {len(unreached)} module(s) with scales, "
+            f"e.g. {unreached[0]}"] if unreached else []
+    return cand.kv.report(mode), warn
 
 
 def _layer_summary(layers: list[dict]) -> dict:

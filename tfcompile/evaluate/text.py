@@ -1,7 +1,8 @@
 """Evaluation text -> token rows.
 
-The text is `--text FILE` (UTF-8 plain text) or, without it, the held-out
-split of `tfcompile.calibration.corpus.python_doc_texts` when that module is
+The text is `--text FILE` (UTF-8 plain text) or, without it or with
+`--text python-doc`, the held-out split of
+`tfcompile.calibration.corpus.python_doc_texts` when that module is
 installed. It is tokenized once with the reference's tokenizer (no special
 tokens added), cut to `max_tokens`, and split into rows of `seq_len` tokens;
 a shorter last row is kept when it has at least two tokens.
@@ -18,6 +19,7 @@ import torch
 from tfcompile.evaluate.errors import EvalError
 
 CHARS_PER_TOKEN_BOUND = 32  # text beyond max_tokens * this cannot be needed
+CORPUS = "python-doc"  # --text name of the held-out corpus split (as --calib python-doc names the calib split)
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,8 @@ class EvalText:
 
 
 def load_text(path: Path | None) -> EvalText:
+    if path is not None and str(path) == CORPUS:
+        path = None
     if path is not None:
         path = Path(path)
         if not path.is_file():

@@ -13,13 +13,27 @@ from tfcompile.recipe.schema import RECIPE_VERSION, PassEntry, Recipe, build_con
 from tfcompile.schemes import get_scheme
 
 
-def preset_pipeline(fmt: str, kv_cache: bool = False) -> list[str]:
-    """The pass list `tfcompile quantize --format FMT [--kv-cache fp8]` runs."""
+def preset_pipeline(fmt: str, kv_cache: bool = False, evaluate: bool = False, emit: bool = False,
+                    layout: bool = False, onnx: bool = False, distill: bool = False) -> list[str]:
+    """The pass list `tfcompile quantize --format FMT [--kv-cache fp8] [--eval] [--target T] [--layout E]
+    [--export onnx]` runs (`tfcompile distill`: distill=True)."""
     scheme = get_scheme(fmt)
     names = ["load", "select"]
+    if layout:
+        names.append("layout")  # engine layout checks and plan, before any slow pass (passes/layout.py)
     if scheme.act_static or kv_cache:
         names.append("calibrate")  # static activation or KV-cache scales need statistics
-    names += ["quantize", "pack", "manifest", "verify"]
+    names.append("quantize")
+    if distill:
+        names.append("distill")  # trains the fake-quantized model; pack re-quantizes its weights
+    names.append("pack")
+    if emit:
+        names.append("emit")  # GPU kernels into kernels/, before manifest records every file
+    if onnx:
+        names.append("onnx")  # OUT/onnx/model.onnx from the packed tensors, before manifest hashes it
+    names += ["manifest", "verify"]
+    if evaluate:
+        names.append("eval")  # measured on the staged, verified artifact, before it is published
     return names
 
 
@@ -64,12 +78,21 @@ def build_recipe(
     for item in sets:
         name, key, raw = _parse_set(item)
         edits.append((name, {key: _parse_value(raw)}, f"--set {item}"))
-    # The preset's shape follows the settings, wherever they came from: an FP8 KV cache
-    # or GPTQ needs the calibrate pass (and GPTQ its Hessians).
+    edits = _route_onnx_export(edits)
+    # The preset's shape follows the settings, wherever they came from: an FP8 KV cache,
+    # GPTQ or AWQ needs the calibrate pass (GPTQ its Hessians, AWQ its activation statistics).
     kv = any(n == "calibrate" and isinstance(t, Mapping) and t.get("kv_cache") for n, t, _ in edits)
     gptq = any(n == "quantize" and isinstance(t, Mapping) and t.get("algorithm") == "gptq"
                for n, t, _ in edits)
-    pipeline = list(data.get("pipeline") or (preset_pipeline(fmt, kv or gptq) if fmt else []))
+    awq = any(n == "quantize" and isinstance(t, Mapping) and t.get("algorithm") == "awq"
+              for n, t, _ in edits)
+    evaluate = any(n == "eval" for n, _, _ in edits)  # any eval setting (--eval, --max-kl ...) runs it
+    emit = any(n == "emit" and isinstance(t, Mapping) and t.get("targets") for n, t, _ in edits)  # --target
+    layout = any(n == "layout" for n, _, _ in edits)  # --layout, --tp, --kv-layout ... or layout.* settings
+    onnx = any(n == "onnx" for n, _, _ in edits)  # --export onnx, or any onnx.* setting
+    distill = any(n == "distill" for n, _, _ in edits)  # tfcompile distill, or any distill.* setting
+    pipeline = list(data.get("pipeline") or (preset_pipeline(fmt, kv or gptq or awq, evaluate, emit, layout, onnx,
+                                                             distill) if fmt else []))
     if not pipeline:
         raise RecipeError("no pipeline: give --format or a recipe with `format` or `pipeline`",
                           hint="e.g. tfcompile quantize --format nvfp4 MODEL -o OUT")
@@ -78,12 +101,28 @@ def build_recipe(
         values["select"]["format"] = fmt
     if gptq and "calibrate" in values:
         values["calibrate"]["hessian"] = True  # GPTQ needs each group's input Hessian
+    if awq and "calibrate" in values:
+        values["calibrate"]["awq"] = True  # AWQ needs each norm-fed group's input statistics
     for name, table, where in edits:
         _merge(values, name, table, where)
     pipeline = _cut(pipeline, skip, until)
     entries = tuple(PassEntry(n, build_config(get_pass(n).config, values[n], f"pass {n}"))
                     for n in pipeline)
     return Recipe(RECIPE_VERSION, fmt or "custom", entries)
+
+
+def _route_onnx_export(edits: list) -> list:
+    """`export = ["onnx"]` (pack's list of views: --export onnx, or a recipe) names the `onnx` pass
+    (passes/onnx.py): drop it from pack's table and schedule that pass instead, so pack keeps only
+    the views it writes itself."""
+    out = []
+    for name, table, where in edits:
+        views = table.get("export") if name == "pack" and isinstance(table, Mapping) else None
+        if isinstance(views, (list, tuple)) and "onnx" in views:
+            table = {**table, "export": [v for v in views if v != "onnx"]}
+            out.append(("onnx", {}, where))
+        out.append((name, table, where))
+    return out
 
 
 def _merge(values: dict, name: str, table: Mapping[str, Any], where: str) -> None:

@@ -41,13 +41,19 @@ class Recipe:
         raise KeyError(name)
 
     def to_dict(self) -> dict:
-        """JSON-able and deterministic (field order is the dataclass order)."""
+        """JSON-able and deterministic (field order is the dataclass order). Fields whose
+        metadata says `runtime` (where work is kept, e.g. distill.resume_dir) are left out:
+        they do not change the result, so the manifest does not record them."""
         return {
             "version": self.version,
             "format": self.format,
-            "passes": [{"name": p.name, "config": _jsonable(dataclasses.asdict(p.config))}
-                       for p in self.passes],
+            "passes": [{"name": p.name, "config": _jsonable(_recorded(p.config))} for p in self.passes],
         }
+
+
+def _recorded(config: Any) -> dict:
+    skip = {f.name for f in dataclasses.fields(config) if f.metadata.get("runtime")}
+    return {k: v for k, v in dataclasses.asdict(config).items() if k not in skip}
 
 
 def _jsonable(v: Any) -> Any:

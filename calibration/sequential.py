@@ -1,0 +1,325 @@
+"""Layer-by-layer calibration straight from the memory-mapped checkpoint.
+
+Memory holds one decoder layer's weights plus the calibration activations
+(samples x seq_len x hidden in the model dtype: 64 x 512 x 2048 bf16 = 134 MB
+for a 1B model), never the whole model, so a model larger than RAM calibrates.
+
+1. The model is built by transformers with every *parameter* on the meta
+   device (buffers such as RoPE's inv_freq are computed for real).
+2. Parameters outside the decoder layers (embeddings) are bound to zero-copy
+   views of the memory-mapped safetensors (a copy only when the dtype differs).
+3. Each batch runs through the model's own forward until decoder layer 0,
+   which records its inputs (hidden states, and the mask / RoPE tables /
+   position ids the model computed) and stops the forward. Using the model's
+   forward keeps every architecture's embedding scale, masks and RoPE exact.
+4. For each layer in turn: bind its parameters, run it once per batch (the
+   same `Recorders` hooks as the whole-model loop observe its Linears and
+   attention), replace the batch's hidden states with its outputs, unbind the
+   parameters and drop their pages from the resident set.
+
+Each layer runs exactly once per batch: its outputs feed the next layer, and
+nothing runs a second pass to propagate. Outputs are computed from the
+unquantized layer (statistics of the original model, as the whole-model loop
+gives). Recorded Hessians of finished layers are spilled to a temporary
+directory (a 1B model's down_proj Hessians alone are 4 GB of float32).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Mapping
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import nn
+
+from tfcompile.calibration.forward import calibration_ids, model_class
+from tfcompile.calibration.recorders import Recorders
+from tfcompile.calibration.stats import CalibStats
+from tfcompile.errors import CheckpointError
+
+
+class Unsupported(Exception):
+    """The checkpoint's tensors do not map onto the model's parameters one to one."""
+
+
+def observe_sequential(model_dir: Path, ckpt, modules: set[str], *, data: str, samples: int,
+                       seq_len: int, seed: int, dtype: torch.dtype, kv: bool = False,
+                       observer: str = "max", observer_params: dict | None = None,
+                       hessian_groups: dict[str, str] | None = None,
+                       batch: int = 4, on_layer=None) -> CalibStats:
+    """Same statistics as `forward.observe_input_amax`, computed one decoder layer at a time.
+
+    `ckpt` is the open `Checkpoint`; `on_layer(i, n, seconds)` reports progress.
+    Raises `Unsupported` before running anything if a parameter has no tensor."""
+    import time
+
+    _fixed_mmap_threshold()
+    model = _skeleton(model_dir, dtype)
+    path, layers = find_layers(model)
+    _check_layers(model, ckpt, path)
+    ids = _tokens(model_dir, model, ckpt, dtype, path, layers,
+                  dict(data=data, samples=samples, seq_len=seq_len, seed=seed))
+    inputs = _catch_inputs(model, layers, ids, batch)
+    rec = Recorders(model, modules, observer=observer, observer_params=observer_params,
+                    hessian_groups=hessian_groups, kv=kv)
+    spill = _Spill()
+    try:
+        with torch.inference_mode():
+            for i, layer in enumerate(layers):
+                t0 = time.perf_counter()
+                _bind(layer, ckpt, dtype, prefix=f"{path}.{i}.")
+                for b, (hidden, kwargs) in enumerate(inputs):
+                    inputs[b] = (_first(layer(hidden, **kwargs)), kwargs)
+                _unbind(layer)
+                ckpt.release()
+                spill.put(i, rec.hessians.take())
+                if on_layer:
+                    on_layer(i, len(layers), time.perf_counter() - t0)
+    finally:
+        rec.remove()
+    stats = rec.stats(int(ids.numel()), f"{data}(seed={seed})")
+    if kv and not stats.kv_amax:
+        raise CheckpointError(f"{model_dir}: no attention call went through transformers' "
+                              "AttentionInterface, so KV-cache scales cannot be calibrated",
+                              hint="this architecture is not supported for --kv-cache yet")
+    return _with_hessians(stats, spill)
+
+
+def _tokens(model_dir: Path, model: nn.Module, ckpt, dtype, path: str, layers, spec: dict) -> torch.Tensor:
+    """Calibration ids. `self` samples them from the model, so for that the whole model is
+    bound to the mapped checkpoint (zero-copy views: the page cache holds the weights,
+    not this process's heap) and the layers are unbound again afterwards."""
+    if spec["data"] == "self":
+        _bind(model, ckpt, dtype)
+        try:
+            with torch.inference_mode():
+                return calibration_ids(model_dir, model, **spec)
+        finally:
+            for layer in layers:
+                _unbind(layer)
+            ckpt.release()
+    _bind(model, ckpt, dtype, skip=f"{path}.")
+    return calibration_ids(model_dir, model, **spec)
+
+
+def _fixed_mmap_threshold(nbytes: int = 128 << 10) -> None:
+    """Serve every allocation >= 128 KiB from its own mmap, returned to the OS on free.
+
+    glibc raises its mmap threshold after the first large free (up to 32 MiB),
+    after which activation-sized buffers come from the heap and fragment it:
+    measured +20 MB of RSS per decoder layer on a 16-layer model (466 MB ->
+    881 MB); with the threshold fixed, RSS stays flat. Setting it explicitly
+    turns glibc's dynamic adjustment off for the process. No-op off glibc."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.mallopt(-3, nbytes)  # M_MMAP_THRESHOLD
+    except (OSError, AttributeError):
+        pass
+
+
+def find_layers(model: nn.Module) -> tuple[str, nn.ModuleList]:
+    """The decoder layer stack: the longest ModuleList whose entries hold parameters."""
+    best = None
+    for name, mod in model.named_modules():
+        if isinstance(mod, nn.ModuleList) and len(mod) and any(True for _ in mod[0].parameters()):
+            if re.fullmatch(r"(.*\.)?layers", name) and (best is None or len(mod) > len(best[1])):
+                best = (name, mod)
+    if best is None:
+        raise Unsupported("no decoder layer stack (a ModuleList named 'layers')")
+    return best
+
+
+def _skeleton(model_dir: Path, dtype: torch.dtype) -> nn.Module:
+    """The transformers model with parameters on the meta device and real buffers."""
+    import transformers
+
+    cfg = transformers.AutoConfig.from_pretrained(model_dir, trust_remote_code=False)
+    cls = model_class(model_dir, cfg)
+    with warnings.catch_warnings(), _params_on_meta():
+        warnings.simplefilter("ignore")
+        model = cls(cfg)
+    cfg.use_cache = False
+    return model.eval()
+
+
+@contextlib.contextmanager
+def _params_on_meta():
+    """Create every nn.Parameter on the meta device (no memory, no init cost)."""
+    real = nn.Module.register_parameter
+
+    def register(self, name, param):
+        if param is not None and param.device.type != "meta":
+            param = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+        real(self, name, param)
+
+    nn.Module.register_parameter = register
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = real
+
+
+def _tensor_for(ckpt, name: str, names: set[str]) -> torch.Tensor | None:
+    """The checkpoint tensor for parameter `name`, fusing per-expert tensors when the
+    model holds experts fused (transformers 5: experts.gate_up_proj [E, 2I, H] =
+    per expert cat(gate_proj, up_proj) on dim 0; experts.down_proj [E, H, I])."""
+    if name in names:
+        return ckpt.get(name)
+    m = re.fullmatch(r"(.*\.experts)\.(gate_up_proj|down_proj)", name)
+    if not m:
+        return None
+    base, kind = m.groups()
+    n = sum(1 for x in names if re.fullmatch(re.escape(base) + r"\.\d+\.down_proj\.weight", x))
+    if n == 0:
+        return None
+    if kind == "down_proj":
+        return torch.stack([ckpt.get(f"{base}.{e}.down_proj.weight") for e in range(n)])
+    return torch.stack([torch.cat([ckpt.get(f"{base}.{e}.gate_proj.weight"),
+                                   ckpt.get(f"{base}.{e}.up_proj.weight")]) for e in range(n)])
+
+
+def _check_layers(model: nn.Module, ckpt, path: str) -> None:
+    """Every decoder-layer parameter must have its tensor (by name, or fused experts)."""
+    names = set(ckpt.names())
+    for name, p in model.named_parameters():
+        if not name.startswith(path + ".") or name in names:
+            continue
+        m = re.fullmatch(r"(.*\.experts)\.(gate_up_proj|down_proj)", name)
+        if not (m and f"{m.group(1)}.0.down_proj.weight" in names):
+            raise Unsupported(f"parameter {name} has no tensor in the checkpoint")
+
+
+def _bind(module: nn.Module, ckpt, dtype: torch.dtype, prefix: str = "", skip: str | None = None) -> None:
+    """Point `module`'s parameters at checkpoint views (copies when the dtype differs).
+
+    Tied parameters (one Parameter under several names, e.g. lm_head and the
+    embeddings) are bound together from whichever name the checkpoint has."""
+    names = set(ckpt.names())
+    tied: dict[int, list[str]] = {}
+    for name, p in module.named_parameters(remove_duplicate=False):
+        tied.setdefault(id(p), []).append(name)
+    for group in tied.values():
+        if skip and all((prefix + n).startswith(skip) for n in group):
+            continue
+        found = next(((n, t) for n in group if (t := _tensor_for(ckpt, prefix + n, names)) is not None), None)
+        if found is None:
+            continue  # not in the checkpoint: stays on meta; using it raises (-> Unsupported)
+        name, t = found
+        want = _owner(module, name)[0]._parameters[name.rsplit(".", 1)[-1]].shape
+        if tuple(t.shape) != tuple(want):
+            raise Unsupported(f"{prefix + name}: checkpoint shape {list(t.shape)}, model {list(want)}")
+        param = nn.Parameter(t.to(dtype) if t.dtype != dtype else t, requires_grad=False)
+        for n in group:
+            owner, attr = _owner(module, n)
+            owner._parameters[attr] = param
+
+
+def _unbind(module: nn.Module) -> None:
+    for name, p in list(module.named_parameters()):
+        owner, attr = _owner(module, name)
+        owner._parameters[attr] = nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device="meta"),
+                                               requires_grad=False)
+
+
+def _owner(module: nn.Module, name: str) -> tuple[nn.Module, str]:
+    *path, attr = name.split(".")
+    for part in path:
+        module = getattr(module, part)
+    return module, attr
+
+
+class _Caught(Exception):
+    pass
+
+
+class _Catcher(nn.Module):
+    """Stands in for decoder layer 0: records its call and stops the forward."""
+
+    def __init__(self, layer: nn.Module):
+        super().__init__()
+        self.layer = layer
+        self.calls: list[tuple[torch.Tensor, dict]] = []
+
+    def forward(self, hidden, *args, **kwargs):
+        if args:
+            raise Unsupported("decoder layer called with positional arguments beyond hidden_states")
+        self.calls.append((hidden, kwargs))
+        raise _Caught
+
+
+def _catch_inputs(model: nn.Module, layers: nn.ModuleList, ids: torch.Tensor,
+                  batch: int) -> list[tuple[torch.Tensor, dict]]:
+    """Per batch of `batch` sequences: (hidden states into layer 0, its keyword arguments)."""
+    catcher = _Catcher(layers[0])
+    layers[0] = catcher
+    try:
+        with torch.inference_mode():
+            for start in range(0, ids.shape[0], batch):
+                try:
+                    model(input_ids=ids[start: start + batch], use_cache=False)
+                except _Caught:
+                    continue
+                except (RuntimeError, NotImplementedError) as e:  # e.g. a weight left on meta
+                    raise Unsupported(f"the forward before decoder layer 0 failed: {e}") from e
+                raise Unsupported("the forward never reached decoder layer 0")
+    finally:
+        layers[0] = catcher.layer
+    return catcher.calls
+
+
+def _first(out):
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
+class _Spill:
+    """Hessians of finished layers, in a temporary safetensors file per layer."""
+
+    def __init__(self):
+        self.dir: tempfile.TemporaryDirectory | None = None
+        self.files: dict[str, Path] = {}
+
+    def put(self, layer: int, hessians: dict[str, torch.Tensor]) -> None:
+        if not hessians:
+            return
+        if self.dir is None:
+            self.dir = tempfile.TemporaryDirectory(prefix="tfcompile-hessians-")
+        f = Path(self.dir.name) / f"layer{layer}.safetensors"
+        save_file({k: v.contiguous() for k, v in hessians.items()}, f)
+        self.files.update({k: f for k in hessians})
+
+
+class SpilledHessians(Mapping):
+    """Group key -> Hessian, each read from its spill file only when asked for."""
+
+    def __init__(self, spill: _Spill, inline: dict):
+        self._spill, self._inline = spill, inline
+        self._keys = sorted(set(spill.files) | set(inline))
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        if key in self._inline:
+            return self._inline[key]
+        with safe_open(self._spill.files[key], framework="pt") as f:  # KeyError if unknown
+            return f.get_tensor(key)
+
+    def __iter__(self):
+        return iter(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+
+def _with_hessians(stats: CalibStats, spill: _Spill) -> CalibStats:
+    import dataclasses
+
+    if not spill.files:
+        return stats
+    return dataclasses.replace(stats, hessians=SpilledHessians(spill, dict(stats.hessians)))

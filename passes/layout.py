@@ -1,0 +1,241 @@
+"""`layout`: arrange attention weights and the KV cache the way the target engine reads them.
+
+Scheduled by `--layout ENGINE`, `--tp T`, `--kv-layout`, `--kv-block-size` or any
+`layout.*` setting, right after `select` (before calibration, so a bad
+combination fails in a second, not after an hour). It quantizes nothing: it
+validates the options against the target's rules (tfcompile/layout/engines.py),
+plans the row gathers (RoPE order, TP head order, KV replication) and fusions
+(q/k/v -> qkv_proj, gate/up -> gate_up_proj, expert w1/w3), and attaches the
+plan to `QuantPlan.layout`. pack then writes the engine view OUT/<target>/
+(quantizing the gathered rows) and OUT/tfcompile/kv_cache.json; manifest
+records what was done. Defaults per target: vLLM and SGLang fuse on load and
+read HF RoPE order, so `--layout vllm` writes only the descriptor; TensorRT-LLM
+gets a fused view.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from tfcompile.errors import RecipeError
+from tfcompile.layout import engines as E
+from tfcompile.layout.descriptor import DESCRIPTOR, build_descriptor
+from tfcompile.layout.heads import HeadGeometry, plan_heads, rope_order
+from tfcompile.layout.plan import LayoutPlan, LayoutSpec, build, pattern
+from tfcompile.pipeline.passes import PassResult, register_pass
+
+# RoPE convention of Hugging Face model code per model_type (transformers 5: `rotate_half`).
+SOURCE_ROPE = {t: "half" for t in (
+    "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2",
+    "gemma3_text", "phi3", "granite", "granitemoe", "olmo", "olmo2", "smollm3", "ministral")}
+KV_AUTO = "auto"
+
+
+@dataclass(frozen=True)
+class LayoutConfig:
+    target: str = "vllm"  # --layout: vllm | sglang | trtllm
+    backend: str = ""  # attention backend ("" = the engine's default: flash-attn, flashinfer, trtllm)
+    fuse_qkv: bool | None = None  # None = the target's default (trtllm: fused; vllm/sglang: not)
+    fuse_gate_up: bool | None = None  # gate/up and MoE w1/w3
+    rope: str = ""  # "" = the checkpoint's convention | "half" | "interleaved"
+    tp: int = 1  # --tp: tensor-parallel shards the heads are grouped for
+    kv_layout: str = ""  # --kv-layout NHD | HND ("" = the backend's own)
+    block_size: int = 0  # --kv-block-size: tokens per KV page (0 = the backend's default)
+    head_dim_pad: int = 0  # KV-cache head dim (0 = the smallest the backend accepts >= head_dim)
+    kv_dtype: str = KV_AUTO  # auto (from --kv-cache) | bf16 | fp16 | fp8_e4m3 | nvfp4
+
+
+def _kv(recipe) -> tuple[str, bool]:
+    """(calibrate.kv_cache, calibrate.kv_per_head) of the recipe."""
+    if "calibrate" not in recipe.names():
+        return "", False
+    c = recipe.config("calibrate")
+    return c.kv_cache, bool(c.kv_per_head)
+
+
+def kv_dtype(requested: str, calibrated: str, model_dtype: str | None) -> str:
+    """The KV-cache dtype: `auto` follows --kv-cache; an explicit one must agree with it."""
+    model = "fp16" if model_dtype == "F16" else "bf16"
+    if requested == KV_AUTO:
+        return "fp8_e4m3" if calibrated == "fp8" else model
+    if requested not in E.KV_DTYPES:
+        raise RecipeError(f"layout.kv_dtype {requested!r} is not one of auto, {', '.join(E.KV_DTYPES)}",
+                          hint="--set layout.kv_dtype=auto follows --kv-cache")
+    if requested in ("fp8_e4m3", "nvfp4") and calibrated != "fp8":
+        raise RecipeError(f"layout.kv_dtype {requested} needs calibrated KV scales",
+                          hint="add --kv-cache fp8 (it calibrates k_scale/v_scale)")
+    if requested in ("bf16", "fp16") and calibrated:
+        raise RecipeError(f"layout.kv_dtype {requested} contradicts --kv-cache {calibrated}: the artifact's "
+                          f"kv_cache_scheme makes engines quantize the cache",
+                          hint="drop --kv-cache, or use --set layout.kv_dtype=auto")
+    return requested
+
+
+def _static_checks(recipe, cfg: LayoutConfig) -> tuple[E.BackendRules, list[str]]:
+    r = E.rules_for(cfg.target, cfg.backend)
+    if cfg.tp < 1:
+        raise RecipeError(f"--tp {cfg.tp}: must be at least 1", hint="e.g. --tp 2")
+    E.check_layout(r, cfg.kv_layout or r.kv_layouts[0])
+    E.check_block(r, cfg.block_size or r.default_block)
+    calibrated, per_head = _kv(recipe)
+    warnings = E.check_kv(r, kv_dtype(cfg.kv_dtype, calibrated, None), per_head)
+    if cfg.rope:
+        rope_order(HeadGeometry(1, 1, 2, 2), "half", cfg.rope)  # validates the name
+        E.check_rope(r, cfg.rope)
+    fuse = any(r.fuse if f is None else f for f in (cfg.fuse_qkv, cfg.fuse_gate_up))
+    if fuse and "select" in recipe.names() and not recipe.config("select").fuse_groups:
+        raise RecipeError("a fused view needs select.fuse_groups=true (members share one NVFP4 global scale)",
+                          hint="drop --set select.fuse_groups=false, or --set layout.fuse_qkv=false "
+                               "--set layout.fuse_gate_up=false")
+    return r, warnings
+
+
+def _supports(recipe, cfg: LayoutConfig) -> str | None:
+    _static_checks(recipe, cfg)  # raises RecipeError with a hint
+    return None
+
+
+@register_pass("layout", config=LayoutConfig, requires=("source", "model", "plan"), produces=("plan",),
+               supports=_supports)
+def layout(ctx, cfg: LayoutConfig, reporter) -> PassResult:
+    """Validate the target layout and plan fusions, RoPE order and TP head grouping."""
+    rules, warnings = _static_checks(ctx.recipe, cfg)
+    geom = HeadGeometry.from_config(ctx.source.config)
+    spec = resolve(cfg, rules, ctx, geom, warnings)
+    heads = None
+    if geom is not None:
+        heads = plan_heads(geom, spec.tp, rope_order(geom, spec.rope_src, spec.rope)
+                           if spec.rope_src in E.ROPE_KNOWN else None)
+    elif spec.tp > 1:
+        raise RecipeError("--tp needs attention heads in config.json (num_attention_heads)",
+                          hint="drop --tp for this model")
+    names = {n: tuple(ctx.source.info(n).shape) for n in ctx.source.names()}
+    lp = build(spec, heads, ctx.plan, names)
+    _check_blocks(lp, ctx.plan)
+    lp = dataclasses.replace(lp, warnings=tuple(warnings))
+    for w in warnings:
+        reporter.warn(w)
+    fused = lp.fused()
+    stats = {"target": f"{spec.target}/{spec.backend}", "view": lp.view, "fused_linears": len(fused),
+             "gathered_linears": sum(len(v) for v in lp.groups.values()) - len(fused),
+             "tp": spec.tp, "rope": spec.rope, "kv_dtype": spec.kv_dtype, "kv_layout": spec.kv_layout,
+             "block_size": spec.block_size}
+    return PassResult(ctx.with_(plan=dataclasses.replace(ctx.plan, layout=lp)), stats)
+
+
+def resolve(cfg: LayoutConfig, r: E.BackendRules, ctx, geom: HeadGeometry | None,
+            warnings: list[str]) -> LayoutSpec:
+    """Every default filled in from the target's rules and the model."""
+    calibrated, per_head = _kv(ctx.recipe)
+    src = SOURCE_ROPE.get(ctx.model.model_type, "unknown") if geom is not None else "none"
+    rope = cfg.rope or src
+    if cfg.rope and cfg.rope != src:
+        if src not in E.ROPE_KNOWN:
+            raise RecipeError(f"the RoPE convention of model_type {ctx.model.model_type!r} is not known "
+                              f"to tfcompile, so it cannot be converted to {cfg.rope}",
+                              hint="drop --set layout.rope (the view keeps the checkpoint's order)")
+    if src in E.ROPE_KNOWN:
+        E.check_rope(r, rope)
+    dtype = kv_dtype(cfg.kv_dtype, calibrated, ctx.model.dtype)
+    quantized = dtype in ("fp8_e4m3", "nvfp4")
+    engine_scale = ("per tensor" if not (per_head and quantized) else
+                    {"yes": "per head", "collapse": "max over heads"}[r.per_head_scales])
+    pad = E.padded_head_dim(r, geom.head_dim, cfg.head_dim_pad) if geom is not None else cfg.head_dim_pad
+    if dtype == "nvfp4" and geom is not None and geom.head_dim % 16:
+        raise RecipeError(f"NVFP4 KV needs head_dim a multiple of 16 (blocks of 16), not {geom.head_dim}",
+                          hint="--set layout.kv_dtype=fp8_e4m3")
+    return LayoutSpec(
+        target=r.engine, backend=r.backend,
+        fuse_qkv=r.fuse if cfg.fuse_qkv is None else cfg.fuse_qkv,
+        fuse_gate_up=r.fuse if cfg.fuse_gate_up is None else cfg.fuse_gate_up,
+        rope_src=src, rope=rope, tp=cfg.tp, kv_layout=cfg.kv_layout or r.kv_layouts[0],
+        block_size=cfg.block_size or r.default_block, head_dim_pad=pad, kv_dtype=dtype,
+        kv_per_head=per_head and quantized, engine_scale=engine_scale)
+
+
+def _check_blocks(lp: LayoutPlan, plan) -> None:
+    """FP8 128x128 blocks: each TP shard of a view Linear must start on a block row."""
+    if plan.scheme.granularity != "block":
+        return
+    bn = plan.scheme.block[0]
+    for views in lp.groups.values():
+        for v in views:
+            starts = [sh[0][1] for sh in v.shards]
+            if lp.spec.tp > 1 and any(s % bn for s in starts):
+                raise RecipeError(f"{v.module}: TP shards start at rows {starts}, not on the {bn}-row "
+                                  f"blocks of {plan.scheme.name}", hint="use another --tp or --format")
+
+
+def descriptor(ctx) -> dict | None:
+    """OUT/tfcompile/kv_cache.json's content for this run (pack writes it), or None."""
+    lp = ctx.plan.layout
+    if lp is None:
+        return None
+    geom = lp.heads.geom if lp.heads else None
+    modules = ctx.program.kv_modules or tuple(sorted({g.key.rpartition(".")[0] for g in ctx.plan.groups
+                                                      if g.key.endswith(".qkv")}))
+    return build_descriptor(lp, num_layers=ctx.model.num_layers, kv_strategy=ctx.program.kv_strategy,
+                            kv_modules=modules, head_dim=geom.head_dim if geom else None)
+
+
+def manifest_record(ctx, files: dict[str, str]) -> dict | None:
+    """The manifest's `layout` section: each transform and what it did."""
+    lp = ctx.plan.layout
+    if lp is None:
+        return None
+    from tfcompile.layout.view import LAYOUT_JSON, heads_record
+
+    s = lp.spec
+    fused = lp.fused()
+    transforms = []
+    if fused:
+        pats = sorted({(pattern(k), tuple(v)) for k, v in fused.items()})
+        transforms.append({"transform": "fuse", "linears": len(fused),
+                           "names": {p: list(m) for p, m in pats}})
+    if lp.heads is not None and lp.heads.order is not None:
+        transforms.append({"transform": "rope", "from": s.rope_src, "to": s.rope,
+                           "row_order": list(lp.heads.order), "applies_to": "q, k rows per head; q_norm, k_norm"})
+    if lp.heads is not None and s.tp > 1:
+        transforms.append({"transform": "tp_heads", "tp": s.tp, "kv_head_map": list(lp.heads.kv_map),
+                           "q_heads_per_shard": lp.heads.q_per_shard,
+                           "kv_heads_per_shard": lp.heads.kv_per_shard, "kv_replicas": lp.heads.replicas})
+    view = None
+    if lp.view is not None:
+        view = {"dir": lp.view, "layout_json": f"{lp.view}/{LAYOUT_JSON}",
+                "sha256": files.get(f"{lp.view}/{LAYOUT_JSON}")}
+    return {"target": s.target, "backend": s.backend, "spec": dataclasses.asdict(s), "view": view,
+            "transforms": transforms, "heads": _geometry(heads_record(lp)) if lp.heads else None,
+            "kv_cache": {"descriptor": DESCRIPTOR, "sha256": files.get(DESCRIPTOR)},
+            "warnings": list(lp.warnings)}
+
+
+def _geometry(heads: dict) -> dict:
+    """The head record without the row maps the transforms already list."""
+    return {k: v for k, v in heads.items() if k not in ("rope_row_order", "kv_head_map")}
+
+
+def open_view(ctx):
+    """The engine view pack streams beside the compressed-tensors view (None: no weight changes)."""
+    from tfcompile.layout.view import open_view as _open
+    from tfcompile.passes.quantize.program import torch_dtype
+
+    return _open(ctx.plan.layout, ctx.program, ctx.source, torch_dtype(ctx.model.dtype))
+
+
+def write_files(out, ctx, view, layers: list[dict], dump) -> dict[str, str]:
+    """The view's config.json / layout.json / tokenizer files and tfcompile/kv_cache.json; hashes."""
+    doc = descriptor(ctx)
+    if doc is None:
+        return {}
+    from tfcompile.io.aux_files import copy_aux_files
+    from tfcompile.layout.view import write_view_files
+
+    files = {DESCRIPTOR: dump(out / DESCRIPTOR, doc)}
+    if view is not None:
+        shapes = {x["module"]: x["shape"] for x in layers}
+        files.update(write_view_files(out, ctx.plan.layout, ctx.source.config, ctx.plan,
+                                      ctx.program.kv_strategy, shapes, dump))
+        aux = copy_aux_files(ctx.source.aux_files(), out / view.dir)
+        files.update({f"{view.dir}/{k}": v for k, v in aux.items()})
+    return files

@@ -1,0 +1,213 @@
+"""`awq` algorithm: AWQ (Lin et al., 2023), per-channel scales folded into the preceding norm.
+
+For a fusion group whose input x [T, K] is a norm's output (q/k/v <- input_layernorm,
+gate/up <- post_attention_layernorm; calibration/awq_stats.py finds and verifies that edge),
+    x W^T = (x / s) (W * s)^T        for any s > 0 [K],
+and x / s costs nothing: it is the norm with its weight (and bias) divided by s. Input
+channels with large activations get s > 1, so their weight columns are quantized on a finer
+relative grid, where the error matters most (it is multiplied by large x).
+
+- Search (once per group, when the quantize pass plans): s = m^a / sqrt(max(m^a) min(m^a)),
+  m = mean |x| per input channel, a in GRID (0, 0.05, ..., 1). The loss is
+  sum over the members of ||x W^T - A(x / s) Q(W * s)^T||^2 on the recorded input rows, with
+  Q this scheme's weight quantization exactly as pack will run it (NVFP4: the group's shared
+  global scale) and A its activation quantization for the W4A4/W8A8 schemes (static scales
+  from the folded amax below; dynamic MX/FP8 as the engine does), identity for weight-only
+  schemes. a = 0 gives s = 1, plain RTN, so the chosen loss is never above RTN's on those
+  rows (ties keep the smaller a).
+- Fold: the norm weight w becomes w' = dtype(w / s), and s is replaced by s' = w / w' (so
+  w' * s' = w to float32 rounding: the fold is exact however w' was rounded); the search
+  already scores s'. A norm bias is divided by s' too (rounded to its dtype). pack writes w'
+  in place of the source's norm weight (Program.with_overrides), in both views.
+- Static activation scales (nvfp4 W4A4, fp8): the group's input amax becomes the amax of
+  x / s', max_j(amax_j / s'_j) from the per-channel maxima over every calibration token
+  (a clipping observer's amax is scaled by the same factor, keeping its clipping ratio).
+- Groups without AWQ statistics (o_proj, down_proj, whose input is not a norm output; fused
+  MoE experts; a norm that feeds anything else) are RTN; the manifest says why.
+Formats: NVFP4, MXFP4, MXFP8 and FP8 weights (every --format today); others are refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from tfcompile.errors import RecipeError
+from tfcompile.kernels import formats as F
+from tfcompile.passes.quantize.program import Program, load_target, register_algorithm
+from tfcompile.passes.quantize.rtn import _round_up, group_global_scale, quantize_weight, run_rtn
+
+SUPPORTED_WEIGHTS = ("nvfp4", "mxfp4", "mxfp8", "fp8")  # Scheme.weight values AWQ can search
+GRID = tuple(round(0.05 * i, 2) for i in range(21))  # alpha values; 0 = RTN
+S_RANGE = (1e-4, 1e4)  # s is clamped to this range before normalisation (dead channels)
+
+
+@dataclass(frozen=True)
+class AWQFold:
+    norm: str  # norm module whose weight (and bias) is divided by s
+    s: torch.Tensor  # float32 [K]: member weight columns are multiplied by it
+    alpha: float
+    loss: float  # output squared error on the recorded rows at `alpha`
+    rtn_loss: float  # the same at alpha = 0 (plain RTN)
+
+
+def check_scheme(scheme) -> None:
+    """RecipeError unless AWQ can quantize this scheme's weights."""
+    if scheme.weight not in SUPPORTED_WEIGHTS:
+        raise RecipeError(f"quantize.algorithm awq does not support format {scheme.name!r} "
+                          f"({scheme.weight} weights)",
+                          hint="AWQ supports the NVFP4, MXFP4, MXFP8 and FP8 formats; "
+                               "use --algorithm rtn or gptq for this one")
+
+
+def awq_scales(mean_abs: torch.Tensor, alpha: float) -> torch.Tensor:
+    """s = m^alpha normalised by sqrt(max * min) (AWQ's rule), float32 [K]; alpha 0 -> ones."""
+    s = mean_abs.float().pow(alpha).clamp(*S_RANGE)
+    return s / (s.max() * s.min()).sqrt()
+
+
+def fold_norm(norm_w: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(w' = w / s in w's dtype, s' = w / w' float32 [K]): w' * s' == w to fp32 rounding.
+    Channels where w or w' is 0 keep s (their input is 0 whatever s is)."""
+    folded = (norm_w.float() / s).to(norm_w.dtype)
+    ok = (folded.float() != 0) & (norm_w.float() != 0)
+    eff = torch.where(ok, norm_w.float() / torch.where(ok, folded.float(), torch.ones_like(s)), s)
+    return folded, eff
+
+
+def fake_act(x: torch.Tensor, scheme, amax: float, model_dtype: torch.dtype) -> torch.Tensor:
+    """x [T, K] float32 through the scheme's activation quantize -> dequantize (float32);
+    static scales from `amax` exactly as the artifact stores them."""
+    act = scheme.act
+    if act is None:
+        return x
+    if act == "nvfp4":
+        g = F.nvfp4_global_scale(torch.tensor([amax], dtype=torch.float32))
+        return F.dequantize(F.quantize_nvfp4_act(x, g))
+    if act in ("mxfp4", "mxfp8"):
+        return F.dequantize(F.quantize_mx_act(x, act[2:]))
+    mode = {"fp8-static": "static", "fp8-token": "per_token", "fp8-group128": "per_group"}.get(act)
+    if mode is None:
+        raise RecipeError(f"quantize.algorithm awq: unknown activation scheme {act!r}",
+                          hint="use --algorithm rtn")
+    scale = None
+    if mode == "static":  # as rtn.ct_tensors stores input_scale: amax/448 rounded up to the dtype
+        scale = _round_up(torch.tensor([amax / F.E4M3_MAX]).clamp_min(1e-12), model_dtype).float()
+    data, s = F.quantize_fp8_act(x, mode, scale=scale, group=128)
+    return F.dequantize_fp8_act(data, s, group=128)
+
+
+def group_loss(x, refs, weights, members, s, act_amax, program, model_dtype) -> float:
+    """sum_members ||x W^T - A(x/s) Q(W*s)^T||^2 (a float32 BLAS dot per member, summed in float64).
+
+    x [n, K] float32 recorded rows; refs[i] = x W_i^T; weights[i] float32 [N_i, K];
+    act_amax: the static input amax of x/s (static-activation schemes)."""
+    scheme = program.scheme
+    ws = [w * s for w in weights]
+    gscale = group_global_scale(scheme, members, ws)
+    xq = fake_act(x / s, scheme, act_amax, model_dtype)
+    err = 0.0
+    for t, w, ref in zip(members, ws, refs):
+        q = quantize_weight(w, scheme, program, gscale, t.source, model_dtype)
+        d = (xq @ F.dequantize(q, torch.float32).T).sub_(ref).reshape(-1)
+        err += float(torch.dot(d, d))
+    return err
+
+
+def search(st, norm_w, weights, members, program, model_dtype,
+           observed: float | None = None) -> tuple[AWQFold, torch.Tensor]:
+    """The alpha in GRID with the least group_loss (ties: the smaller alpha); returns its
+    fold and the folded norm weight w' (norm_w's dtype). `observed`: the group's calibrated
+    static input amax (None: the per-channel maximum)."""
+    x = st.rows.float()
+    refs = [x @ w.T for w in weights]
+    observed = float(st.max_abs.max()) if observed is None else observed
+    best, rtn = None, None
+    for alpha in GRID:
+        folded, s = fold_norm(norm_w, awq_scales(st.mean_abs, alpha))
+        amax = folded_amax(observed, st, s)
+        loss = group_loss(x, refs, weights, members, s, amax, program, model_dtype)
+        rtn = loss if rtn is None else rtn
+        if best is None or loss < best[0]:
+            best = (loss, alpha, s, folded)
+    loss, alpha, s, folded = best
+    return AWQFold(st.norm, s, alpha, loss, rtn), folded
+
+
+def prepare_awq(ctx, program: Program, reporter) -> tuple[Program, dict]:
+    """Search every norm-fed group, fold its scale into the norm (an override of the
+    norm's passthrough tensor) and its static input amax; the rest stays RTN."""
+    check_scheme(program.scheme)
+    calib = ctx.calib
+    if calib is None or not (calib.awq or calib.awq_skipped):
+        raise RecipeError("quantize.algorithm awq needs AWQ statistics from the calibrate pass",
+                          hint="use --algorithm awq (it schedules calibrate with awq=true)")
+    folds, skipped, overrides, act = {}, dict(calib.awq_skipped), {}, dict(program.act_amax)
+    reporter.task("awq search", len(calib.awq))
+    for g in ctx.plan.groups:
+        st = calib.awq.get(g.key)
+        if st is None:
+            skipped.setdefault(g.key, "no AWQ statistics")
+            continue
+        names = [n for n in (f"{st.norm}.weight", f"{st.norm}.bias") if n in ctx.plan.passthrough]
+        if f"{st.norm}.weight" not in names:
+            skipped[g.key] = f"{st.norm}.weight is not a tensor copied verbatim"
+            continue
+        fold, tensors = fold_group(g, st, names, ctx.source, program)
+        folds[g.key] = fold
+        overrides.update(tensors)
+        if program.scheme.act_static:
+            act.update({t.module: folded_amax(act[t.module], st, fold.s) for t in g.members})
+        ctx.source.release()
+        reporter.advance(1, g.key)
+    program = dataclasses.replace(program, act_amax=act, awq=folds, awq_skipped=skipped)
+    stats = {"awq_groups": len(folds), "awq_rtn_groups": len(skipped),
+             "awq_alpha": {k: f.alpha for k, f in folds.items()}}
+    return program.with_overrides(overrides), stats
+
+
+def folded_amax(observed: float, st, s: torch.Tensor) -> float:
+    """The static input amax after the fold: max_j(amax_j / s_j) over the per-channel maxima.
+    An observer that clipped (observed < max_j amax_j) keeps its clipping ratio."""
+    full, folded = float(st.max_abs.max()), float((st.max_abs / s).max())
+    if folded <= 0 or full <= 0:
+        return observed
+    return folded if observed >= full else observed * folded / full
+
+
+def fold_group(group, st, names, source, program) -> tuple[AWQFold, dict[str, torch.Tensor]]:
+    """Search one group; returns its fold and the folded norm tensors (source name -> tensor)."""
+    src = [load_target(source, t) for t in group.members]
+    norm_w = source.get(names[0])
+    if norm_w.shape[0] != src[0].shape[1]:
+        raise RecipeError(f"awq: {names[0]} has {norm_w.shape[0]} channels, {group.key} takes "
+                          f"{src[0].shape[1]}", hint="use --algorithm rtn for this model")
+    observed = program.act_amax.get(group.members[0].module)  # static schemes: the observer's amax
+    fold, folded = search(st, norm_w, [w.float() for w in src], group.members, program, src[0].dtype,
+                          observed)
+    out = {names[0]: folded}
+    if len(names) > 1:
+        bias = source.get(names[1])
+        out[names[1]] = (bias.float() / fold.s).to(bias.dtype)
+    for name, t in out.items():
+        if not bool(torch.isfinite(t.float()).all()):
+            raise RecipeError(f"awq: folding {group.key} made {name} non-finite",
+                              hint="use --algorithm rtn for this model")
+    return fold, out
+
+
+@register_algorithm("awq", prepare=prepare_awq, supports=check_scheme)
+def run_awq(job, program, source):
+    """RTN of W * s for groups with a fold (the same quantization the search scored)."""
+    fold = program.awq.get(job.group.key)
+    if fold is None:
+        out, stats = run_rtn(job, program, source)
+        why = program.awq_skipped.get(job.group.key, "no AWQ statistics")
+        return out, [dict(x, algorithm="rtn", awq_skipped=why) for x in stats]
+    weights = [load_target(source, t).float() * fold.s for t in job.group.members]
+    out, stats = run_rtn(job, program, source, weights=weights)
+    ratio = round(fold.loss / fold.rtn_loss, 4) if fold.rtn_loss > 0 else None
+    return out, [dict(x, algorithm="awq", awq_alpha=fold.alpha, awq_norm=fold.norm,
+                      awq_loss_vs_rtn=ratio) for x in stats]

@@ -1,0 +1,131 @@
+"""`tfcompile distill` end to end on the tiny Llama: artifact, manifest, figures, deployability."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from tests_helpers import tensors
+
+
+def _manifest(out):
+    return json.loads((out / "tfcompile" / "manifest.json").read_text())
+
+
+def _dequantized(out) -> dict[str, torch.Tensor]:
+    """module -> tfcompile's dequantize() of the artifact's stored tensors (float32)."""
+    from tfcompile.evaluate.models import qtensor_of
+    from tfcompile.io.checkpoint import open_checkpoint
+    from tfcompile.kernels.formats import dequantize
+    from tfcompile.schemes import get_scheme
+
+    m = _manifest(out)
+    scheme = get_scheme(m["scheme"]["name"])
+    with open_checkpoint(out) as ckpt:
+        return {la["module"]: dequantize(qtensor_of(ckpt, scheme, la["module"], *la["shape"])).clone()
+                for la in m["layers"]}
+
+
+@pytest.fixture(scope="module")
+def w4a4(tiny_llama_src, fast, tmp_path_factory):
+    """One NVFP4 W4A4 distillation (calibrated static activation scales), shared by the tests below."""
+    from tfcompile.cli.main import main
+
+    out = tmp_path_factory.mktemp("w4a4") / "out"
+    code = main(["distill", str(tiny_llama_src), "-o", str(out), "--format", "nvfp4", "-q", *fast,
+                 "--set", "calibrate.samples=2", "--set", "calibrate.seq_len=16"])
+    assert code == 0
+    return out
+
+
+def test_manifest_records_distillation(w4a4):
+    m = _manifest(w4a4)
+    names = [p["name"] for p in m["recipe"]["passes"]]
+    assert names == ["load", "select", "calibrate", "quantize", "distill", "pack", "manifest", "verify"]
+    cfg = next(p["config"] for p in m["recipe"]["passes"] if p["name"] == "distill")
+    assert cfg["steps"] == 4 and "resume_dir" not in cfg and "metrics" not in cfg  # runtime fields
+    d = m["distill"]
+    assert d["steps"] == 4 and d["trained_tensors"] == 14 and d["config"]["train"] == "weights"
+    before, after = d["heldout"]["before"], d["heldout"]["after"]
+    assert before["tokens"] == after["tokens"] == 128
+    assert after["kl_mean"] < before["kl_mean"]  # it learned something in 4 steps
+    assert m["source"]["files"]  # the original checkpoint stays the recorded source
+
+
+def test_figures_equal_tfcompile_eval(w4a4, tiny_llama_src, distill_text, tmp_path, run_cli):
+    """The manifest's "after" is what `tfcompile eval` measures on the packed artifact, so the
+    student trained on exactly the values pack wrote (weights and activation scales)."""
+    from transformers import AutoTokenizer
+
+    from tfcompile.distill.data import _texts
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_llama_src))
+    held = tmp_path / "heldout.txt"
+    held.write_text(_texts(str(distill_text), tok, 0, 10.0)[1])
+    res = run_cli("eval", w4a4, "--reference", tiny_llama_src, "--text", held, "--max-tokens", "128",
+                  "--json", "-q", "--no-layers")
+    assert res.code == 0, res.err
+    got, want = res.json()["metrics"], _manifest(w4a4)["distill"]["heldout"]["after"]
+    for key in ("kl_mean", "perplexity", "top1_agreement"):
+        assert got[key] == pytest.approx(want[key], rel=1e-5), key
+
+
+def test_distilled_artifact_deploys(w4a4, tiny_llama_src, run_cli):
+    """tfcompile verify passes, and transformers + compressed-tensors load our weights exactly."""
+    from transformers import AutoModelForCausalLM, CompressedTensorsConfig
+
+    assert run_cli("verify", w4a4).code == 0
+    ours = _dequantized(w4a4)
+    model = AutoModelForCausalLM.from_pretrained(str(w4a4), dtype=torch.bfloat16,
+                                                 quantization_config=CompressedTensorsConfig(dequantize=True))
+    mods = dict(model.named_modules())
+    for name, w in ours.items():
+        assert torch.equal(mods[name].weight, w.to(torch.bfloat16)), name
+    default = AutoModelForCausalLM.from_pretrained(str(w4a4), dtype=torch.bfloat16).eval()  # W4A4 QDQ on
+    with torch.no_grad():
+        assert torch.isfinite(default(torch.arange(4, 36)[None]).logits).all()
+    # the weights moved away from plain round-to-nearest
+    rtn = w4a4.parent / "rtn"
+    assert run_cli("quantize", tiny_llama_src, "-o", rtn, "--format", "nvfp4", "-q",
+                   "--set", "calibrate.samples=2", "--set", "calibrate.seq_len=16").code == 0
+    base = _dequantized(rtn)
+    assert any(not torch.equal(base[n], ours[n]) for n in ours)
+    t_rtn, t_ours = tensors(rtn), tensors(w4a4)
+    scales = [n for n in t_rtn if n.endswith("input_global_scale")]
+    assert scales and all(torch.equal(t_rtn[n], t_ours[n]) for n in scales)  # calibrated scales kept
+
+
+def test_json_and_metrics(tiny_llama_src, fast, tmp_path, run_cli):
+    out, metrics = tmp_path / "out", tmp_path / "m.jsonl"
+    res = run_cli("distill", tiny_llama_src, "-o", out, "--format", "mxfp4a16", *fast, "--metrics", metrics,
+                  "--json")
+    assert res.code == 0, res.err
+    doc = res.json()
+    assert doc["ok"] and doc["distill"]["heldout"]["after"]["tokens"] == 128
+    stats = doc["passes"]["distill"]
+    assert stats["steps"] == 4 and stats["train_s"] > 0 and stats["resumed_at"] == 0
+    lines = [json.loads(x) for x in metrics.read_text().splitlines()]
+    assert [x["step"] for x in lines] == [1, 2, 3, 4]
+    assert {"loss", "kl", "lr", "grad_norm", "tokens", "eta_s", "elapsed_s"} <= set(lines[-1])
+    assert "distill model step 4/4" in res.err  # plain progress lines off a TTY
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--format", "nvfp4a16", "--algorithm", "gptq"], "round-to-nearest"),
+    (["--format", "fp8", "--train", "scales"], "per-block weight scales"),
+    (["--format", "nvfp4a16", "--set", "distill.bogus=1"], "unknown option"),
+    (["--format", "nvfp4a16", "--set", "distill.teacher=cache", "--set", "distill.hidden_weight=1"], "hidden"),
+])
+def test_bad_recipes_fail_before_running(args, msg, tiny_llama_src, tmp_path, run_cli):
+    res = run_cli("distill", tiny_llama_src, "-o", tmp_path / "out", *args)
+    assert res.code == 1 and msg in res.err and "hint:" in res.err
+    assert not (tmp_path / "out").exists()
+
+
+def test_plan_shows_distill(run_cli):
+    res = run_cli("plan", "--format", "mxfp4", "--set", "distill.steps=7", "--set", "distill.resume_dir=/x")
+    assert res.code == 0, res.err
+    passes = {p["name"]: p["config"] for p in res.json()["passes"]}
+    assert list(passes)[3:5] == ["distill", "pack"] and passes["distill"]["steps"] == 7
+    assert "resume_dir" not in passes["distill"]

@@ -1,0 +1,1 @@
+"""The artifact: compressed-tensors and modelopt configs, shard sinks, verification."""

@@ -1,0 +1,177 @@
+"""One distillation run: teacher, student, data, training, before/after figures, distilled weights.
+
+Called by the `distill` pass (passes/distill.py) between quantize and pack. Both
+models are transformers modules built from the checkpoint (no remote code) and
+computed in float32, as `tfcompile eval` computes; the student is kept in eval
+mode (no dropout), so teacher and student see the same network.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import gc
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from tfcompile.calibration.forward import load_hf_model, load_tokenizer
+from tfcompile.distill.checkpoint import METRICS, ResumeDir
+from tfcompile.distill.data import BlockOrder, load_data
+from tfcompile.distill.heldout import heldout_metrics, sig
+from tfcompile.distill.layerwise import run_layerwise
+from tfcompile.distill.loss import ce_loss, hidden_mse, kl_loss
+from tfcompile.distill.student import Student, build_student
+from tfcompile.distill.teacher import CachedTeacher, OnlineTeacher
+from tfcompile.distill.train import Loop, Segment, deterministic
+from tfcompile.io.overlay import overlay_specs, write_overlay
+from tfcompile.passes.quantize.program import torch_dtype
+
+HELDOUT_SEQ_LEN = 256  # rows of tfcompile eval's default length (or the model's maximum)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    weights: Path  # the distilled tensors (safetensors, checkpoint dtype)
+    names: tuple[str, ...]  # tensor names it replaces
+    record: dict  # the manifest's "distill" section: deterministic, no timings or paths
+    stats: dict  # pass stats for --json (timings included)
+
+
+def distill_checkpoint(ctx, cfg, reporter, work_dir: Path) -> Outcome:
+    """Distill the plan's Linears of ctx.source_path; write their weights into work_dir."""
+    t0 = time.perf_counter()
+    teacher = load_hf_model(ctx.source_path, torch.float32)
+    convert = functools.partial(build_student, plan=ctx.plan, program=ctx.program, train=cfg.train,
+                                lora_rank=cfg.lora_rank, lora_alpha=cfg.lora_alpha, seed=cfg.seed,
+                                dtype=torch_dtype(ctx.model.dtype), impl=cfg.impl)
+    # block-wise without held-out figures: one model, made the student layer by layer (memory: once)
+    progressive = cfg.mode == "layerwise" and not cfg.heldout_tokens
+    student = Student.frozen(teacher) if progressive else convert(load_hf_model(ctx.source_path, torch.float32))
+    resume = ResumeDir.open(cfg.resume_dir, fingerprint(ctx)) if cfg.resume_dir else None
+    data = _data(ctx, cfg, teacher)
+    t_setup = time.perf_counter()
+    with deterministic():
+        reporter.task("held-out (before)", None)
+        before = heldout_metrics(student.model, teacher, data.heldout, release=student.release)
+        t_before = time.perf_counter()
+        teacher, loop, t_train = _train(ctx, cfg, reporter, teacher, student, data, resume, work_dir,
+                                        convert if progressive else None)
+        reporter.task("held-out (after)", None)
+        after = heldout_metrics(student.model, teacher, data.heldout, release=student.release)
+    t_write = time.perf_counter()
+    names = tuple(sorted(student.sources.values()))
+    path = write_overlay(work_dir / "distilled.safetensors", overlay_specs(ctx.source, names), student.export())
+    t_end = time.perf_counter()
+    record = _record(cfg, loop, data, names, before, after)
+    stats = {"steps": loop.total, "resumed_at": loop.resumed_at, "threads": torch.get_num_threads(),
+             "before": before, "after": after,
+             "setup_s": round(t_setup - t0, 2), "heldout_before_s": round(t_before - t_setup, 2),
+             "train_s": round(t_train, 2), "write_s": round(t_end - t_write, 2),
+             "wall_s": round(t_end - t0, 2), "final_loss": record["final_loss"]}
+    return Outcome(path, names, record, stats)
+
+
+def _data(ctx, cfg, teacher):
+    blocks = cfg.steps * cfg.batch * cfg.grad_accum if cfg.mode == "model" else cfg.layer_samples
+    max_pos = getattr(teacher.config, "max_position_embeddings", None) or HELDOUT_SEQ_LEN
+    return load_data(cfg.data, load_tokenizer(ctx.source_path), teacher, blocks=blocks, seq_len=cfg.seq_len,
+                     heldout_tokens=cfg.heldout_tokens, heldout_seq_len=min(HELDOUT_SEQ_LEN, max_pos),
+                     heldout_percent=cfg.heldout_percent, seed=cfg.seed)
+
+
+def _record(cfg, loop, data, names, before, after) -> dict:
+    """The manifest's "distill" section (deterministic: no timings, no paths of this machine)."""
+    tokens = loop.total * cfg.batch * cfg.grad_accum * cfg.seq_len if cfg.mode == "model" else None
+    return {"config": _config(cfg), "steps": loop.total, "tokens": tokens,
+            "data": {"train": data.source, "train_blocks": int(data.train.shape[0]),
+                     "heldout": data.heldout_source if data.heldout else None},
+            "trained_tensors": len(names),
+            "heldout": {"before": before, "after": after},
+            "final_loss": {k: sig(v) for k, v in sorted(loop.last.items()) if k != "lr"}}
+
+
+def _train(ctx, cfg, reporter, teacher, student: Student, data, resume, work_dir: Path, convert=None):
+    """Run the training loop; returns (teacher, loop, training seconds). The teacher may be
+    freed while training with the disk cache and loaded again for the held-out figures."""
+    per_step = cfg.batch * cfg.grad_accum
+    metrics = Path(cfg.metrics) if cfg.metrics else (resume.path / METRICS if resume else None)
+    total = cfg.steps * (1 if cfg.mode == "model" else _num_layers(teacher))
+    loop = Loop(cfg, resume=resume, metrics_path=metrics, reporter=reporter, total_steps=total,
+                tokens_per_step=per_step * cfg.seq_len)
+    t = time.perf_counter()
+    if cfg.mode == "layerwise":
+        run_layerwise(teacher, student, data.train, cfg, loop, convert)
+        return teacher, loop, time.perf_counter() - t
+    loop.adopt(student.parameters())
+    if cfg.teacher == "cache":
+        where = resume.teacher_dir if resume else work_dir / "teacher"
+        target = CachedTeacher.open_or_build(where, teacher, data.train, cfg.topk, cfg.batch, reporter)
+        teacher = None
+        gc.collect()
+    else:
+        target = OnlineTeacher(teacher, cfg.hidden_weight > 0)
+    t = time.perf_counter()
+    loop.run(_model_segment(student, target, data.train, cfg))
+    seconds = time.perf_counter() - t
+    if teacher is None and data.heldout:
+        teacher = load_hf_model(ctx.source_path, torch.float32)
+    return teacher, loop, seconds
+
+
+def _model_segment(student: Student, target, train: torch.Tensor, cfg) -> Segment:
+    order = BlockOrder(len(train), cfg.batch, cfg.grad_accum, cfg.seed)
+    hidden = cfg.hidden_weight > 0
+    weights = {"kl": cfg.kl_weight, "ce": cfg.ce_weight, "hidden": cfg.hidden_weight}
+
+    def step(local: int) -> dict:
+        sums = dict.fromkeys(["loss", *[k for k, w in weights.items() if w]], 0.0)
+        for micro in range(cfg.grad_accum):
+            blocks = order.blocks(local, micro)
+            ids = train[blocks]  # [batch, seq_len]
+            tgt = target(ids, blocks)
+            out = student.model(input_ids=ids, output_hidden_states=hidden, use_cache=False)
+            terms = {}
+            if cfg.kl_weight:
+                terms["kl"] = kl_loss(out.logits, tgt.logits, cfg.temperature)
+            if cfg.ce_weight:
+                terms["ce"] = ce_loss(out.logits, ids)
+            if hidden:
+                terms["hidden"] = hidden_mse(out.hidden_states, tgt.hidden)
+            loss = sum(weights[k] * v for k, v in terms.items())
+            (loss / cfg.grad_accum).backward()
+            student.release()
+            for k, v in [("loss", loss), *terms.items()]:
+                sums[k] += float(v.detach()) / cfg.grad_accum
+        return sums
+
+    student.model.eval()
+    return Segment("model", student.parameters(), 0, cfg.steps, step)
+
+
+def _num_layers(model) -> int:
+    from tfcompile.calibration.sequential import find_layers
+
+    return len(find_layers(model)[1])
+
+
+def _config(cfg) -> dict:
+    """The config as recorded: runtime fields (where files go) left out."""
+    return {f.name: (list(v) if isinstance(v := getattr(cfg, f.name), tuple) else v)
+            for f in dataclasses.fields(cfg) if not f.metadata.get("runtime")}
+
+
+def fingerprint(ctx) -> dict:
+    """What a --resume-dir must match: recipe, source, torch version and thread count."""
+    src = ctx.source
+    tensors = json.dumps([[n, src.info(n).dtype, list(src.info(n).shape)] for n in src.names()])
+    return {"recipe": ctx.recipe.to_dict(), "config_sha256": _sha(json.dumps(src.config, sort_keys=True)),
+            "tensors_sha256": _sha(tensors), "torch": torch.__version__, "threads": torch.get_num_threads()}
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()

@@ -1,0 +1,224 @@
+"""The student: the teacher's architecture with every quantized Linear fake-quantized.
+
+Each Linear the plan quantizes becomes a `FakeQuantLinear` whose forward is
+
+    y = A(x) @ Q(round_dtype(W_eff))^T + b
+
+- W_eff, what trains (`distill.train`):
+  - "weights": W itself, an fp32 master copy of the checkpoint weight;
+  - "scales": W frozen, clipped per quantization block to alpha * max|w_block|,
+    alpha in [0.3, 1] trained (one per 16/32-element block). Clipping is how a
+    learned scale survives re-quantization: pack recomputes each block scale from
+    the stored (clipped) weights with the usual rule and gets the learned one.
+    Gradients reach alpha through the clip and, LSQ-style (Esser et al. 2019),
+    through the block scale: d Q(w) / d alpha = (Q(w) - w) / alpha;
+  - "lora": W frozen plus (lora_alpha / r) * B @ A, A [r, K], B [N, r] (B = 0 at
+    start), trained and merged into W before packing (QA-LoRA style: the adapter
+    sits inside the quantizer, so the merged weight is what was trained).
+- round_dtype: the checkpoint dtype (bf16), straight-through, because the
+  distilled checkpoint pack reads is stored in that dtype.
+- Q: fakequant.fake_quant_weight (NVFP4 global scale shared by the fusion group).
+- A: the scheme's activation quantization (W4A4/W8A8 schemes), straight-through.
+
+`export()` yields, per quantized Linear, round_dtype(W_eff): exactly the tensor
+the student quantized in its last forward, so pack's artifact dequantizes to the
+student's weights bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+from torch import nn
+
+from tfcompile.distill.fakequant import (act_fake_quant_fn, fake_quant_weight, group_global_scale, ste,
+                                         to_storage)
+from tfcompile.errors import UserError
+
+ALPHA_MIN = 0.3  # scales mode: never clip a block below 30% of its max (as the mse observer's range)
+
+
+@dataclass(frozen=True)
+class QuantSpec:
+    """How one Linear is quantized: the scheme, MX rule and checkpoint dtype."""
+    scheme: object  # tfcompile.schemes.Scheme
+    rule: str
+    dtype: torch.dtype
+    impl: str = "auto"  # tfcompile.kernels.formats impl: "auto" (fused kernels) | "reference"
+
+
+class GroupState:
+    """What a fusion group's members share: the NVFP4 global scale (recomputed when a
+    member's weights change) and the quantized input (q/k/v, gate/up read one x)."""
+
+    def __init__(self, spec: QuantSpec, act):
+        self.spec, self.act = spec, act
+        self.members: list[FakeQuantLinear] = []
+        self._key: tuple | None = None
+        self._value: torch.Tensor | None = None
+        self._x: torch.Tensor | None = None  # the last input (held, so its identity is unique)
+        self._xq: torch.Tensor | None = None
+
+    def quantized_input(self, x: torch.Tensor) -> torch.Tensor:
+        """A(x), straight-through; computed once when the members get the same tensor."""
+        if self.act is None:
+            return x
+        if x is not self._x:
+            self._x, self._xq = x, ste(x, self.act)
+        return self._xq
+
+    def release(self) -> None:
+        self._x = self._xq = None
+
+    def global_scale(self) -> torch.Tensor | None:
+        if self.spec.scheme.weight != "nvfp4":
+            return None
+        key = tuple(p._version for m in self.members for p in m.trainable())  # bumped by optimizer steps
+        if key != self._key or self._value is None:
+            with torch.no_grad():
+                self._value = group_global_scale(self.spec.scheme, [m.effective_weight() for m in self.members])
+            self._key = key
+        return self._value
+
+
+class FakeQuantLinear(nn.Module):
+    def __init__(self, linear: nn.Linear, name: str, spec: QuantSpec, train: str,
+                 lora_rank: int, lora_alpha: float, gen: torch.Generator):
+        super().__init__()
+        self.name, self.spec, self.mode = name, spec, train
+        w = linear.weight.detach().float().clone()  # [N, K], exact upcast of the checkpoint dtype
+        self.weight = nn.Parameter(w, requires_grad=train == "weights")
+        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
+        self.group: GroupState | None = None  # set by build_student (shared by the fusion group)
+        n, k = w.shape
+        if train == "scales":
+            self.block = spec.scheme.block[0]  # 16 (NVFP4) or 32 (MX) elements along K
+            amax = w.reshape(n, k // self.block, self.block).abs().amax(-1)
+            self.register_buffer("block_amax", amax, persistent=False)
+            self.alpha = nn.Parameter(torch.ones_like(amax))  # [N, K/block]
+        elif train == "lora":
+            bound = 1.0 / math.sqrt(k)  # kaiming-uniform(a=sqrt(5)) bound, as peft initialises A
+            self.lora_a = nn.Parameter(torch.empty(lora_rank, k).uniform_(-bound, bound, generator=gen))
+            self.lora_b = nn.Parameter(torch.zeros(n, lora_rank))
+            self.lora_scale = lora_alpha / lora_rank
+
+    def trainable(self) -> list[nn.Parameter]:
+        if self.mode == "scales":
+            return [self.alpha]
+        if self.mode == "lora":
+            return [self.lora_a, self.lora_b]
+        return [self.weight]
+
+    def _alpha(self) -> torch.Tensor:
+        return self.alpha.clamp(ALPHA_MIN, 1.0)
+
+    def effective_weight(self) -> torch.Tensor:
+        """round_dtype(W_eff), float32 [N, K]: what the distilled checkpoint stores."""
+        w = self.weight
+        if self.mode == "lora":
+            w = w + self.lora_scale * (self.lora_b @ self.lora_a)
+        elif self.mode == "scales":
+            n, k = w.shape
+            c = (self._alpha() * self.block_amax)[..., None]  # [N, K/block, 1] clip per block
+            wb = w.reshape(n, k // self.block, self.block)
+            w = torch.minimum(torch.maximum(wb, -c), c).reshape(n, k)
+        return to_storage(w, self.spec.dtype)
+
+    def quantized_weight(self) -> torch.Tensor:
+        w = self.effective_weight()
+        s = self.spec
+        wq = fake_quant_weight(w, s.scheme, self.group.global_scale(), s.rule, s.dtype, s.impl)
+        if self.mode == "scales":  # LSQ path: adds exactly 0 forward, (Q(w) - w) / alpha backward
+            a = self._alpha()
+            n, k = w.shape
+            lsq = ((wq.detach() - w.detach()) / a.detach().repeat_interleave(self.block, -1))
+            wq = wq + lsq * (a - a.detach()).repeat_interleave(self.block, -1)
+        return wq
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(self.group.quantized_input(x), self.quantized_weight(), self.bias)
+
+
+@dataclass
+class Student:
+    model: nn.Module
+    linears: dict[str, FakeQuantLinear]  # module name -> its fake-quantized Linear
+    sources: dict[str, str] = field(default_factory=dict)  # module name -> checkpoint tensor name
+
+    @classmethod
+    def frozen(cls, model: nn.Module) -> "Student":
+        """`model` with every parameter frozen and no Linear converted yet (build_student(into=))."""
+        for p in model.parameters():
+            p.requires_grad_(False)
+        return cls(model, {}, {})
+
+    def parameters(self, prefix: str | None = None) -> list[tuple[str, nn.Parameter]]:
+        """Trainable parameters (name, param) in a fixed order; only modules under `prefix`."""
+        out = []
+        for name, lin in self.linears.items():
+            if prefix is None or name.startswith(prefix):
+                out += [(f"{name}.{n}", p) for n, p in lin.named_parameters() if p.requires_grad]
+        return out
+
+    def release(self) -> None:
+        """Drop the inputs the fusion groups keep between members (after each forward)."""
+        for lin in self.linears.values():
+            lin.group.release()
+
+    @torch.no_grad()
+    def export(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """(checkpoint tensor name, distilled weight in the checkpoint dtype), sorted by name."""
+        for module in sorted(self.linears, key=lambda m: self.sources[m]):
+            lin = self.linears[module]
+            yield self.sources[module], lin.effective_weight().to(lin.spec.dtype)
+
+
+def build_student(model: nn.Module, plan, program, *, train: str, lora_rank: int, lora_alpha: float,
+                  seed: int, dtype: torch.dtype, impl: str = "auto", only: str | None = None,
+                  into: Student | None = None) -> Student:
+    """`model` (a fresh copy of the teacher; changed in place, frozen) with the plan's Linears
+    fake-quantized. `program` gives the MX rule and the calibrated activation amax.
+
+    `only`: convert just the groups under this module prefix (block-wise distillation converts
+    one decoder layer at a time), adding them to `into`."""
+    student = into or Student.frozen(model)
+    scheme = plan.scheme
+    spec = QuantSpec(scheme, program.mx_rule, dtype, impl)
+    modules = dict(model.named_modules())
+    for group in plan.groups:
+        if only is not None and not group.key.startswith(only):
+            continue
+        amax = max(program.act_amax[t.module] for t in group.members) if scheme.act_static else None
+        shared = GroupState(spec, act_fake_quant_fn(scheme.act, amax, group.key, dtype, impl))
+        for t in group.members:
+            lin = modules.get(t.module)
+            _check_target(t, lin)
+            gen = torch.Generator().manual_seed(seed * 1_000_003 + _stable_hash(t.module))  # LoRA A init
+            fq = FakeQuantLinear(lin, t.module, spec, train, lora_rank, lora_alpha, gen)
+            fq.group = shared
+            shared.members.append(fq)
+            parent, _, leaf = t.module.rpartition(".")
+            setattr(modules[parent] if parent else model, leaf, fq)
+            student.linears[t.module], student.sources[t.module] = fq, t.source
+    return student
+
+
+def _stable_hash(name: str) -> int:
+    import hashlib
+
+    return int(hashlib.sha256(name.encode()).hexdigest()[:8], 16)
+
+
+def _check_target(t, lin) -> None:
+    if t.expert is not None or t.rows is not None or (".experts." in t.module and not isinstance(lin, nn.Linear)):
+        raise UserError(f"distill: {t.module} is an MoE expert that transformers holds fused; "
+                        "distilling fused experts is not supported yet",
+                        hint="leave the experts in high precision with --ignore '*experts*', or use "
+                             "tfcompile quantize")
+    if not isinstance(lin, nn.Linear) or tuple(lin.weight.shape) != tuple(t.shape):
+        raise UserError(f"distill: {t.module} is not a Linear of shape {list(t.shape)} in the model "
+                        "transformers builds from config.json",
+                        hint="distillation needs the checkpoint's tensor names to match the model's modules")

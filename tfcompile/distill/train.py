@@ -1,0 +1,192 @@
+"""The optimization loop: optimizer, LR schedule, gradient accumulation, checkpoints, progress.
+
+A run is one or more `Segment`s trained in turn (the whole model: one; layerwise:
+one per decoder layer), on one global step counter. Checkpoints (checkpoint.py)
+hold every trainable parameter, the current segment's optimizer and scheduler
+state and the RNG state, at a step boundary, so resuming replays nothing and the
+result is bit-identical to an uninterrupted run on the same machine and thread
+count (CPU kernels are deterministic for a fixed thread count; the loop also sets
+torch.use_deterministic_algorithms).
+
+Ctrl-C (SIGINT) is taken at the next step boundary: a checkpoint is written
+(with --resume-dir) and the run stops with KeyboardInterrupt; a second Ctrl-C
+stops at once. A kill loses at most `checkpoint_every` steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from tfcompile.distill.checkpoint import MetricsLog, ResumeDir
+
+
+@dataclass
+class Segment:
+    name: str  # "model" or "layer 3"
+    params: list  # [(name, nn.Parameter)] trained in this segment
+    first: int  # global step at which it starts
+    steps: int
+    step_fn: Callable[[int], dict]  # local step -> loss parts (floats); runs forward + backward
+
+
+def lr_factor(step: int, cfg) -> float:
+    """Linear warmup over cfg.warmup steps, then cosine / linear / constant to cfg.min_lr_ratio."""
+    if step < cfg.warmup:
+        return (step + 1) / cfg.warmup
+    if cfg.schedule == "constant":
+        return 1.0
+    p = min(1.0, (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup))
+    shape = 0.5 * (1.0 + math.cos(math.pi * p)) if cfg.schedule == "cosine" else 1.0 - p
+    return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * shape
+
+
+def make_optimizer(params: list, cfg) -> torch.optim.Optimizer:
+    ps, lr = [p for _, p in params], cfg.learning_rate
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(ps, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
+    return cls(ps, lr=lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay, foreach=False)
+
+
+class Loop:
+    def __init__(self, cfg, *, resume: ResumeDir | None, metrics_path, reporter, total_steps: int,
+                 tokens_per_step: int):
+        self.cfg, self.resume, self.reporter = cfg, resume, reporter
+        self.params: dict = {}  # every trainable parameter adopted so far, by name
+        self.total, self.tokens_per_step = total_steps, tokens_per_step
+        self.state = resume.load() if resume else None
+        self.done = 0
+        if self.state is not None:
+            torch.set_rng_state(self.state["rng"])
+            self.done = int(self.state["step"])
+        self.resumed_at = self.done
+        self.metrics = MetricsLog(metrics_path, self.done)
+        self.last: dict = dict(self.state.get("losses", {})) if self.state else {}
+        self._t0 = time.perf_counter()
+        self._stop = False
+
+    def adopt(self, params: list) -> None:
+        """Track `params` (name, parameter) for checkpoints; restore them from the checkpoint
+        being resumed, if it has them (every segment trained so far)."""
+        saved = self.state["params"] if self.state is not None else {}
+        with torch.no_grad():
+            for name, p in params:
+                self.params[name] = p
+                if name in saved:
+                    p.copy_(saved[name])
+
+    def run(self, seg: Segment) -> None:
+        """Train `seg` from wherever the checkpoint left it (nothing when it is complete)."""
+        if self.done >= seg.first + seg.steps:
+            return
+        opt = make_optimizer(seg.params, self.cfg)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, self.cfg))
+        st = self.state
+        if st is not None and st["segment"] == seg.name and self.done > seg.first:
+            opt.load_state_dict(st["optimizer"])
+            sched.load_state_dict(st["scheduler"])
+        self.reporter.task(f"distill {seg.name}", seg.steps)
+        self.reporter.advance(self.done - seg.first)
+        with _sigint_at_step_boundary(self):
+            for local in range(self.done - seg.first, seg.steps):
+                opt.zero_grad(set_to_none=True)
+                parts = seg.step_fn(local)
+                gn = _clip([p for _, p in seg.params], self.cfg.grad_clip)
+                lr = opt.param_groups[0]["lr"]
+                opt.step()
+                sched.step()
+                self.done += 1
+                self.last = {**parts, "grad_norm": gn, "lr": lr}
+                self._log(seg, local)
+                self.after_step(self.done)
+                end = local + 1 == seg.steps
+                if self.resume and (self.done % self.cfg.checkpoint_every == 0 or end or self._stop):
+                    self._save(seg, opt, sched)
+                if self._stop:
+                    raise KeyboardInterrupt
+        opt.zero_grad(set_to_none=True)
+
+    def after_step(self, step: int) -> None:
+        """Called after each optimizer step (a seam for tests that interrupt a run)."""
+
+    def _save(self, seg: Segment, opt, sched) -> None:
+        self.resume.save({"step": self.done, "segment": seg.name,
+                          "params": {n: p.detach().clone() for n, p in self.params.items()},
+                          "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+                          "rng": torch.get_rng_state(), "losses": dict(self.last)})
+
+    def _log(self, seg: Segment, local: int) -> None:
+        elapsed = time.perf_counter() - self._t0
+        rate = elapsed / max(1, self.done - self.resumed_at)  # seconds per step in this process
+        eta = rate * (self.total - self.done)
+        loss = self.last.get("loss", float("nan"))
+        self.reporter.advance(1, f"loss {loss:.4f}  lr {self.last['lr']:.2e}  eta {_hms(eta)}")
+        if self.done % self.cfg.log_every and local + 1 != seg.steps:
+            return
+        rec = {"step": self.done, "segment": seg.name, "tokens": self.done * self.tokens_per_step,
+               **{k: _r(v) for k, v in self.last.items()},
+               "elapsed_s": round(elapsed, 2), "eta_s": round(eta, 1)}
+        self.metrics.write(rec)
+        note = getattr(self.reporter, "note", None)
+        if note is not None:
+            note(f"distill {seg.name} step {self.done}/{self.total}  loss {loss:.5f}  "
+                 f"lr {self.last['lr']:.2e}  {1 / rate if rate else 0:.2f} steps/s  eta {_hms(eta)}")
+
+
+def _clip(params: list, max_norm: float) -> float:
+    grads = [p for p in params if p.grad is not None]
+    if not grads:
+        return 0.0
+    if max_norm > 0:
+        return float(torch.nn.utils.clip_grad_norm_(grads, max_norm, foreach=False))
+    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in grads])))
+
+
+@contextlib.contextmanager
+def _sigint_at_step_boundary(loop: Loop):
+    """First Ctrl-C: finish the step, checkpoint, stop. Second: stop now. Main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.getsignal(signal.SIGINT)
+
+    def handler(signum, frame):
+        if loop._stop:
+            raise KeyboardInterrupt
+        loop._stop = True
+
+    signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+@contextlib.contextmanager
+def deterministic():
+    """torch.use_deterministic_algorithms for the run, restored afterwards."""
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(was)
+
+
+def _hms(s: float) -> str:
+    if not math.isfinite(s):
+        return "?"
+    s = int(round(s))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+
+
+def _r(v):
+    return float(f"{v:.6g}") if isinstance(v, float) and math.isfinite(v) else v

@@ -1,0 +1,71 @@
+"""The KV-cache descriptor, OUT/tfcompile/kv_cache.json: how the target engine's paged KV cache
+is laid out and encoded for this artifact.
+
+Fields (docs/formats.md "KV-cache descriptor"):
+  engine, backend, rules_source   the target and where its rules come from (engines.RULES)
+  layout                          NHD: a page is [block_size, num_kv_heads, head_dim_padded];
+                                  HND: [num_kv_heads, block_size, head_dim_padded]
+  page_shape                      that shape with numbers (per layer, K and V each)
+  block_size                      tokens per page
+  num_layers, num_kv_heads        KV heads of the view (after TP replication), kv_heads_per_shard, tp
+  head_dim, head_dim_padded       padding rows are zeros (q is padded alike, so q.k is unchanged)
+  rope                            "half" or "interleaved": the order K is cached in (post-RoPE)
+  dtype                           bf16 | fp16 | fp8_e4m3 | nvfp4
+  scales                          null for bf16/fp16; else the scale tensors, their granularity,
+                                  how the engine reads them and the direction (dequant multiplier)
+  nvfp4                           for NVFP4 KV: block 16 along head_dim, E4M3 block scales computed
+                                  when a token is written, global multiplier 6 / k_scale
+  warnings                        what the target does differently (per-head scales collapsed ...)
+"""
+
+from __future__ import annotations
+
+from tfcompile.layout.engines import rules_for
+from tfcompile.layout.plan import LayoutPlan, pattern
+
+DESCRIPTOR = "tfcompile/kv_cache.json"
+SCHEMA = 1
+
+
+def page_shape(layout: str, block: int, kv_heads: int, head_dim: int) -> list[int]:
+    return [block, kv_heads, head_dim] if layout == "NHD" else [kv_heads, block, head_dim]
+
+
+def build_descriptor(lp: LayoutPlan, *, num_layers: int | None, kv_strategy: str | None,
+                     kv_modules: tuple[str, ...], head_dim: int | None) -> dict:
+    s = lp.spec
+    h = lp.heads
+    kv_heads = h.view_kv_heads if h else None
+    per_shard = h.kv_per_shard if h else None
+    doc = {
+        "schema_version": SCHEMA,
+        "engine": s.target, "backend": s.backend, "rules_source": rules_for(s.target, s.backend).source,
+        "layout": s.kv_layout,
+        "page_shape": page_shape(s.kv_layout, s.block_size, per_shard, s.head_dim_pad) if h else None,
+        "block_size": s.block_size,
+        "num_layers": num_layers,
+        "num_kv_heads": kv_heads, "kv_heads_per_shard": per_shard, "tp": s.tp,
+        "head_dim": head_dim, "head_dim_padded": s.head_dim_pad,
+        "rope": s.rope,
+        "dtype": s.kv_dtype,
+        "scales": _scales(lp, kv_strategy, kv_modules),
+        "nvfp4": {"block": 16, "block_scale": "e4m3, per 16 elements of head_dim, computed when a token "
+                  "is written", "global_scale": "6 / k_scale (multiplier; amax / 2688 as a divisor)",
+                  "element": "e2m1, two per byte, low nibble first"} if s.kv_dtype == "nvfp4" else None,
+        "warnings": list(lp.warnings),
+    }
+    return doc
+
+
+def _scales(lp: LayoutPlan, strategy: str | None, modules: tuple[str, ...]) -> dict | None:
+    if lp.spec.kv_dtype not in ("fp8_e4m3", "nvfp4"):
+        return None
+    n = lp.heads.view_kv_heads if (lp.heads and strategy == "attn_head") else 1
+    return {"tensors": sorted({pattern(m) + ".k_scale" for m in modules} | {pattern(m) + ".v_scale"
+                                                                             for m in modules}),
+            "modules": len(modules),
+            "granularity": "attn_head" if strategy == "attn_head" else "tensor",
+            "shape": [n, 1, 1] if strategy == "attn_head" else [1],
+            "engine_reads": lp.spec.engine_scale,
+            "direction": "dequant multiplier: cache = e4m3(x / scale), x ~= cache * scale",
+            "source": "calibrated max|K|, max|V| / 448 after RoPE and q/k norms (--kv-cache fp8)"}

@@ -1,0 +1,1 @@
+"""Kernel tuning: config spaces, hardware pruning, an analytic cost model, the tuning table."""
