@@ -6,7 +6,11 @@ training or calibration). Calibration (static activation scales, GPTQ Hessians, 
 uses the corpus' calib split. Writes the "## Demo LM: quantization accuracy" section of
 docs/accuracy.md.
 
-    python bench/accuracy.py [--max-tokens 16384] [--write-docs] [--only ALGO ...]
+    python bench/accuracy.py [--max-tokens 16384] [--write-docs] [--only ALGO ...] [--all]
+
+`--all` then runs the scripts of the other sections (MiniLM cosine, activation observers, FP8 KV
+cache, distillation), so `python bench/accuracy.py --all --write-docs` regenerates all of
+docs/accuracy.md's measured sections.
 
 `--only awq` measures only that algorithm's rows and keeps every other row (and the bf16
 reference row) from the table already in docs/accuracy.md; without it every row is measured.
@@ -109,7 +113,34 @@ def main() -> int:
     ap.add_argument("--write-docs", action="store_true")
     ap.add_argument("--only", nargs="+", metavar="ALGO", help="measure only these algorithms' rows; "
                     "keep the others from docs/accuracy.md")
+    ap.add_argument("--all", action="store_true", help="then regenerate every other section of "
+                    "docs/accuracy.md too: " + ", ".join(COMPANIONS))
     args = ap.parse_args()
+    if args.all:
+        _main_table(args)
+        return run_companions(args.max_tokens, args.write_docs)
+    return _main_table(args)
+
+
+# The other sections of docs/accuracy.md, each written by its own script; `--all` runs them in order.
+COMPANIONS = {"minilm.py": [], "acc_observers.py": ["--max-tokens"], "acc_kv.py": ["--max-tokens"],
+              "acc_distill.py": ["--max-tokens"]}
+
+
+def run_companions(max_tokens: int, write_docs: bool) -> int:
+    for script, opts in COMPANIONS.items():
+        argv = [sys.executable, str(REPO / "bench" / script)]
+        if "--max-tokens" in opts:
+            argv += ["--max-tokens", str(max_tokens)]
+        if write_docs:
+            argv.append("--write-docs")
+        print(f"== {' '.join(argv[1:])}", file=sys.stderr)
+        if subprocess.run(argv).returncode != 0:
+            raise SystemExit(f"failed: {' '.join(argv)}")
+    return 0
+
+
+def _main_table(args) -> int:
     old_ref, rows = parse_table(DOC.read_text()) if args.only else (None, {})
     if args.only and old_ref is None:
         raise SystemExit("--only needs the existing table in docs/accuracy.md; run without --only first")

@@ -69,24 +69,25 @@ def run_json(argv: list[str], out_json: Path):
     return t, json.loads(out_json.read_text())
 
 
-def bench_speed(repeat: int, wait: float) -> dict:
+def bench_speed(repeat: int, wait: float, samples: int = SAMPLES) -> dict:
     model = make_checkpoint(WORK / "llama-1b", 0, shape=SHAPE_1B, layers=16)
     params = _params(model)
-    base, ours, calib_pass = [], [], []
+    base, ours, calib_pass, load = [], [], [], []
     for r in range(repeat):
-        wait_idle(wait)
-        _, doc = run_json([sys.executable, "-c", FORWARD_SRC, str(model), str(SAMPLES), str(SEQ_LEN),
+        load.append(wait_idle(wait))
+        _, doc = run_json([sys.executable, "-c", FORWARD_SRC, str(model), str(samples), str(SEQ_LEN),
                            str(BATCH), str(SEED)], WORK / "forward.json")
         base.append(doc["forward_s"])
-        wait_idle(wait)
-        t, doc = run_json(calib_argv(model, WORK / "out-1b"), WORK / "quantize.json")
+        load.append(wait_idle(wait))
+        t, doc = run_json(calib_argv(model, WORK / "out-1b", samples=samples), WORK / "quantize.json")
         ours.append(t.wall_s)
         calib_pass.append(doc["passes"]["calibrate"]["seconds"])
         print(f"  speed run {r + 1}/{repeat}: forward {base[-1]:.1f} s, quantize {ours[-1]:.1f} s "
               f"(calibrate pass {calib_pass[-1]:.1f} s), rss {fmt_bytes(t.max_rss_bytes)}", file=sys.stderr)
     shutil.rmtree(WORK / "out-1b", ignore_errors=True)
-    return {"params": params, "forward": base, "quantize": ours, "calibrate_pass": calib_pass,
-            "ratio": median(ours) / median(base), "loop": doc["passes"]["calibrate"].get("loop")}
+    return {"params": params, "forward": base, "quantize": ours, "calibrate_pass": calib_pass, "samples": samples,
+            "ratio": median(ours) / median(base), "loop": doc["passes"]["calibrate"].get("loop"),
+            "others_cores": max(load)}
 
 
 def bench_memory(wait: float) -> list[dict]:
@@ -125,8 +126,9 @@ def markdown(speed: dict | None, memory: list | None, gptq: dict | None, cmd: st
     if speed:
         ok = "met" if speed["ratio"] <= MAX_RATIO else "MISSED"
         out += [f"**Speed** (target <= {MAX_RATIO}x). Model: synthetic Llama, {speed['params'] / 1e9:.2f} B parameters "
-                f"(hidden 2048, intermediate 8192, 16 layers, vocab 32000), random bf16; {SAMPLES} x {SEQ_LEN} tokens "
-                f"in batches of {BATCH}; calibration loop: {speed['loop']}.\n",
+                f"(hidden 2048, intermediate 8192, 16 layers, vocab 32000), random bf16; {speed['samples']} x {SEQ_LEN} "
+                f"tokens in batches of {BATCH}; calibration loop: {speed['loop']}; other processes used up to "
+                f"{speed['others_cores']:.1f} cores just before a run.\n",
                 "| run | median | runs |", "|---|---:|---|",
                 f"| plain bf16 forward (transformers, forward only) | {median(speed['forward']):.1f} s | "
                 f"{', '.join(f'{x:.1f}' for x in speed['forward'])} |",
@@ -160,13 +162,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--wait-idle", type=float, default=60.0)
     ap.add_argument("--only", default="speed,memory,gptq")
+    ap.add_argument("--samples", type=int, default=SAMPLES, help="calibration sequences for the speed part")
     ap.add_argument("--write-docs", action="store_true")
     args = ap.parse_args(argv)
     require_gnu_time()
     WORK.mkdir(parents=True, exist_ok=True)
     parts = set(args.only.split(","))
     t0 = time.perf_counter()
-    speed = bench_speed(args.repeat, args.wait_idle) if "speed" in parts else None
+    speed = bench_speed(args.repeat, args.wait_idle, args.samples) if "speed" in parts else None
     memory = bench_memory(args.wait_idle) if "memory" in parts else None
     gptq = bench_gptq(args.wait_idle) if "gptq" in parts else None
     body = markdown(speed, memory, gptq, "python bench/calibrate.py " + " ".join(argv or sys.argv[1:]))

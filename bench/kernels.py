@@ -15,7 +15,10 @@ exits 2. Everything runs in this one call (about 5-10 minutes on an H100, mostly
 3. the FP8 GEMM at 8192^3 against the measured FP8 and bf16 peaks;
 4. W4A16 at M <= 16 against bf16 torch.matmul (decode: the 3.56x of NVFP4's bytes is the ideal);
 5. tuned (cost-model) config vs the best of an exhaustive sweep (--exhaustive configs of the
-   pruned space, spread over its ranking) on two Llama shapes.
+   pruned space, spread over its ranking) on two Llama shapes;
+6. the CUTLASS GEMMs (kernels/cutlass: FP8 on sm_90a, NVFP4 / MXFP4 on sm_100a) with the
+   configs the cost model picks, built here with nvcc (cached in $TFCOMPILE_CACHE/cutlass;
+   skipped with a warning without nvcc 12.8+), in the same table as the Triton kernels.
 Tables go to stderr; --json prints every figure on stdout.
 """
 
@@ -54,6 +57,7 @@ def main(argv=None) -> int:
         "tflops": dict(get_target(target).peak_tflops), "hbm_tbps": get_target(target).hbm_tbps}}
     report["measured"] = device_rates()
     report["kernels"] = kernel_rows(target, shapes, buckets, report["measured"])
+    report["kernels"] += cutlass_rows(target, shapes, buckets, report["measured"])
     report["baselines"] = baseline_rows(shapes, buckets, report["measured"])
     report["fp8_8192"] = fp8_at_8192(target, report["measured"])
     report["w4a16_decode"] = w4a16_vs_bf16(report["kernels"], report["baselines"])
@@ -110,7 +114,7 @@ def kernel_rows(target, shapes, buckets, rates) -> list[dict]:
     from tfcompile.schemes import get_scheme
     from tfcompile.tune.compile import FrontendCheck
     from tfcompile.tune.measure import runner_factory, time_us
-    from tfcompile.tune.registry import load_kernels, serving
+    from tfcompile.tune.registry import load_kernels
     from tfcompile.tune.search import Ranker
     from tfcompile.tune.shapes import problems
 
@@ -136,6 +140,66 @@ def kernel_rows(target, shapes, buckets, rates) -> list[dict]:
                              predicted_us=best.est.us if best else None, error=err))
             sys.stderr.write(f"{p.key}: {us if us is None else round(us, 2)} us\n")
     return rows
+
+
+CUTLASS_A = {"fp8": "fp8_gemm_tensor", "fp8-dynamic": "fp8_gemm_channel", "nvfp4": "fp4_gemm_nvfp4",
+             "mxfp4": "fp4_gemm_mxfp4"}  # the Triton GEMM whose synthetic A operand (bindings) fits
+
+
+def cutlass_rows(target, shapes, buckets, rates) -> list[dict]:
+    """Each CUTLASS GEMM serving a scheme here, cost-model config per problem, timed like kernel_rows."""
+    import tempfile
+
+    from tfcompile.kernels.cutlass.build import Job, build_all
+    from tfcompile.kernels.cutlass.configs import KERNELS
+    from tfcompile.kernels.cutlass.render import entry_names, render
+    from tfcompile.kernels.cutlass.toolchain import detect
+    from tfcompile.runtime.cutlass import CutlassLibrary
+    from tfcompile.tune import cutlass as tc
+
+    tool = detect()
+    if tool.why_not:
+        sys.stderr.write(f"warning: CUTLASS kernels not benchmarked: {tool.why_not}\n")
+        return []
+    version, rows, libs = tc.version(), [], {}
+    tmp = tempfile.mkdtemp(prefix="tfcompile-bench-cutlass-")
+    for scheme, a_of in CUTLASS_A.items():
+        probs, _ = tc.problems(scheme, shapes, (target,), buckets)
+        entries, _ = tc.choose(probs, None, version)
+        todo = {(p.kernel, e["config"]["id"]): (KERNELS[p.kernel], e["config"])
+                for p in probs for e in [entries[tc.entry_key(p, version)]]}
+        todo = {key: v for key, v in todo.items() if key not in libs}
+        built = build_all([Job(f"{k.name}_{c['id']}", render(k, c), k.arch, k.mma) for k, c in todo.values()], tool)
+        for (key, (kdef, cfg)), b in zip(todo.items(), built):
+            path = f"{tmp}/{kdef.name}_{cfg['id']}.so"
+            with open(path, "wb") as f:
+                f.write(b.so)
+            libs[key] = CutlassLibrary(path, {"entry": entry_names(kdef, cfg), "abi": {"returns": {}},
+                                              "formats": list(kdef.formats), "config": cfg})
+        for p in probs:
+            cfg = entries[tc.entry_key(p, version)]["config"]
+            rows.append(_cutlass_row(libs[(p.kernel, cfg["id"])], KERNELS[p.kernel], scheme, a_of, p, cfg, rates))
+    return rows
+
+
+def _cutlass_row(lib, kdef, scheme, a_of, p, cfg, rates) -> dict:
+    import torch
+
+    from tfcompile.runtime.bindings import A_OPERANDS, synthetic_weights
+    from tfcompile.runtime.cutlass import gemm_operands
+    from tfcompile.schemes import get_scheme
+
+    a, sa = A_OPERANDS[a_of](p.m, p.k, "cuda")
+    b, sb, alpha, flags = gemm_operands(synthetic_weights(get_scheme(scheme), p.n, p.k, "cuda"), lib.doc)
+    flags |= 1 if (sa is not None and sa.numel() > 1 and not kdef.sf_vec) else 0
+    out = torch.empty(p.m, p.n, dtype=torch.bfloat16, device="cuda")
+    try:
+        us, err = bench_us(lambda: lib.gemm(a, b, sa, sb, alpha, out, p.m, p.n, p.k, flags)), None
+    except Exception as e:  # noqa: BLE001 - one failing kernel must not stop the bench
+        us, err = None, f"{type(e).__name__}: {str(e)[:200]}"
+    sys.stderr.write(f"{p.key} ({scheme}): {us if us is None else round(us, 2)} us\n")
+    return _row("cutlass", f"{kdef.name} ({scheme})", p.n, p.k, p.m, us, kdef.flops(p.m, p.n, p.k),
+                kdef.bytes_moved(p.m, p.n, p.k), rates, config=cfg, error=err)
 
 
 def baseline_rows(shapes, buckets, rates) -> list[dict]:

@@ -30,5 +30,10 @@ def test_wheel_has_no_generic_top_level_packages(tmp_path):
             if "__pycache__" in rel:
                 continue
             assert f"{prefix}/{rel}" in names, f"{f.relative_to(ROOT)} is not in the wheel (pyproject packages list)"
+    # package data: the CUTLASS C++ templates emit_cutlass renders (kernels/cutlass/templates)
+    templates = sorted((ROOT / "kernels" / "cutlass" / "templates").glob("*.cu.in"))
+    assert templates, "kernels/cutlass/templates has no templates"
+    for f in templates:
+        assert f"tfcompile/kernels/cutlass/templates/{f.name}" in names, f"{f.name} is not in the wheel (package-data)"
     entry = next(n for n in names if n.endswith("entry_points.txt"))
     assert "tfcompile = tfcompile.cli.main:entry" in zipfile.ZipFile(wheel).read(entry).decode()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 
 import pytest
 from tune_support import quantize
@@ -92,12 +93,38 @@ def test_emit_real_kernels(tiny_llama_src, tmp_path, run_cli, fmt, target, gemm,
     from tfcompile.tune.registry import load_kernels
 
     kernels, _ = load_kernels()
-    if gemm not in kernels or (act and act not in kernels):
-        pytest.skip(f"{gemm} / {act} not registered yet")
+    assert gemm in kernels and (act is None or act in kernels), "kernels/triton must register them"
     out = tmp_path / "out"
     quantize(tiny_llama_src, out, fmt, "--target", target, "--set", "emit.buckets=[16]")
     ptx = (out / f"kernels/{target}/{gemm}_128x256_m16.ptx").read_text()
     assert all(op in ptx for op in ops), gemm
     if act:
         assert (out / f"kernels/{target}/{act}_k256_m16.cubin").is_file()
+    assert run_cli("verify", out).code == 0
+
+
+DEMO = Path(__file__).resolve().parents[2] / "examples" / "demo-lm"
+# issue #5 acceptance: the demo model's kernels for both targets, with the PTX checks
+DEMO_OPS = {("nvfp4", "sm_90a"): ("w4a16_gemm_nvfp4", ("wgmma.mma_async",)),
+            ("nvfp4", "sm_100a"): ("fp4_gemm_nvfp4", ("tcgen05.mma", "kind::mxf4nvf4.block_scale")),
+            ("fp8", "sm_90a"): ("fp8_gemm_tensor", ("wgmma.mma_async", "e4m3")),
+            ("fp8", "sm_100a"): ("fp8_gemm_tensor", ("tcgen05.mma", "kind::f8f6f4"))}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])
+def test_emit_demo_lm_both_targets(tmp_path, run_cli, fmt):
+    out = tmp_path / "out"
+    quantize(DEMO, out, fmt, "--target", "sm_90a,sm_100a", "--set", "emit.buckets=[16]")  # calib: tune_support
+    shapes = {(256, 256), (128, 256), (768, 256), (256, 768)}  # q/o, k/v, gate/up, down of the demo LM
+    for target in ("sm_90a", "sm_100a"):
+        gemm, ops = DEMO_OPS[(fmt, target)]
+        for n, k in shapes:
+            ptx = (out / f"kernels/{target}/{gemm}_{n}x{k}_m16.ptx").read_text()
+            missing = [op for op in ops if op not in ptx]
+            assert not missing, (target, gemm, n, k, missing)
+            assert (out / f"kernels/{target}/{gemm}_{n}x{k}_m16.cubin").stat().st_size > 0
+    manifest = json.loads((out / "tfcompile/manifest.json").read_text())
+    emitted = [f for f in manifest["files"] if f.startswith("kernels/")]
+    assert len(emitted) >= 2 * 3 * len(shapes)  # cubin + ptx + json per GEMM and target, plus act-quant
     assert run_cli("verify", out).code == 0

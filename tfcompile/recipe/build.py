@@ -14,9 +14,10 @@ from tfcompile.schemes import get_scheme
 
 
 def preset_pipeline(fmt: str, kv_cache: bool = False, evaluate: bool = False, emit: bool = False,
-                    layout: bool = False, onnx: bool = False, distill: bool = False) -> list[str]:
+                    layout: bool = False, onnx: bool = False, distill: bool = False,
+                    cutlass: bool = False) -> list[str]:
     """The pass list `tfcompile quantize --format FMT [--kv-cache fp8] [--eval] [--target T] [--layout E]
-    [--export onnx]` runs (`tfcompile distill`: distill=True)."""
+    [--export onnx]` runs (`tfcompile distill`: distill=True; any emit_cutlass setting: cutlass=True)."""
     scheme = get_scheme(fmt)
     names = ["load", "select"]
     if layout:
@@ -31,7 +32,10 @@ def preset_pipeline(fmt: str, kv_cache: bool = False, evaluate: bool = False, em
         names.append("emit")  # GPU kernels into kernels/, before manifest records every file
     if onnx:
         names.append("onnx")  # OUT/onnx/model.onnx from the packed tensors, before manifest hashes it
-    names += ["manifest", "verify"]
+    names.append("manifest")
+    if cutlass:
+        names.append("emit_cutlass")  # after manifest (it records whether nvcc compiled), before verify
+    names.append("verify")
     if evaluate:
         names.append("eval")  # measured on the staged, verified artifact, before it is published
     return names
@@ -91,8 +95,9 @@ def build_recipe(
     layout = any(n == "layout" for n, _, _ in edits)  # --layout, --tp, --kv-layout ... or layout.* settings
     onnx = any(n == "onnx" for n, _, _ in edits)  # --export onnx, or any onnx.* setting
     distill = any(n == "distill" for n, _, _ in edits)  # tfcompile distill, or any distill.* setting
+    cutlass = any(n == "emit_cutlass" for n, _, _ in edits)  # any emit_cutlass.* setting (passes/emit_cutlass.py)
     pipeline = list(data.get("pipeline") or (preset_pipeline(fmt, kv or gptq or awq, evaluate, emit, layout, onnx,
-                                                             distill) if fmt else []))
+                                                             distill, cutlass) if fmt else []))
     if not pipeline:
         raise RecipeError("no pipeline: give --format or a recipe with `format` or `pipeline`",
                           hint="e.g. tfcompile quantize --format nvfp4 MODEL -o OUT")
@@ -105,10 +110,19 @@ def build_recipe(
         values["calibrate"]["awq"] = True  # AWQ needs each norm-fed group's input statistics
     for name, table, where in edits:
         _merge(values, name, table, where)
+    _inherit_emit(values)
     pipeline = _cut(pipeline, skip, until)
     entries = tuple(PassEntry(n, build_config(get_pass(n).config, values[n], f"pass {n}"))
                     for n in pipeline)
     return Recipe(RECIPE_VERSION, fmt or "custom", entries)
+
+
+def _inherit_emit(values: dict) -> None:
+    """emit_cutlass takes `--target` (emit.targets) and emit.tuning unless given its own."""
+    if "emit_cutlass" in values and "emit" in values:
+        for key in ("targets", "tuning"):
+            if not values["emit_cutlass"].get(key) and values["emit"].get(key):
+                values["emit_cutlass"][key] = values["emit"][key]
 
 
 def _route_onnx_export(edits: list) -> list:

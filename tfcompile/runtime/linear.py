@@ -10,6 +10,8 @@ It holds the tensors exactly as the artifact stores them (buffers, so
   reference dequantized nn.Linear bit for bit.
 - "cuda": the artifact's cubins launched through Triton's driver
   (runtime/cuda.py) for the bucket of M = x.shape[:-1].numel().
+- "cutlass": the artifact's CUTLASS shared objects (runtime/cutlass.py), after the
+  Triton activation-quantization kernel.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ class QuantLinear(nn.Module):
         self.act_kind = act_kind  # Scheme.act: how activations are quantized (None: weight-only)
         self._act = None  # (device, x -> quantize-dequantize(x)), built for the scales' device
         self.backend = "emulated"
-        self.runner = None  # runtime.cuda.LinearRunner when backend == "cuda"
+        self.runner = None  # runtime.cuda.LinearRunner ("cuda") / runtime.cutlass.CutlassRunner ("cutlass")
         self._w: dict[torch.dtype, torch.Tensor] = {}
 
     @property
@@ -69,7 +71,7 @@ class QuantLinear(nn.Module):
         return super()._apply(fn, *args, **kwargs)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.backend == "cuda" and x.is_cuda:
+        if self.backend in ("cuda", "cutlass") and x.is_cuda:
             return self.runner(x)
         return self.emulated(x)
 

@@ -21,6 +21,7 @@ from tfcompile.runtime.linear import QuantLinear
 from tfcompile.schemes import Scheme, get_scheme
 
 BACKENDS = ("auto", "emulated", "cuda")
+KERNEL_SOURCES = ("auto", "triton", "cutlass")  # which emitted GEMMs the "cuda" backend runs
 
 
 @dataclass
@@ -28,7 +29,7 @@ class LoadedArtifact:
     path: Path
     scheme: Scheme
     linears: dict[str, QuantLinear]  # module name -> QuantLinear, in manifest order
-    backend: str  # "cuda" | "emulated"
+    backend: str  # "cuda" | "cutlass" | "emulated"
     target: str | None = None  # the kernels' target when backend == "cuda"
     warnings: list[str] = field(default_factory=list)
 
@@ -48,16 +49,21 @@ class LoadedArtifact:
         return missing
 
 
-def load_artifact(path: str | Path, device: str | torch.device = "cpu", backend: str = "auto") -> LoadedArtifact:
+def load_artifact(path: str | Path, device: str | torch.device = "cpu", backend: str = "auto",
+                  kernels: str = "auto") -> LoadedArtifact:
     """Read every quantized Linear of the artifact at `path` onto `device`.
 
     backend: "auto" (the artifact's kernels on a CUDA device that runs one of its
-    targets, else emulation), "emulated", or "cuda" (an error when impossible)."""
+    targets, else emulation), "emulated", or "cuda" (an error when impossible).
+    kernels: which GEMMs run on CUDA: "triton" (kernels/<target>/), "cutlass"
+    (kernels/<target>/cutlass/, runtime/cutlass.py), or "auto" (Triton, as before)."""
     from tfcompile.artifact.verify import load_manifest
     from tfcompile.io.checkpoint import open_checkpoint
 
     if backend not in BACKENDS:
         raise UserError(f"unknown backend {backend!r}", hint="choose one of: " + ", ".join(BACKENDS))
+    if kernels not in KERNEL_SOURCES:
+        raise UserError(f"unknown kernels {kernels!r}", hint="choose one of: " + ", ".join(KERNEL_SOURCES))
     path, device = Path(path), torch.device(device)
     manifest = load_manifest(path)
     scheme = get_scheme(manifest["scheme"]["name"])
@@ -70,7 +76,7 @@ def load_artifact(path: str | Path, device: str | torch.device = "cpu", backend:
         ckpt.close()
     art = LoadedArtifact(path, scheme, linears, "emulated")
     if backend != "emulated" and device.type == "cuda":
-        _attach_cuda(art, device, forced=backend == "cuda")
+        _attach_cuda(art, device, forced=backend == "cuda", kernels=kernels)
     elif backend == "cuda":
         raise UserError(f"backend 'cuda' needs a CUDA device, got {device}", hint="pass device='cuda'")
     return art
@@ -91,7 +97,7 @@ def _linear(ckpt, names: set, scheme: Scheme, name: str, n: int, k: int) -> Quan
     return QuantLinear(name, q, scheme.act, static, bias)
 
 
-def _attach_cuda(art: LoadedArtifact, device: torch.device, forced: bool) -> None:
+def _attach_cuda(art: LoadedArtifact, device: torch.device, forced: bool, kernels: str = "auto") -> None:
     """Use the artifact's kernels for this GPU's target, or say why not (emulation stays)."""
     from tfcompile.tune.hardware import target_of_capability
 
@@ -106,11 +112,14 @@ def _attach_cuda(art: LoadedArtifact, device: torch.device, forced: bool) -> Non
     elif target not in json.loads(index_path.read_text()).get("targets", {}):
         why = f"the artifact has no kernels for {target}"
     if why is None:
-        from tfcompile.runtime.cuda import attach
+        if kernels == "cutlass":
+            from tfcompile.runtime.cutlass import attach
+        else:
+            from tfcompile.runtime.cuda import attach
 
         why = attach(art, target, device)
     if why is None:
-        art.backend, art.target = "cuda", target
+        art.backend, art.target = ("cutlass" if kernels == "cutlass" else "cuda"), target
         return
     if forced:
         raise UserError(f"cannot run {art.path} with its kernels: {why}", hint="use backend='auto' or 'emulated'")

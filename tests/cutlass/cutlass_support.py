@@ -1,0 +1,50 @@
+"""Helpers for tests/cutlass (importable by name: tests/cutlass is on sys.path)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+DEMO = Path(__file__).resolve().parents[2] / "examples" / "demo-lm"
+DEMO_SHAPES = {(256, 256), (128, 256), (768, 256), (256, 768)}  # q/o, k/v, gate/up, down
+CALIB = ("--set", "calibrate.samples=2", "--set", "calibrate.seq_len=16")
+TARGETS = ("--set", "emit_cutlass.targets=sm_90a,sm_100a")
+
+
+def have_toolchain() -> bool:
+    from tfcompile.kernels.cutlass.toolchain import detect
+
+    return detect().why_not is None
+
+
+needs_nvcc = pytest.mark.skipif(not have_toolchain(), reason="needs nvcc 12.8+ and the nvidia-cutlass headers")
+
+
+def quantize(src: Path, out: Path, fmt: str, *extra: str) -> dict:
+    """`tfcompile quantize --json` in-process; asserts success; returns the JSON document."""
+    from tfcompile.cli.main import main
+
+    calib = CALIB if fmt in ("nvfp4", "fp8") else ()
+    args = ["quantize", str(src), "-o", str(out), "--format", fmt, "--json", *calib, *extra]
+    with contextlib.redirect_stderr(io.StringIO()) as err, contextlib.redirect_stdout(io.StringIO()) as so:
+        code = main(args)
+    assert code == 0, err.getvalue()
+    return json.loads(so.getvalue())
+
+
+def pass_stats(doc: dict, name: str) -> dict:
+    """A pass's stats from `quantize --json` ({"passes": {name: {stat: value, "seconds": s}}})."""
+    return doc["passes"][name]
+
+
+def triton_bin(name: str) -> str:
+    """cuobjdump / nvdisasm from the triton wheel (what every tfcompile install has)."""
+    import triton
+
+    path = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name
+    assert path.is_file(), path
+    return str(path)
