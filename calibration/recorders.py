@@ -16,6 +16,7 @@ from torch import nn
 from tfcompile.calibration.awq_stats import AWQRecorder
 from tfcompile.calibration.observers import Observer, make_observer
 from tfcompile.calibration.stats import CalibStats
+from tfcompile.errors import CheckpointError
 
 
 class Recorders:
@@ -48,7 +49,12 @@ class Recorders:
             h.remove()
         self.hooks = []
 
-    def stats(self, tokens: int, source: str) -> CalibStats:
+    def stats(self, tokens: int, source: str, model_dir=None) -> CalibStats:
+        """The statistics; with `kv`, raises if no attention call reached the KV observer."""
+        if self.kv is not None and not self.kv.k:
+            raise CheckpointError(f"{model_dir}: no attention call went through transformers' "
+                                  "AttentionInterface, so KV-cache scales cannot be calibrated",
+                                  hint="this architecture is not supported for --kv-cache yet")
         amax = {n: v for n, o in self.observers.items() if (v := o.amax()) is not None}
         resolved, fallback = _resolve(self.modules, amax)
         kv_amax = {} if self.kv is None else {n: (self.kv.k[n], self.kv.v[n]) for n in sorted(self.kv.k)}

@@ -41,7 +41,6 @@ from torch import nn
 from tfcompile.calibration.forward import calibration_ids, model_class
 from tfcompile.calibration.recorders import Recorders
 from tfcompile.calibration.stats import CalibStats
-from tfcompile.errors import CheckpointError
 
 
 class Unsupported(Exception):
@@ -83,11 +82,7 @@ def observe_sequential(model_dir: Path, ckpt, modules: set[str], *, data: str, s
                     on_layer(i, len(layers), time.perf_counter() - t0)
     finally:
         rec.remove()
-    stats = rec.stats(int(ids.numel()), f"{data}(seed={seed})")
-    if kv and not stats.kv_amax:
-        raise CheckpointError(f"{model_dir}: no attention call went through transformers' "
-                              "AttentionInterface, so KV-cache scales cannot be calibrated",
-                              hint="this architecture is not supported for --kv-cache yet")
+    stats = rec.stats(int(ids.numel()), f"{data}(seed={seed})", model_dir)
     return _with_hessians(stats, spill)
 
 
