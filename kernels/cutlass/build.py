@@ -25,6 +25,7 @@ import fcntl
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import tempfile
 import threading
@@ -118,7 +119,7 @@ def build_one(job: Job, tc: Toolchain, gate: MemoryGate | None = None, slots: in
         if hit is not None:
             return hit
         with gate.hold(MEM_GB.get(job.arch, 5.0)) if gate is not None else _nothing(), _slot(root, slots):
-            so, seconds = _nvcc(job, tc, root)
+            so, seconds = _nvcc(job, tc, key)
         with tempfile.NamedTemporaryFile(dir=root, suffix=".so", delete=False) as f:
             f.write(so)
         try:
@@ -143,25 +144,40 @@ def _load(root: Path, key: str, job: Job) -> Built | None:
     return Built(job.name, key, so, meta["sass"], float(meta.get("seconds", 0.0)), True)
 
 
-def _nvcc(job: Job, tc: Toolchain, root: Path) -> tuple[bytes, float]:
-    """Run nvcc on the source in a scratch directory; (shared object bytes, wall seconds)."""
-    with tempfile.TemporaryDirectory(dir=root, prefix="build-") as tmp:
-        src, out = Path(tmp) / "kernel.cu", Path(tmp) / "kernel.so"
-        src.write_text(job.source)
-        cmd = [tc.nvcc, *nvcc_flags(job.arch), *(f"-I{d}" for d in tc.includes), "-o", str(out), str(src)]
-        t0 = time.perf_counter()
+def _nvcc(job: Job, tc: Toolchain, key: str) -> tuple[bytes, float]:
+    """Run nvcc on the source in its build directory; (shared object bytes, wall seconds).
+
+    The directory is a fixed function of the key, <tmp>/tfcompile-nvcc-<key[:16]>/kernel.cu:
+    nvcc derives the prefix of internal-linkage names (`_INTERNAL_<hash>_9_kernel_cu_...`,
+    kept in the library's .rodata) from the source's path, so a random directory would make
+    every build differ. Measured: same path + --strip-all -> byte-identical .so."""
+    work = Path(tempfile.gettempdir()) / f"tfcompile-nvcc-{key[:16]}"
+    with _file_lock(work.with_name(work.name + ".lock")):
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
         try:
-            res = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, cwd=tmp)
-        except subprocess.TimeoutExpired:
-            raise CutlassBuildError(f"nvcc timed out after {TIMEOUT_S} s on {job.name}",
-                                    hint="check the machine's load and memory (each job needs ~5 GB)") from None
-        seconds = time.perf_counter() - t0
-        if res.returncode != 0 or not out.is_file():
-            tail = "\n".join((res.stderr or res.stdout).strip().splitlines()[-12:])
-            raise CutlassBuildError(f"nvcc failed on {job.name} (exit {res.returncode}):\n{tail}",
-                                    hint="a template or toolchain bug; emit the sources only with "
-                                         "--set emit_cutlass.compile=never and report it")
-        return out.read_bytes(), seconds
+            return _run_nvcc(job, tc, work)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _run_nvcc(job: Job, tc: Toolchain, work: Path) -> tuple[bytes, float]:
+    (work / "kernel.cu").write_text(job.source)
+    cmd = [tc.nvcc, *nvcc_flags(job.arch), *(f"-I{d}" for d in tc.includes), "-o", "kernel.so", "kernel.cu"]
+    t0 = time.perf_counter()
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, cwd=work)
+    except subprocess.TimeoutExpired:
+        raise CutlassBuildError(f"nvcc timed out after {TIMEOUT_S} s on {job.name}",
+                                hint="check the machine's load and memory (each job needs ~5 GB)") from None
+    seconds = time.perf_counter() - t0
+    out = work / "kernel.so"
+    if res.returncode != 0 or not out.is_file():
+        tail = "\n".join((res.stderr or res.stdout).strip().splitlines()[-12:])
+        raise CutlassBuildError(f"nvcc failed on {job.name} (exit {res.returncode}):\n{tail}",
+                                hint="a template or toolchain bug; emit the sources only with "
+                                     "--set emit_cutlass.compile=never and report it")
+    return out.read_bytes(), seconds
 
 
 def _write_atomic(path: Path, data: bytes) -> None:

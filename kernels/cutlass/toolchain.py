@@ -28,8 +28,9 @@ from pathlib import Path
 from tfcompile.errors import UserError
 
 MIN_CUDA = (12, 8)  # first nvcc with sm_100a
-# Per-job peak RSS of nvcc (cicc + ptxas) measured on this project's CI box (REFERENCE.md sec. 5
-# and docs/kernels.md): sm_90a FP8 ~3.8 GB, sm_100a block-scaled ~5 GB. Used to bound parallel jobs.
+# Per-job memory estimate of nvcc (cicc + ptxas + host compiler), GB, to bound parallel builds.
+# Measured peak RSS (docs/kernels.md): sm_90a FP8 3.8 GB, sm_100a NVFP4 4.0 GB (REFERENCE.md
+# sec. 5 saw ~5 GB for sm_100a); rounded up.
 MEM_GB = {"90a": 4.0, "100a": 5.0}
 
 
@@ -149,9 +150,11 @@ def nvcc_flags(arch: str) -> list[str]:
     wgmma / tcgen05 instructions exist only in the arch-specific feature set, and CUTLASS's
     arch guard compiles the kernel body to a trap without it (sass.py catches that).
     A shared object (not a bare cubin) because CUTLASS builds the kernel's parameters --
-    TMA descriptors, tile-scheduler state, cluster launch -- in host C++."""
+    TMA descriptors, tile-scheduler state, cluster launch -- in host C++.
+    `--strip-all`: the static symbol table holds names of nvcc's temporary files (pid-based);
+    with it and a fixed build directory (build.py) two builds are byte-identical."""
     return ["-std=c++17", "-O3", "-DNDEBUG", "--expt-relaxed-constexpr", "-Xcompiler=-fPIC,-fvisibility=hidden",
-            "-shared", "-gencode", f"arch=compute_{arch},code=sm_{arch}"]
+            "-shared", "-Xlinker=--strip-all", "-gencode", f"arch=compute_{arch},code=sm_{arch}"]
 
 
 def mem_available_gb() -> float:

@@ -16,7 +16,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # cutlass_support
 
-from cutlass_support import DEMO, TARGETS, quantize  # noqa: E402
+from cutlass_support import DEMO, demo_args, quantize  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -48,7 +48,7 @@ def demo_artifact(tmp_path_factory, cutlass_cache_root):
             with pytest.MonkeyPatch.context() as mp:
                 mp.setenv("TFCOMPILE_CACHE", str(cutlass_cache_root))
                 out = root / fmt
-                doc = quantize(DEMO, out, fmt, *TARGETS, "--set", "emit_cutlass.compile=always")
+                doc = quantize(DEMO, out, fmt, *demo_args(fmt))
             built[fmt] = (out, doc)
         return built[fmt]
 

@@ -15,6 +15,15 @@ CALIB = ("--set", "calibrate.samples=2", "--set", "calibrate.seq_len=16")
 TARGETS = ("--set", "emit_cutlass.targets=sm_90a,sm_100a")
 
 
+def demo_args(fmt: str) -> tuple[str, ...]:
+    """The emit_cutlass settings the demo-LM tests build with. CI time: every source is a 50-200 s
+    nvcc build on a 2-core box, so the FP4 formats take one config (slack 1.25: the cost model
+    predicts the second within 25% on the demo's tiny shapes); FP8 keeps the default (1.1),
+    which compiles both sm_90a schedules (ping-pong 64x128 and cooperative 128x256)."""
+    slack = ("--set", "emit_cutlass.slack=1.25") if fmt in ("nvfp4", "mxfp4") else ()
+    return (*TARGETS, "--set", "emit_cutlass.compile=always", *slack)
+
+
 def have_toolchain() -> bool:
     from tfcompile.kernels.cutlass.toolchain import detect
 

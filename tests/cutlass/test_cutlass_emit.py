@@ -8,7 +8,7 @@ import json
 import subprocess
 
 import pytest
-from cutlass_support import DEMO, TARGETS, needs_nvcc, pass_stats, quantize, triton_bin
+from cutlass_support import DEMO, TARGETS, demo_args, needs_nvcc, pass_stats, quantize, triton_bin
 
 
 def _names(res):
@@ -103,6 +103,8 @@ def test_demo_lm_kernels_compile_with_their_mma(fmt, demo_artifact, run_cli, tmp
     target = "sm_90a" if fmt == "fp8" else "sm_100a"
     stems = sec["targets"][target]["sources"]
     assert stems and all(sec["targets"][t]["sources"] == [] for t in sec["targets"] if t != target)
+    if fmt == "fp8":  # both sm_90a schedules: ping-pong (small M) and cooperative (large M)
+        assert any("_pingpong_" in st for st in stems) and any("_coop_" in st for st in stems), stems
     for stem in stems:
         so = out / f"{stem}.so"
         text = _sass(so)
@@ -122,9 +124,45 @@ def test_demo_lm_kernels_compile_with_their_mma(fmt, demo_artifact, run_cli, tmp
 
 @needs_nvcc
 @pytest.mark.slow
+def test_the_libraries_c_abi_without_a_gpu(demo_artifact):
+    """What the runtime binds (runtime/cutlass.py) works on a CPU machine up to the launch:
+    symbols, the embedded config, can_implement's alignment rules, "no device" (5)."""
+    import ctypes
+
+    import torch
+
+    from tfcompile.errors import UserError
+    from tfcompile.runtime import load_artifact
+    from tfcompile.runtime.cutlass import CutlassLaunchError, CutlassStore
+
+    for fmt, target, kernel, align in (("fp8", "sm_90a", "cutlass_fp8_gemm_sm90", 16),
+                                       ("mxfp4", "sm_100a", "cutlass_mxfp4_gemm_sm100", 32)):
+        out, _ = demo_artifact(fmt)
+        store = CutlassStore(out, target)
+        assert store.index["compiled"] and store.index["kernels"] == [kernel]
+        stems = store.stems(kernel, 768, 256)
+        assert sorted(stems) == [1, 16, 64, 256, 1024, 4096]
+        for stem in sorted(set(stems.values())):
+            lib = store.get(stem)
+            assert lib.config() == lib.doc["config"]
+            assert all(lib.can_implement(m, n, k, 3 if fmt == "fp8" else 0)
+                       for m in (1, 77, 4096) for n, k in ((768, 256), (256, 768), (128, 256)))
+            assert not lib.can_implement(16, 256, 256 + align // 2, 0)  # K off the TMA alignment
+            null = ctypes.c_void_p(0)
+            assert lib._run(*[null] * 6, 16, 256, 256, 0, null, 0, null) == 5  # no CUDA device here
+            with pytest.raises(CutlassLaunchError, match="CUDA tensors"):
+                lib.gemm(None, None, None, None, None, torch.empty(1, 1), 1, 256, 256)
+        art = load_artifact(out, "cpu", kernels="cutlass")
+        assert art.backend == "emulated"
+        with pytest.raises(UserError, match="unknown kernels"):
+            load_artifact(out, "cpu", kernels="cudnn")
+
+
+@needs_nvcc
+@pytest.mark.slow
 def test_a_second_emit_compiles_nothing(demo_artifact, tmp_path, cutlass_cache):
     first, doc1 = demo_artifact("nvfp4")
-    again = quantize(DEMO, tmp_path / "again", "nvfp4", *TARGETS, "--set", "emit_cutlass.compile=always")
+    again = quantize(DEMO, tmp_path / "again", "nvfp4", *demo_args("nvfp4"))
     s = pass_stats(again, "emit_cutlass")
     assert s["compiled"] == 0 and s["cached"] == s["sources"] == pass_stats(doc1, "emit_cutlass")["sources"]
     for so in (first / "kernels/sm_100a/cutlass").glob("*.so"):

@@ -71,6 +71,9 @@ class CutlassLibrary:
 
     def gemm(self, a, b, sa, sb, alpha, out: torch.Tensor, m: int, n: int, k: int, flags: int = 0) -> None:
         """out[M, N] = epilogue(a @ b^T) on torch's current stream; tensors on one CUDA device."""
+        if not out.is_cuda:
+            raise CutlassLaunchError(f"{self.path.name}: the CUTLASS GEMMs run on CUDA tensors, got {out.device}",
+                                     hint="move the operands to the GPU, or use the emulated backend on CPU")
         ws = self.workspace(m, n, k, flags, out.device)
         ptr = lambda t: None if t is None else ctypes.c_void_p(t.data_ptr())  # noqa: E731
         stream = ctypes.c_void_p(torch.cuda.current_stream(out.device).cuda_stream)
