@@ -76,9 +76,11 @@ def measure(fmt: str, method: str, work: Path, max_tokens: int) -> dict:
            "load_before": round(load, 1), "load_after": round(os.getloadavg()[0], 1)}
     if method == "distill":
         stats, record = doc["passes"]["distill"], doc["distill"]
+        after = record["heldout"]["after"]
         row.update(steps=record["steps"], train_tokens=record["tokens"], train_s=stats["train_s"],
-                   threads=stats["threads"], before=record["heldout"]["before"],
-                   after=record["heldout"]["after"])
+                   threads=stats["threads"], before=record["heldout"]["before"], after=after,
+                   manifest_matches_eval=abs(after["kl_mean"] - m["kl_mean"]) <= 1e-5 * m["kl_mean"]
+                   and after["tokens"] == m["tokens"])
     return row
 
 
@@ -109,16 +111,22 @@ def markdown(rows: list[dict]) -> str:
     d = next((r for r in rows if r["algorithm"] == "distill"), None)
     setup = ""
     if d is not None:
-        setup = (f"Distillation: `tfcompile distill --format F {' '.join(DISTILL)}` ({d['steps']} steps, "
-                 f"{d['train_tokens']:,} training tokens of the train split, {d['threads']} torch threads); "
-                 f"the student is fake-quantized exactly as pack quantizes (weights, and NVFP4 activations "
-                 f"with the calibrated static scale), trained weights re-quantized by the same rules. "
-                 f"The KL term matches the teacher; the cross-entropy term (weight 0.5) keeps training on "
-                 f"the train split the teacher saw, which is what takes perplexity below the teacher's. "
+        ce = _setting("distill.ce_weight")
+        loss = (f"KL(teacher || student) + {ce} x next-token cross-entropy on the training text: the KL "
+                f"term pulls the student onto the teacher, the cross-entropy term keeps training on text "
+                f"the teacher also learned from, which is what can take perplexity below the teacher's"
+                if ce else "KL(teacher || student)")
+        setup = (f"Distillation: `tfcompile distill --format F {' '.join(DISTILL)}`: {d['steps']} steps, "
+                 f"{d['train_tokens']:,} tokens of the corpus' train split, {d['threads']} torch threads, "
+                 f"loss {loss}. The student is fake-quantized exactly as pack quantizes (weights, and the "
+                 f"NVFP4 activations with the calibrated static scale), and the trained weights are "
+                 f"re-quantized by the same rules; its own held-out figures (the manifest's "
+                 f"`distill.heldout.after`) equal `tfcompile eval`'s: "
+                 f"{'yes' if all(r.get('manifest_matches_eval', True) for r in rows) else 'NO'}. "
                  f"Wall s is the whole command (load, calibration, held-out figures before and after, "
-                 f"training, packing, verify) on this repo's 2-core build machine, which other jobs "
-                 f"shared during the run (load average {d['load_before']} at its start), so it is an "
-                 f"upper bound; the training loop alone took {d['train_s']:.0f} s.")
+                 f"training, packing, verify) on this repo's 2-core build machine, shared with other jobs "
+                 f"during the run (load average {d['load_before']} at the start of the distill run), so it "
+                 f"is an upper bound; the training loop alone took {d['train_s']:.0f} s.")
     return (f"Command: `python bench/acc_distill.py --max-tokens {rows[0]['tokens']} --write-docs`. Model: "
             f"examples/demo-lm (bf16). Every row is scored by `tfcompile eval` on the first "
             f"{rows[0]['tokens']} tokens of the held-out split of the python3.11-doc corpus (KL is "
@@ -126,6 +134,14 @@ def markdown(rows: list[dict]) -> str:
             f"inference); rtn and gptq as bench/accuracy.py runs them (GPTQ and nvfp4 calibrate on 64 x "
             f"256 tokens of the calib split). {setup}\n\n" + "\n".join(lines) + "\n\n"
             + " ".join(n for n in notes if n) + "\n")
+
+
+def _setting(key: str):
+    """The value of `--set KEY=V` in DISTILL (None when not set)."""
+    for i, arg in enumerate(DISTILL[:-1]):
+        if arg == "--set" and DISTILL[i + 1].startswith(key + "="):
+            return DISTILL[i + 1].split("=", 1)[1]
+    return None
 
 
 def _verdict(rows: list[dict], fmt: str) -> str:

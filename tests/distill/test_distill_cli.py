@@ -53,22 +53,26 @@ def test_manifest_records_distillation(w4a4):
     assert m["source"]["files"]  # the original checkpoint stays the recorded source
 
 
-def test_figures_equal_tfcompile_eval(w4a4, tiny_llama_src, distill_text, tmp_path, run_cli):
+def check_figures_equal_eval(out, src, text, tmp_path, run_cli):
     """The manifest's "after" is what `tfcompile eval` measures on the packed artifact, so the
     student trained on exactly the values pack wrote (weights and activation scales)."""
     from transformers import AutoTokenizer
 
     from tfcompile.distill.data import _texts
 
-    tok = AutoTokenizer.from_pretrained(str(tiny_llama_src))
+    tok = AutoTokenizer.from_pretrained(str(src))
     held = tmp_path / "heldout.txt"
-    held.write_text(_texts(str(distill_text), tok, 0, 10.0)[1])
-    res = run_cli("eval", w4a4, "--reference", tiny_llama_src, "--text", held, "--max-tokens", "128",
+    held.write_text(_texts(str(text), tok, 0, 10.0)[1])
+    res = run_cli("eval", out, "--reference", src, "--text", held, "--max-tokens", "128",
                   "--json", "-q", "--no-layers")
     assert res.code == 0, res.err
-    got, want = res.json()["metrics"], _manifest(w4a4)["distill"]["heldout"]["after"]
+    got, want = res.json()["metrics"], _manifest(out)["distill"]["heldout"]["after"]
     for key in ("kl_mean", "perplexity", "top1_agreement"):
         assert got[key] == pytest.approx(want[key], rel=1e-5), key
+
+
+def test_figures_equal_tfcompile_eval(w4a4, tiny_llama_src, distill_text, tmp_path, run_cli):
+    check_figures_equal_eval(w4a4, tiny_llama_src, distill_text, tmp_path, run_cli)
 
 
 def test_distilled_artifact_deploys(w4a4, tiny_llama_src, run_cli):

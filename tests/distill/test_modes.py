@@ -37,11 +37,12 @@ CASES = {
     "cache": ("nvfp4a16", ["--teacher", "cache", "--set", "distill.topk=8", "--set", "distill.ce_weight=0.5"]),
     "hidden": ("mxfp8", ["--set", "distill.hidden_weight=1", "--set", "distill.temperature=2",
                          "--grad-accum", "2"]),
+    "unquantized": ("nvfp4a16", ["--set", "distill.train_unquantized=true", "--set", "distill.lr=1e-3"]),
 }
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_mode_runs_and_changes_weights(case, tiny_llama_src, fast, tmp_path, run_cli, rtn):
+def test_mode_runs_and_changes_weights(case, tiny_llama_src, fast, distill_text, tmp_path, run_cli, rtn):
     fmt, extra = CASES[case]
     out = tmp_path / "out"
     res = run_cli("distill", tiny_llama_src, "-o", out, "--format", fmt, *fast, *extra, "--json")
@@ -59,4 +60,12 @@ def test_mode_runs_and_changes_weights(case, tiny_llama_src, fast, tmp_path, run
     ours, base = tensors(out), rtn(fmt)
     assert ours.keys() == base.keys()
     changed = [n for n in ours if not torch.equal(ours[n], base[n])]
-    assert changed and all(".layers." in n for n in changed)  # only quantized Linears moved
+    if case == "unquantized":  # norms, embeddings and lm_head trained too, stored in bf16
+        assert {"lm_head.weight", "model.norm.weight", "model.embed_tokens.weight"} <= set(changed)
+        assert ours["lm_head.weight"].dtype == torch.bfloat16
+        assert d["trained_tensors"] == 14 + 2 * 2 + 3
+        from test_distill_cli import check_figures_equal_eval  # the student is still the artifact
+
+        check_figures_equal_eval(out, tiny_llama_src, distill_text, tmp_path, run_cli)
+    else:
+        assert changed and all(".layers." in n for n in changed)  # only quantized Linears moved

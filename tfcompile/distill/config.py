@@ -30,6 +30,8 @@ def runtime(default):
 class DistillConfig:
     # what trains
     train: str = "weights"  # weights | scales (per-block clip of the scales) | lora (merged before pack)
+    # weights: also train what the artifact keeps unquantized (norms, embeddings, untied lm_head)
+    train_unquantized: bool = False
     lora_rank: int = 16
     lora_alpha: float = 16.0  # LoRA update scale = lora_alpha / lora_rank
     mode: str = "model"  # model: logit distillation of the whole model | layerwise: block by block
@@ -79,6 +81,9 @@ class DistillConfig:
             if getattr(self, name) < 1:
                 raise RecipeError(f"distill.{name} must be at least 1, got {getattr(self, name)}",
                                   hint=f"--set distill.{name}=N with N >= 1")
+        if self.train_unquantized and self.train != "weights":
+            raise RecipeError(f"distill.train_unquantized goes with distill.train weights, not {self.train}",
+                              hint="--set distill.train=weights, or drop distill.train_unquantized")
         if self.impl not in ("auto", "reference"):
             raise RecipeError(f"distill.impl {self.impl!r} is not auto or reference",
                               hint="--set distill.impl=reference (the plain-torch formats)")

@@ -52,6 +52,8 @@ def distill_checkpoint(ctx, cfg, reporter, work_dir: Path) -> Outcome:
     # block-wise without held-out figures: one model, made the student layer by layer (memory: once)
     progressive = cfg.mode == "layerwise" and not cfg.heldout_tokens
     student = Student.frozen(teacher) if progressive else convert(load_hf_model(ctx.source_path, torch.float32))
+    if cfg.train_unquantized:
+        student.train_unquantized(set(ctx.plan.passthrough), torch_dtype(ctx.model.dtype))
     resume = ResumeDir.open(cfg.resume_dir, fingerprint(ctx)) if cfg.resume_dir else None
     data = _data(ctx, cfg, teacher)
     t_setup = time.perf_counter()
@@ -64,7 +66,7 @@ def distill_checkpoint(ctx, cfg, reporter, work_dir: Path) -> Outcome:
         reporter.task("held-out (after)", None)
         after = heldout_metrics(student.model, teacher, data.heldout, release=student.release)
     t_write = time.perf_counter()
-    names = tuple(sorted(student.sources.values()))
+    names = student.tensor_names()
     path = write_overlay(work_dir / "distilled.safetensors", overlay_specs(ctx.source, names), student.export())
     t_end = time.perf_counter()
     record = _record(cfg, loop, data, names, before, after)

@@ -27,6 +27,7 @@ student's weights bit for bit.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Iterator
@@ -142,11 +143,24 @@ class FakeQuantLinear(nn.Module):
         return nn.functional.linear(self.group.quantized_input(x), self.quantized_weight(), self.bias)
 
 
+class _Storage(nn.Module):
+    """Parametrization: the parameter as the checkpoint stores it (rounded, straight-through)."""
+
+    def __init__(self, dtype: torch.dtype):
+        super().__init__()
+        self.dtype = dtype
+
+    def forward(self, w: torch.Tensor) -> torch.Tensor:
+        return to_storage(w, self.dtype)
+
+
 @dataclass
 class Student:
     model: nn.Module
     linears: dict[str, FakeQuantLinear]  # module name -> its fake-quantized Linear
     sources: dict[str, str] = field(default_factory=dict)  # module name -> checkpoint tensor name
+    # unquantized tensors trained too (train_unquantized): checkpoint name -> (module, attribute)
+    extra: dict[str, tuple[nn.Module, str]] = field(default_factory=dict)
 
     @classmethod
     def frozen(cls, model: nn.Module) -> "Student":
@@ -161,6 +175,9 @@ class Student:
         for name, lin in self.linears.items():
             if prefix is None or name.startswith(prefix):
                 out += [(f"{name}.{n}", p) for n, p in lin.named_parameters() if p.requires_grad]
+        for name, (module, attr) in sorted(self.extra.items()):
+            if prefix is None or name.startswith(prefix):
+                out.append((name, module.parametrizations[attr].original))
         return out
 
     def release(self) -> None:
@@ -171,9 +188,39 @@ class Student:
     @torch.no_grad()
     def export(self) -> Iterator[tuple[str, torch.Tensor]]:
         """(checkpoint tensor name, distilled weight in the checkpoint dtype), sorted by name."""
-        for module in sorted(self.linears, key=lambda m: self.sources[m]):
-            lin = self.linears[module]
-            yield self.sources[module], lin.effective_weight().to(lin.spec.dtype)
+        out = {self.sources[m]: (lin.effective_weight, lin.spec.dtype) for m, lin in self.linears.items()}
+        out.update({n: (functools.partial(getattr, mod, attr), self.dtype) for n, (mod, attr) in self.extra.items()})
+        for name in sorted(out):  # each tensor is computed when the writer asks for it
+            value, dtype = out[name]
+            yield name, value().to(dtype)
+
+    def tensor_names(self) -> tuple[str, ...]:
+        """The checkpoint tensors `export` yields, in its order."""
+        return tuple(sorted([*self.sources.values(), *self.extra]))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(iter(self.linears.values())).spec.dtype
+
+    def train_unquantized(self, names: set[str], dtype: torch.dtype) -> None:
+        """Also train the parameters named in `names` (the checkpoint tensors the artifact keeps as
+        they are: norms, embeddings, an untied lm_head), in fp32, seen by the model rounded to the
+        checkpoint dtype (straight-through), which is what the distilled checkpoint stores.
+        Parameters shared by several modules (tied embeddings) stay frozen."""
+        from torch.nn.utils import parametrize
+
+        uses: dict[int, int] = {}
+        for _, p in self.model.named_parameters(remove_duplicate=False):
+            uses[id(p)] = uses.get(id(p), 0) + 1
+        linear_params = {f"{m}.{n}" for m, lin in self.linears.items() for n, _ in lin.named_parameters()}
+        for name, p in list(self.model.named_parameters()):
+            if name not in names or name in linear_params or uses[id(p)] > 1 or not p.is_floating_point():
+                continue
+            *path, attr = name.split(".")
+            module = self.model.get_submodule(".".join(path))
+            parametrize.register_parametrization(module, attr, _Storage(dtype), unsafe=True)
+            module.parametrizations[attr].original.requires_grad_(True)
+            self.extra[name] = (module, attr)
 
 
 def build_student(model: nn.Module, plan, program, *, train: str, lora_rank: int, lora_alpha: float,
