@@ -1,6 +1,6 @@
 """`emit_cutlass`: generate the artifact's CUTLASS GEMMs as C++, compile them with nvcc.
 
-Scheduled by any `emit_cutlass` setting (`--set emit_cutlass.compile=auto`, a recipe's
+Scheduled by `--cutlass auto` or any `emit_cutlass` setting (`--set emit_cutlass.compile=auto`, a recipe's
 `[passes.emit_cutlass]`), with the targets of `--target` unless `emit_cutlass.targets`
 names others; it runs after `manifest` (so it can say in the manifest whether the
 sources were compiled) and before `verify` (which checks every checksum it adds).

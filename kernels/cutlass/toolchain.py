@@ -65,7 +65,7 @@ class Toolchain:
         if why is not None:
             raise ToolchainError(f"cannot compile CUTLASS kernels: {why}",
                                  hint="install CUDA 12.8+ and `pip install nvidia-cutlass`, or "
-                                      "--set emit_cutlass.compile=auto to emit the sources only")
+                                      "--cutlass auto to emit the sources only")
 
 
 def find_nvcc() -> str | None:

@@ -24,6 +24,11 @@ def test_plan_schedules_emit_cutlass_after_manifest(run_cli, monkeypatch):
     cfg = next(p for p in res.json()["passes"] if p["name"] == "emit_cutlass")["config"]
     assert cfg["targets"] == ["sm_90a", "sm_100a"] and cfg["compile"] == "auto"  # --target inherited
     assert "emit_cutlass" not in _names(run_cli("plan", "--format", "fp8", "--target", "sm_90a"))
+    flag = run_cli("plan", "--format", "nvfp4", "--target", "sm_100a", "--cutlass", "never")  # the CLI flag
+    assert flag.code == 0, flag.err
+    cfg = next(p for p in flag.json()["passes"] if p["name"] == "emit_cutlass")["config"]
+    assert cfg["targets"] == ["sm_100a"] and cfg["compile"] == "never"
+    assert run_cli("plan", "--format", "fp8", "--cutlass", "sometimes").code == 2  # click: usage error
     alone = run_cli("plan", "--format", "mxfp4", *TARGETS)  # its own targets, no Triton emission
     assert "emit_cutlass" in _names(alone) and "emit" not in _names(alone)
     bad = run_cli("plan", "--format", "fp8", *TARGETS, "--set", "emit_cutlass.compile=maybe")

@@ -80,7 +80,14 @@ def _eval_overrides(opts: dict | None) -> dict | None:
 
 
 def emit_options(f):
-    """`--target` (quantize, plan): schedules the `emit` pass (passes/emit.py)."""
+    """`--target` (quantize, plan): schedules the `emit` pass (passes/emit.py); `--cutlass` adds
+    the `emit_cutlass` pass (passes/emit_cutlass.py) for the same targets. The command receives
+    `--cutlass` in `**eval_opts`; `_build` pops it."""
+    f = click.option("--cutlass", "emit_cutlass", type=click.Choice(["auto", "always", "never"]),
+                     help="Also generate CUTLASS GEMMs for the --target targets into OUT/kernels/<target>/"
+                     "cutlass/ and compile them with nvcc: auto (when CUDA 12.8+ and the nvidia-cutlass "
+                     "headers are found, else sources only), always (an error without them), never "
+                     "(sources only).")(f)
     return click.option("--target", "targets", metavar="sm_90a,sm_100a", help="Also compile the GPU "
                         "kernels for these targets into OUT/kernels/ (tuned by the cost model, or by "
                         "--set emit.tuning=TABLE).")(f)
@@ -118,6 +125,8 @@ def _build(fmt, recipe_file, sets, ignore, exports, skip, until, calib=None, alg
     from tfcompile.recipe.build import build_recipe
 
     overrides = {}
+    if evaluation and (cutlass := evaluation.pop("emit_cutlass", None)):
+        overrides["emit_cutlass"] = {"compile": cutlass}  # --cutlass: schedules emit_cutlass
     if distill is not None:
         overrides["distill"] = distill  # schedules the distill pass (tfcompile distill)
     if layout:

@@ -168,7 +168,7 @@ def attach(art, target: str, device: torch.device) -> str | None:
     from tfcompile.tune.registry import load_kernels
 
     if not (art.path / "kernels" / target / "cutlass" / "index.json").is_file():
-        return f"the artifact has no CUTLASS kernels for {target} (quantize with --set emit_cutlass.compile=auto)"
+        return f"the artifact has no CUTLASS kernels for {target} (quantize with --target TARGET --cutlass auto)"
     store = CutlassStore(art.path, target)
     if not store.index["compiled"]:
         return f"its CUTLASS sources were not compiled ({store.index['why_not']})"
