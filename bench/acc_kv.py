@@ -10,7 +10,7 @@ k_scale/v_scale before attention), so the KV cost is the perplexity of the KV ar
 relative to the same weights with a bf16 KV cache. As a check, the per-tensor KV artifact
 is also evaluated with `--kv-cache off`, which must reproduce the baseline perplexity.
 
-    python bench/acc_kv.py [--max-tokens 16384] [--write-docs]
+    python bench/acc_kv.py [--max-tokens 65536] [--write-docs]
 
 `kv_rows(work_dir, max_tokens)` and `markdown(rows)` are what bench/accuracy.py calls;
 `--write-docs` writes the "## Demo LM: FP8 KV cache" section of docs/accuracy.md.
@@ -27,7 +27,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
-from common import replace_doc_section  # noqa: E402
+from common import EVAL_TOKENS, replace_doc_section  # noqa: E402
 
 MODEL = REPO / "examples" / "demo-lm"
 CALIB = ["--calib", "python-doc", "--calib-samples", "64", "--calib-seq-len", "256"]
@@ -81,7 +81,7 @@ def _kv_row(work: Path, weights: str, kv: str, max_tokens: int) -> dict:
     return {"weights": weights, "kv": f"fp8 {kv}", **r}
 
 
-def kv_rows(work_dir: Path, max_tokens: int = 16384) -> list[dict]:
+def kv_rows(work_dir: Path, max_tokens: int = EVAL_TOKENS) -> list[dict]:
     """One row per weights x KV cache (bf16 KV first): perplexity, KL and top-1 against the bf16
     reference, and `kv_ppl_change` = ppl / ppl(same weights, bf16 KV cache) - 1."""
     rows = []
@@ -142,7 +142,7 @@ def doc_body(rows: list[dict], max_tokens: int) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--max-tokens", type=int, default=16384)
+    ap.add_argument("--max-tokens", type=int, default=EVAL_TOKENS)
     ap.add_argument("--write-docs", action="store_true")
     ap.add_argument("--rows-json", type=Path, help="Also save the rows as JSON here.")
     args = ap.parse_args()

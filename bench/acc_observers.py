@@ -7,7 +7,7 @@ activation scales are measured (nvfp4: the input global scale; fp8: the input sc
 max" columns compare each Linear's calibrated amax with the `max` observer's, read back from the
 artifacts (fp8: input_scale ratio; nvfp4: inverse input_global_scale ratio).
 
-    python bench/acc_observers.py [--max-tokens 16384] [--write-docs]
+    python bench/acc_observers.py [--max-tokens 65536] [--write-docs]
 
 `observer_rows(work_dir, max_tokens)` and `markdown(rows)` are what bench/accuracy.py may call.
 """
@@ -25,7 +25,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
-from common import replace_doc_section  # noqa: E402
+from common import EVAL_TOKENS, replace_doc_section  # noqa: E402
 
 MODEL = REPO / "examples" / "demo-lm"
 FORMATS = ("nvfp4", "fp8")
@@ -79,7 +79,7 @@ def _child_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def observer_rows(work_dir: Path, max_tokens: int = 16384) -> list[dict]:
+def observer_rows(work_dir: Path, max_tokens: int = EVAL_TOKENS) -> list[dict]:
     """One row per (format, observer): eval metrics plus the amax ratio to the max observer's
     (mean and min over the quantized Linears). Artifacts are written under `work_dir`."""
     rows = []
@@ -141,7 +141,7 @@ def section(rows: list[dict], max_tokens: int) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--max-tokens", type=int, default=16384)
+    ap.add_argument("--max-tokens", type=int, default=EVAL_TOKENS)
     ap.add_argument("--write-docs", action="store_true")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="tfc-obs-") as tmp:

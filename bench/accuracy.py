@@ -6,7 +6,7 @@ training or calibration). Calibration (static activation scales, GPTQ Hessians, 
 uses the corpus' calib split. Writes the "## Demo LM: quantization accuracy" section of
 docs/accuracy.md.
 
-    python bench/accuracy.py [--max-tokens 16384] [--write-docs] [--only ALGO ...] [--all]
+    python bench/accuracy.py [--max-tokens 65536] [--write-docs] [--only ALGO ...] [--all]
 
 `--all` then runs the scripts of the other sections (MiniLM cosine, activation observers, FP8 KV
 cache, distillation), so `python bench/accuracy.py --all --write-docs` regenerates all of
@@ -28,7 +28,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
-from common import replace_doc_section  # noqa: E402
+from common import EVAL_TOKENS, replace_doc_section  # noqa: E402
 
 MODEL = REPO / "examples" / "demo-lm"
 DOC = REPO / "docs" / "accuracy.md"
@@ -109,7 +109,7 @@ def awq_summary(rows: dict[tuple[str, str], list[str]]) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--max-tokens", type=int, default=16384)
+    ap.add_argument("--max-tokens", type=int, default=EVAL_TOKENS)
     ap.add_argument("--write-docs", action="store_true")
     ap.add_argument("--only", nargs="+", metavar="ALGO", help="measure only these algorithms' rows; "
                     "keep the others from docs/accuracy.md")
