@@ -41,6 +41,7 @@ def calibration_tokens(source: str, tokenizer: Any, *, samples: int, seq_len: in
     if samples <= 0 or seq_len <= 0:
         raise UserError(f"calibration needs positive --calib-samples and --calib-seq-len "
                         f"(got {samples} x {seq_len})", hint="e.g. --calib-samples 64 --calib-seq-len 512")
+    source = effective_source(source, model)
     if source == "random":
         gen = torch.Generator().manual_seed(seed)
         return torch.randint(0, int(vocab), (samples, seq_len), generator=gen)
@@ -48,6 +49,16 @@ def calibration_tokens(source: str, tokenizer: Any, *, samples: int, seq_len: in
         return sample_from_model(model, tokenizer, samples=samples, seq_len=seq_len, seed=seed)
     texts = load_texts(source, tokenizer, seed)
     return pack_blocks(texts, tokenizer, samples=samples, seq_len=seq_len, source=source)
+
+
+def effective_source(source: str, model: Any) -> str:
+    """The source calibration really uses: `self` needs a model that can sample text (a causal
+    LM); one that cannot (an encoder such as BertModel) calibrates on `random` ids instead,
+    and the statistics are labelled with that."""
+    if source != "self":
+        return source
+    can = getattr(model, "can_generate", None)
+    return "self" if (can() if callable(can) else hasattr(model, "generate")) else "random"
 
 
 def load_texts(source: str, tokenizer: Any, seed: int) -> list[str]:

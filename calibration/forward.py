@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from tfcompile.calibration.datasets import effective_source
 from tfcompile.calibration.recorders import Recorders
 from tfcompile.calibration.stats import CalibStats
 from tfcompile.errors import CheckpointError
@@ -78,6 +79,7 @@ def observe_input_amax(model_dir: Path, modules: set[str], *, data: str, samples
     calibration tokens, running the whole model at once (the model must fit in RAM).
     `awq_groups` (member Linear -> group key) adds AWQ statistics (calibration.awq_stats)."""
     model = load_hf_model(model_dir, dtype)
+    data = effective_source(data, model)  # `self` on a model that cannot generate: random ids
     # Tokens first: sampling them from the model (`self`) runs it, and no hook may see that.
     ids = calibration_ids(model_dir, model, data=data, samples=samples, seq_len=seq_len, seed=seed)
     rec = Recorders(model, modules, observer=observer, observer_params=observer_params,

@@ -38,6 +38,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
+from tfcompile.calibration.datasets import effective_source
 from tfcompile.calibration.forward import calibration_ids, model_class
 from tfcompile.calibration.recorders import Recorders
 from tfcompile.calibration.stats import CalibStats
@@ -60,6 +61,7 @@ def observe_sequential(model_dir: Path, ckpt, modules: set[str], *, data: str, s
 
     _fixed_mmap_threshold()
     model = _skeleton(model_dir, dtype)
+    data = effective_source(data, model)  # `self` on a model that cannot generate: random ids
     path, layers = find_layers(model)
     _check_layers(model, ckpt, path)
     ids = _tokens(model_dir, model, ckpt, dtype, path, layers,

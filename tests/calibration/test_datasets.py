@@ -67,6 +67,22 @@ def test_random_and_self(tok, tiny_llama_src):
     assert torch.equal(torch.random.get_rng_state(), state)  # the caller's RNG is untouched
 
 
+def test_self_on_an_encoder_falls_back_to_random(tok, tiny_llama_src):
+    """`self` (the default) needs a model that can sample text; an encoder (BertModel, e.g.
+    MiniLM) calibrates on random ids instead of failing in the calibrate pass."""
+    from transformers import AutoModelForCausalLM, BertConfig, BertModel
+
+    from tfcompile.calibration.datasets import effective_source
+
+    bert = BertModel(BertConfig(vocab_size=256, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                intermediate_size=64))
+    assert effective_source("self", bert) == "random"
+    assert effective_source("self", AutoModelForCausalLM.from_pretrained(tiny_llama_src)) == "self"
+    assert effective_source("python-doc", bert) == "python-doc"  # only `self` falls back
+    got = calibration_tokens("self", tok, samples=2, seq_len=8, seed=1, model=bert, vocab=256)
+    assert torch.equal(got, calibration_tokens("random", tok, samples=2, seq_len=8, seed=1, vocab=256))
+
+
 def test_errors_name_the_source(tok, tmp_path):
     short = tmp_path / "short.txt"
     short.write_text("tiny\n")

