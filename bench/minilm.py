@@ -180,15 +180,11 @@ def table(rows, n_texts: int) -> str:
 
 
 def write_docs(text: str) -> Path:
-    path = ROOT / "docs" / "accuracy.md"
-    old = path.read_text() if path.exists() else "# Accuracy\n\n"
-    if DOC_HEADER in old:
-        head, rest = old.split(DOC_HEADER, 1)
-        nxt = rest.find("\n## ")
-        old = head + (rest[nxt + 1:] if nxt >= 0 else "")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(old.rstrip("\n") + "\n\n" + text)
-    return path
+    """Replace the MiniLM section of docs/accuracy.md in place (bench/common.replace_doc_section)."""
+    from common import replace_doc_section
+
+    body = text.split(DOC_HEADER, 1)[1]
+    return replace_doc_section(DOC_HEADER, body, ROOT / "docs" / "accuracy.md")
 
 
 def main(argv=None) -> int:
