@@ -135,7 +135,7 @@ def test_toolchain_probe(tmp_path, monkeypatch):
     assert "nvcc not found" in detect().why_not
     with pytest.raises(Exception) as e:
         detect().require()
-    assert "hint" in str(e.value) and "compile=auto" in str(e.value)
+    assert "hint" in str(e.value) and "--cutlass auto" in str(e.value)
     _detect.cache_clear()
 
 
