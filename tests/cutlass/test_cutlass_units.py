@@ -139,11 +139,12 @@ def test_toolchain_probe(tmp_path, monkeypatch):
     _detect.cache_clear()
 
 
-def test_memory_gate_bounds_concurrent_jobs():
-    gate, peak, running, lock = MemoryGate(10.0), [0], [0], threading.Lock()
+def _peak_concurrency(hold, jobs: int = 5) -> int:
+    """Run `jobs` threads that each sit 50 ms inside `hold()`; how many were inside at once."""
+    running, peak, lock = [0], [0], threading.Lock()
 
-    def job(gb):
-        with gate.hold(gb):
+    def job():
+        with hold():
             with lock:
                 running[0] += 1
                 peak[0] = max(peak[0], running[0])
@@ -151,10 +152,15 @@ def test_memory_gate_bounds_concurrent_jobs():
             with lock:
                 running[0] -= 1
 
-    threads = [threading.Thread(target=job, args=(5.0,)) for _ in range(5)]
+    threads = [threading.Thread(target=job) for _ in range(jobs)]
     [t.start() for t in threads]
     [t.join() for t in threads]
-    assert peak[0] == 2  # 2 x 5 GB fit in 10 GB, a third waits
+    return peak[0]
+
+
+def test_memory_gate_bounds_concurrent_jobs():
+    gate = MemoryGate(10.0)
+    assert _peak_concurrency(lambda: gate.hold(5.0)) == 2  # 2 x 5 GB fit in 10 GB, a third waits
     big = MemoryGate(1.0)  # one job always runs even when its estimate exceeds the budget
     with big.hold(5.0):
         pass
@@ -163,18 +169,6 @@ def test_memory_gate_bounds_concurrent_jobs():
 def test_build_slots_are_shared_through_the_cache_dir(tmp_path):
     from tfcompile.kernels.cutlass.build import _slot
 
-    running, peak, lock = [0], [0], threading.Lock()
-
-    def job():
-        with _slot(tmp_path, 2, poll_s=0.01):  # as if each thread were another process
-            with lock:
-                running[0] += 1
-                peak[0] = max(peak[0], running[0])
-            time.sleep(0.05)
-            with lock:
-                running[0] -= 1
-
-    threads = [threading.Thread(target=job) for _ in range(5)]
-    [t.start() for t in threads]
-    [t.join() for t in threads]
-    assert peak[0] == 2 and sorted(p.name for p in tmp_path.glob("slot-*.lock")) == ["slot-0.lock", "slot-1.lock"]
+    # as if each thread were another process
+    assert _peak_concurrency(lambda: _slot(tmp_path, 2, poll_s=0.01)) == 2
+    assert sorted(p.name for p in tmp_path.glob("slot-*.lock")) == ["slot-0.lock", "slot-1.lock"]

@@ -15,6 +15,21 @@ from tfcompile.errors import TfcompileError
 CONTEXT = {"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "TFCOMPILE"}
 
 
+def artifact_options(f):
+    """MODEL, -o OUT, --overwrite, --json, -q: what `quantize` and `distill` share."""
+    opts = [
+        click.argument("model", type=click.Path(path_type=Path)),
+        click.option("-o", "--output", "out", required=True, type=click.Path(path_type=Path),
+                     help="Artifact directory to create (atomic)."),
+        click.option("--overwrite", is_flag=True, help="Replace OUT if it exists."),
+        click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout."),
+        click.option("-q", "--quiet", is_flag=True, help="No progress on stderr."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
 def recipe_options(f):
     """Options shared by `quantize` and `plan`: they all edit one Recipe."""
     opts = [
@@ -157,12 +172,7 @@ def cli() -> None:
 
 
 @cli.command()
-@click.argument("model", type=click.Path(path_type=Path))
-@click.option("-o", "--output", "out", required=True, type=click.Path(path_type=Path),
-              help="Artifact directory to create (atomic).")
-@click.option("--overwrite", is_flag=True, help="Replace OUT if it exists.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
-@click.option("-q", "--quiet", is_flag=True, help="No progress on stderr.")
+@artifact_options
 @recipe_options
 @eval_options
 @emit_options
@@ -230,12 +240,7 @@ def distill_options(f):
 
 
 @cli.command()
-@click.argument("model", type=click.Path(path_type=Path))
-@click.option("-o", "--output", "out", required=True, type=click.Path(path_type=Path),
-              help="Artifact directory to create (atomic).")
-@click.option("--overwrite", is_flag=True, help="Replace OUT if it exists.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
-@click.option("-q", "--quiet", is_flag=True, help="No progress on stderr.")
+@artifact_options
 @recipe_options
 @distill_options
 def distill(model, out, overwrite, as_json, quiet, fmt, recipe_file, sets, ignore, exports, calib,
