@@ -17,6 +17,9 @@ import torch
 from tfcompile.calibration.datasets import effective_source
 from tfcompile.calibration.recorders import Recorders
 from tfcompile.calibration.stats import CalibStats
+from tfcompile.dist import LOCAL
+from tfcompile.dist.collect import broadcast
+from tfcompile.dist.partition import rounds
 from tfcompile.errors import CheckpointError
 
 
@@ -74,21 +77,30 @@ def observe_input_amax(model_dir: Path, modules: set[str], *, data: str, samples
                        seed: int, dtype: torch.dtype, kv: bool = False, observer: str = "max",
                        observer_params: dict | None = None,
                        hessian_groups: dict[str, str] | None = None,
-                       awq_groups: dict[str, str] | None = None) -> CalibStats:
+                       awq_groups: dict[str, str] | None = None, world=LOCAL,
+                       device: torch.device | str = "cpu",
+                       hessian_owner: dict[str, int] | None = None) -> CalibStats:
     """Statistics of every module in `modules` (see `Recorders`) over `samples` x `seq_len`
-    calibration tokens, running the whole model at once (the model must fit in RAM).
-    `awq_groups` (member Linear -> group key) adds AWQ statistics (calibration.awq_stats)."""
+    calibration tokens, running the whole model at once (the model must fit in RAM, and on
+    `device`). `awq_groups` (member Linear -> group key) adds AWQ statistics
+    (calibration.awq_stats). Under torchrun (`world`) sequence i runs on rank i mod N."""
     model = load_hf_model(model_dir, dtype)
     data = effective_source(data, model)  # `self` on a model that cannot generate: random ids
     # Tokens first: sampling them from the model (`self`) runs it, and no hook may see that.
-    ids = calibration_ids(model_dir, model, data=data, samples=samples, seq_len=seq_len, seed=seed)
+    ids = calibration_ids(model_dir, model, data=data, samples=samples, seq_len=seq_len, seed=seed) \
+        if world.is_root else None
+    ids = broadcast(world, ids)
+    model.to(device)
     rec = Recorders(model, modules, observer=observer, observer_params=observer_params,
                     hessian_groups=hessian_groups, kv=kv,
-                    awq_groups=awq_groups)
+                    awq_groups=awq_groups, world=world, hessian_owner=hessian_owner)
     try:
         with torch.inference_mode():
-            for row in ids:
-                model(input_ids=row[None])
+            for r in range(rounds(len(ids), world.size)):  # round r: sequences r*N .. r*N+N-1
+                i = r * world.size + world.rank
+                if i < len(ids):
+                    model(input_ids=ids[i][None].to(device))
+                rec.flush()
     finally:
         rec.remove()
     stats = rec.stats(int(ids.numel()), f"{data}(seed={seed})", model_dir)

@@ -3,6 +3,12 @@
 The whole-model loop (calibration.forward) and the layer-by-layer loop
 (calibration.sequential) install the same `Recorders` on modules found by
 name, so both produce the same `CalibStats` for the same tokens.
+
+Under torchrun (`world` of several ranks, each running its own batches): `max` observers and
+the KV observer update locally and are reduced by an all-reduce MAX at the end (exact); the
+Hessians and the other observers, whose floating-point result depends on the order of
+updates, are replayed on an owner rank in batch order (tfcompile/dist/collect.py), after each
+round of batches (`flush`). Either way the statistics are bit-identical to one process's.
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ from torch import nn
 from tfcompile.calibration.awq_stats import AWQRecorder
 from tfcompile.calibration.observers import Observer, make_observer
 from tfcompile.calibration.stats import CalibStats
+from tfcompile.dist import LOCAL
+from tfcompile.dist.collect import OrderedReplay, max_tensors, max_values
 from tfcompile.errors import CheckpointError
 
 
@@ -25,15 +33,23 @@ class Recorders:
     def __init__(self, model: nn.Module, modules: set[str], *, observer: str = "max",
                  observer_params: dict | None = None,
                  hessian_groups: dict[str, str] | None = None, kv: bool = False,
-                 awq_groups: dict[str, str] | None = None):
-        self.modules = set(modules)
+                 awq_groups: dict[str, str] | None = None, world=LOCAL,
+                 hessian_owner: dict[str, int] | None = None):
+        self.modules, self.world = set(modules), world
         self.observers: dict[str, Observer] = {}
         self.hooks = []
+        names = [n for n, _ in model.named_modules() if n in self.modules or _expert_parent(n, self.modules)]
+        # order-sensitive observers are replayed on an owner (round robin); max reduces exactly
+        self.replayed = set() if observer == "max" else set(names)
+        owners = {f"obs/{n}": i % world.size for i, n in enumerate(sorted(self.replayed))}
+        owners.update({f"hess/{k}": r for k, r in (hessian_owner or {}).items()})
+        self.replay = OrderedReplay(world, owners)
         for name, mod in model.named_modules():
-            if name in self.modules or _expert_parent(name, self.modules):
-                self.observers[name] = make_observer(observer, **(observer_params or {}))
-                self.hooks.append(mod.register_forward_pre_hook(_observe(self.observers[name])))
-        self.hessians = HessianRecorder(model, hessian_groups or {})
+            if name in names:
+                self.observers[name] = obs = make_observer(observer, **(observer_params or {}))
+                update = self.replay.wrap(f"obs/{name}", obs.update) if name in self.replayed else obs.update
+                self.hooks.append(mod.register_forward_pre_hook(_observe(update)))
+        self.hessians = HessianRecorder(model, hessian_groups or {}, self.replay)
         self.hooks += self.hessians.hooks
         self.awq = AWQRecorder(model, awq_groups or {})  # member -> group key; {} installs nothing
         self.hooks += self.awq.hooks
@@ -49,19 +65,36 @@ class Recorders:
             h.remove()
         self.hooks = []
 
+    def flush(self) -> None:
+        """End of a round of batches (one per rank): replay the order-sensitive updates."""
+        self.replay.flush()
+
     def stats(self, tokens: int, source: str, model_dir=None) -> CalibStats:
-        """The statistics; with `kv`, raises if no attention call reached the KV observer."""
-        if self.kv is not None and not self.kv.k:
+        """The statistics; with `kv`, raises if no attention call reached the KV observer.
+        Under torchrun every rank gets the same amax; `hessians` holds the groups this rank
+        owns (CalibStats.hessian_owner says which rank holds each)."""
+        world = self.world
+        kv_k = max_tensors(world, self.kv.k) if self.kv is not None else {}
+        if self.kv is not None and not kv_k:
             raise CheckpointError(f"{model_dir}: no attention call went through transformers' "
                                   "AttentionInterface, so KV-cache scales cannot be calibrated",
                                   hint="this architecture is not supported for --kv-cache yet")
-        amax = {n: v for n, o in self.observers.items() if (v := o.amax()) is not None}
+        kv_v = max_tensors(world, self.kv.v) if self.kv is not None else {}
+        amax = max_values(world, {n: o.amax() for n, o in self.observers.items() if n not in self.replayed})
+        hessians, seconds, owner = self.hessians.result(), dict(self.hessians.seconds), {}
+        mine = {n: self.observers[n].amax() for n in self.replayed}
+        for r, (part, keys, secs) in enumerate(world.all_objects("calib/stats", (mine, sorted(set(hessians) | self.hessians.taken), seconds))):
+            amax.update({n: v for n, v in part.items() if self.replay.owners[f"obs/{n}"] == r})
+            owner.update(dict.fromkeys(keys, r))
+            seconds.update(secs)
+        amax = {n: v for n, v in sorted(amax.items()) if v is not None}
         resolved, fallback = _resolve(self.modules, amax)
-        kv_amax = {} if self.kv is None else {n: (self.kv.k[n], self.kv.v[n]) for n in sorted(self.kv.k)}
+        kv_amax = {n: (kv_k[n], kv_v[n]) for n in sorted(kv_k)}
         awq, awq_skipped = self.awq.result()  # after kv_amax: its fold check runs the model
-        return CalibStats(resolved, tokens, source, tuple(fallback), kv_amax, hessians=self.hessians.result(),
-                          hessian_seconds=dict(sorted(self.hessians.seconds.items())),
-                          awq=awq, awq_skipped=awq_skipped)
+        return CalibStats(resolved, tokens, source, tuple(fallback), kv_amax, hessians=hessians,
+                          hessian_seconds=dict(sorted(seconds.items())),
+                          awq=awq, awq_skipped=awq_skipped,
+                          hessian_owner=owner if world.distributed else {})
 
 
 class HessianRecorder:
@@ -69,23 +102,26 @@ class HessianRecorder:
 
     Memory: one float32 [K, K] per group observed so far."""
 
-    def __init__(self, model: nn.Module, groups: dict[str, str]):
+    def __init__(self, model: nn.Module, groups: dict[str, str], replay=None):
         self._h: dict[str, torch.Tensor] = {}
         self._n: dict[str, int] = {}
+        self.taken: set[str] = set()  # keys handed out by take() (spilled by the layer loop)
         self.seconds: dict[str, float] = {}  # group key -> seconds spent accumulating its H
-        self.hooks = [mod.register_forward_pre_hook(self._hook(groups[name]))
+        route = replay.wrap if replay is not None else (lambda key, fn: fn)
+        self.hooks = [mod.register_forward_pre_hook(_first_arg(route(f"hess/{groups[name]}",
+                                                                     self._update(groups[name]))))
                       for name, mod in model.named_modules() if name in groups]
 
-    def _hook(self, key: str):
-        def hook(mod: nn.Module, args):
+    def _update(self, key: str):
+        def update(x: torch.Tensor) -> None:
             t0 = time.perf_counter()
-            x = args[0].detach().reshape(-1, args[0].shape[-1]).float()
+            x = x.detach().reshape(-1, x.shape[-1]).float()  # fp32 accumulation on x's device
             h = x.T @ x
             self._h[key] = h if key not in self._h else self._h[key] + h
             self._n[key] = self._n.get(key, 0) + x.shape[0]
             self.seconds[key] = self.seconds.get(key, 0.0) + time.perf_counter() - t0
 
-        return hook
+        return update
 
     def result(self) -> dict[str, torch.Tensor]:
         return {k: self._h[k] / self._n[k] for k in sorted(self._h)}
@@ -93,18 +129,23 @@ class HessianRecorder:
     def take(self) -> dict[str, torch.Tensor]:
         """The finished Hessians so far, forgotten here (the layer loop spills them)."""
         out = self.result()
+        self.taken.update(out)
         self._h.clear()
         self._n.clear()
         return out
 
 
-def _observe(obs: Observer):
+def _observe(update):
     def hook(mod: nn.Module, args):
         x = args[0] if args else None
         if isinstance(x, torch.Tensor) and x.numel():
-            obs.update(x)
+            update(x)
 
     return hook
+
+
+def _first_arg(update):
+    return lambda mod, args: update(args[0])
 
 
 def _expert_parent(name: str, modules: set[str]) -> bool:

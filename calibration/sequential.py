@@ -42,6 +42,9 @@ from tfcompile.calibration.datasets import effective_source
 from tfcompile.calibration.forward import calibration_ids, model_class
 from tfcompile.calibration.recorders import Recorders
 from tfcompile.calibration.stats import CalibStats
+from tfcompile.dist import LOCAL
+from tfcompile.dist.collect import broadcast
+from tfcompile.dist.partition import mine, rounds
 
 
 class Unsupported(Exception):
@@ -52,11 +55,15 @@ def observe_sequential(model_dir: Path, ckpt, modules: set[str], *, data: str, s
                        seq_len: int, seed: int, dtype: torch.dtype, kv: bool = False,
                        observer: str = "max", observer_params: dict | None = None,
                        hessian_groups: dict[str, str] | None = None,
-                       batch: int = 4, on_layer=None) -> CalibStats:
+                       batch: int = 4, on_layer=None, world=LOCAL, device: torch.device | str = "cpu",
+                       hessian_owner: dict[str, int] | None = None) -> CalibStats:
     """Same statistics as `forward.observe_input_amax`, computed one decoder layer at a time.
 
     `ckpt` is the open `Checkpoint`; `on_layer(i, n, seconds)` reports progress.
-    Raises `Unsupported` before running anything if a parameter has no tensor."""
+    Raises `Unsupported` before running anything if a parameter has no tensor.
+    `device`: where the layer and the activations live (one layer's weights are copied there
+    at a time; on the CPU they are the mapped pages themselves). Under torchrun (`world`),
+    batch b runs on rank b mod N and the statistics are reduced exactly (calibration.recorders)."""
     import time
 
     _fixed_mmap_threshold()
@@ -64,19 +71,30 @@ def observe_sequential(model_dir: Path, ckpt, modules: set[str], *, data: str, s
     data = effective_source(data, model)  # `self` on a model that cannot generate: random ids
     path, layers = find_layers(model)
     _check_layers(model, ckpt, path)
-    ids = _tokens(model_dir, model, ckpt, dtype, path, layers,
-                  dict(data=data, samples=samples, seq_len=seq_len, seed=seed))
-    inputs = _catch_inputs(model, layers, ids, batch)
+    spec = dict(data=data, samples=samples, seq_len=seq_len, seed=seed)
+    if world.is_root:
+        ids = _tokens(model_dir, model, ckpt, dtype, path, layers, spec)
+    else:  # rank 0 samples or reads the tokens once; the others bind what precedes layer 0
+        _bind(model, ckpt, dtype, skip=f"{path}.")
+        ids = None
+    ids = broadcast(world, ids)
+    starts = range(0, ids.shape[0], batch)  # batch b: sequences [b*batch, (b+1)*batch)
+    inputs = _catch_inputs(model, layers, ids, batch, starts=[starts[b] for b in mine(len(starts), world.rank,
+                                                                                          world.size)],
+                           device=device)
     rec = Recorders(model, modules, observer=observer, observer_params=observer_params,
-                    hessian_groups=hessian_groups, kv=kv)
+                    hessian_groups=hessian_groups, kv=kv, world=world, hessian_owner=hessian_owner)
     spill = _Spill()
     try:
         with torch.inference_mode():
             for i, layer in enumerate(layers):
                 t0 = time.perf_counter()
-                _bind(layer, ckpt, dtype, prefix=f"{path}.{i}.")
-                for b, (hidden, kwargs) in enumerate(inputs):
-                    inputs[b] = (_first(layer(hidden, **kwargs)), kwargs)
+                _bind(layer, ckpt, dtype, prefix=f"{path}.{i}.", device=device)
+                for r in range(rounds(len(starts), world.size)):  # round r: batches r*N .. r*N+N-1
+                    if r < len(inputs):
+                        hidden, kwargs = inputs[r]
+                        inputs[r] = (_first(layer(hidden, **kwargs)), kwargs)
+                    rec.flush()
                 _unbind(layer)
                 ckpt.release()
                 spill.put(i, rec.hessians.take())
@@ -85,7 +103,7 @@ def observe_sequential(model_dir: Path, ckpt, modules: set[str], *, data: str, s
     finally:
         rec.remove()
     stats = rec.stats(int(ids.numel()), f"{data}(seed={seed})", model_dir)
-    return _with_hessians(stats, spill)
+    return _with_hessians(stats, spill, world.rank)
 
 
 def _tokens(model_dir: Path, model: nn.Module, ckpt, dtype, path: str, layers, spec: dict) -> torch.Tensor:
@@ -195,8 +213,10 @@ def _check_layers(model: nn.Module, ckpt, path: str) -> None:
             raise Unsupported(f"parameter {name} has no tensor in the checkpoint")
 
 
-def _bind(module: nn.Module, ckpt, dtype: torch.dtype, prefix: str = "", skip: str | None = None) -> None:
-    """Point `module`'s parameters at checkpoint views (copies when the dtype differs).
+def _bind(module: nn.Module, ckpt, dtype: torch.dtype, prefix: str = "", skip: str | None = None,
+          device: torch.device | str = "cpu") -> None:
+    """Point `module`'s parameters at checkpoint views (copies when the dtype differs, or on
+    another device than the CPU).
 
     Tied parameters (one Parameter under several names, e.g. lm_head and the
     embeddings) are bound together from whichever name the checkpoint has."""
@@ -214,7 +234,7 @@ def _bind(module: nn.Module, ckpt, dtype: torch.dtype, prefix: str = "", skip: s
         want = _owner(module, name)[0]._parameters[name.rsplit(".", 1)[-1]].shape
         if tuple(t.shape) != tuple(want):
             raise Unsupported(f"{prefix + name}: checkpoint shape {list(t.shape)}, model {list(want)}")
-        param = nn.Parameter(t.to(dtype) if t.dtype != dtype else t, requires_grad=False)
+        param = nn.Parameter(t.to(device=device, dtype=dtype), requires_grad=False)  # no copy if same
         for n in group:
             owner, attr = _owner(module, n)
             owner._parameters[attr] = param
@@ -253,14 +273,16 @@ class _Catcher(nn.Module):
         raise _Caught
 
 
-def _catch_inputs(model: nn.Module, layers: nn.ModuleList, ids: torch.Tensor,
-                  batch: int) -> list[tuple[torch.Tensor, dict]]:
-    """Per batch of `batch` sequences: (hidden states into layer 0, its keyword arguments)."""
+def _catch_inputs(model: nn.Module, layers: nn.ModuleList, ids: torch.Tensor, batch: int,
+                  starts=None, device: torch.device | str = "cpu") -> list[tuple[torch.Tensor, dict]]:
+    """Per batch of `batch` sequences starting at `starts` (default: all): (hidden states into
+    layer 0, its keyword arguments), moved to `device`, where they stay for the layer loop.
+    What precedes layer 0 (embeddings, mask, RoPE tables) runs on the CPU."""
     catcher = _Catcher(layers[0])
     layers[0] = catcher
     try:
         with torch.inference_mode():
-            for start in range(0, ids.shape[0], batch):
+            for start in range(0, ids.shape[0], batch) if starts is None else starts:
                 try:
                     model(input_ids=ids[start: start + batch], use_cache=False)
                 except _Caught:
@@ -270,7 +292,18 @@ def _catch_inputs(model: nn.Module, layers: nn.ModuleList, ids: torch.Tensor,
                 raise Unsupported("the forward never reached decoder layer 0")
     finally:
         layers[0] = catcher.layer
-    return catcher.calls
+    return [(h.to(device), _to(kw, device)) for h, kw in catcher.calls]
+
+
+def _to(obj, device):
+    """Tensors in nested tuples/lists/dicts moved to `device` (the layer's keyword arguments)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(_to(x, device) for x in obj)
+    if isinstance(obj, dict):
+        return {k: _to(v, device) for k, v in obj.items()}
+    return obj
 
 
 def _first(out):
@@ -290,20 +323,29 @@ class _Spill:
         if self.dir is None:
             self.dir = tempfile.TemporaryDirectory(prefix="tfcompile-hessians-")
         f = Path(self.dir.name) / f"layer{layer}.safetensors"
-        save_file({k: v.contiguous() for k, v in hessians.items()}, f)
+        save_file({k: v.cpu().contiguous() for k, v in hessians.items()}, f)
         self.files.update({k: f for k in hessians})
 
 
 class SpilledHessians(Mapping):
-    """Group key -> Hessian, each read from its spill file only when asked for."""
+    """Group key -> Hessian, each read from its spill file only when asked for.
 
-    def __init__(self, spill: _Spill, inline: dict):
+    Under torchrun the keys are every group's; this rank holds those `owners` maps to it, and
+    `owner(key)` tells pack which rank runs each group's GPTQ solve."""
+
+    def __init__(self, spill: _Spill, inline: dict, owners: Mapping[str, int] | None = None, rank: int = 0):
         self._spill, self._inline = spill, inline
-        self._keys = sorted(set(spill.files) | set(inline))
+        self._owners, self._rank = dict(owners or {}), rank
+        self._keys = sorted(set(spill.files) | set(inline) | set(self._owners))
+
+    def owner(self, key: str) -> int | None:
+        return self._owners.get(key, self._rank if key in self._keys else None)
 
     def __getitem__(self, key: str) -> torch.Tensor:
         if key in self._inline:
             return self._inline[key]
+        if key in self._owners and self._owners[key] != self._rank:
+            raise RuntimeError(f"the Hessian of {key} is held by rank {self._owners[key]}, not {self._rank}")
         with safe_open(self._spill.files[key], framework="pt") as f:  # KeyError if unknown
             return f.get_tensor(key)
 
@@ -314,9 +356,17 @@ class SpilledHessians(Mapping):
         return len(self._keys)
 
 
-def _with_hessians(stats: CalibStats, spill: _Spill) -> CalibStats:
+def _with_hessians(stats: CalibStats, spill: _Spill, rank: int = 0) -> CalibStats:
     import dataclasses
 
-    if not spill.files:
+    if not spill.files and not stats.hessian_owner:
         return stats
-    return dataclasses.replace(stats, hessians=SpilledHessians(spill, dict(stats.hessians)))
+    return dataclasses.replace(stats, hessians=SpilledHessians(spill, dict(stats.hessians),
+                                                               stats.hessian_owner, rank))
+
+
+def with_owners(stats: CalibStats, rank: int) -> CalibStats:
+    """Under torchrun: the Hessians as a mapping of every group that says which rank holds each."""
+    if not stats.hessian_owner or isinstance(stats.hessians, SpilledHessians):
+        return stats
+    return _with_hessians(stats, _Spill(), rank)

@@ -23,3 +23,5 @@ class CalibStats:
     awq: Mapping[str, Any] = field(default_factory=dict)
     awq_skipped: Mapping[str, str] = field(default_factory=dict)  # group key -> why it has no AWQ stats
     layer_seconds: tuple[float, ...] = ()  # layer-by-layer loop: wall seconds per decoder layer
+    # under torchrun: group key -> the rank holding its Hessian (which solves its GPTQ); {} = this process
+    hessian_owner: Mapping[str, int] = field(default_factory=dict)

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tfcompile.calibration.forward import observe_input_amax
 from tfcompile.calibration.observers import OBSERVERS
-from tfcompile.calibration.sequential import Unsupported, observe_sequential
+from tfcompile.calibration.sequential import Unsupported, observe_sequential, with_owners
+from tfcompile.dist import LOCAL
+from tfcompile.dist.devices import check_device, resolve_device
+from tfcompile.dist.partition import gptq_cost, lpt
 from tfcompile.passes.quantize.program import torch_dtype
 from tfcompile.errors import RecipeError
 from tfcompile.pipeline.passes import PassResult, register_pass
@@ -30,8 +33,12 @@ class CalibrateConfig:
     # static activation amax per module (calibration/observers.py): "max" | "percentile" | "mse"
     observer: str = "max"
     percentile: float = 99.99  # observer "percentile": p-th percentile of |x|, in (0, 100]
+    # where layers, activations, observers and Hessians live (--device; tfcompile/dist/devices.py);
+    # not recorded: the statistics are the same up to fp32 rounding on any device
+    device: str = field(default="auto", metadata={"runtime": True})
 
     def __post_init__(self) -> None:  # checked when the recipe is built, before anything runs
+        check_device(self.device, "calibrate.device")
         if self.observer not in OBSERVERS:
             raise RecipeError(f"calibrate.observer {self.observer!r} is unknown",
                               hint="--observer " + "|".join(sorted(OBSERVERS)) + " (default max)")
@@ -51,12 +58,20 @@ def calibrate(ctx, cfg: CalibrateConfig, reporter) -> PassResult:
         raise RecipeError(f"calibrate.mode {cfg.mode!r} is not one of {', '.join(MODES)}",
                           hint="auto (default) calibrates layer by layer when it can")
     modules = {t.module for t in ctx.plan.targets()}
+    world = ctx.world or LOCAL
     common = dict(data=cfg.data, samples=cfg.samples, seq_len=cfg.seq_len, seed=cfg.seed,
                   dtype=torch_dtype(ctx.model.dtype), kv=bool(cfg.kv_cache),
                   hessian_groups={g.members[0].module: g.key for g in ctx.plan.groups}
                   if cfg.hessian else None)
-    common.update(observer=cfg.observer, observer_params=observer_params(cfg, ctx.plan.scheme))
+    common.update(observer=cfg.observer, observer_params=observer_params(cfg, ctx.plan.scheme),
+                  world=world, device=resolve_device(cfg.device, world))
+    if cfg.hessian and world.distributed:  # the rank that accumulates a group's H also solves its GPTQ
+        common["hessian_owner"] = lpt({g.key: gptq_cost(sum(t.shape[0] for t in g.members), g.members[0].shape[1])
+                                       for g in ctx.plan.groups}, world.size)
     if cfg.awq:  # AWQ statistics and their fold check run the whole model (calibration/awq_stats.py)
+        if world.distributed:
+            raise RecipeError("AWQ statistics are not collected by more than one process yet",
+                              hint="run --algorithm awq without torchrun (or use gptq / rtn under torchrun)")
         if cfg.mode == "sequential":
             raise RecipeError("calibrate.awq needs the whole-model loop, not calibrate.mode sequential",
                               hint="use --set calibrate.mode=auto (or whole) with --algorithm awq")
@@ -64,6 +79,7 @@ def calibrate(ctx, cfg: CalibrateConfig, reporter) -> PassResult:
         stats, loop = observe_input_amax(ctx.source_path, modules, awq_groups=awq_groups, **common), "whole"
     else:
         stats, loop = _observe(ctx, cfg, modules, reporter, common)
+    stats = with_owners(stats, world.rank)
     if cfg.kv_cache:
         stats = dataclasses.replace(stats, kv_strategy="attn_head" if cfg.kv_per_head else "tensor")
     for m in stats.fallback:

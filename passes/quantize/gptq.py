@@ -15,6 +15,7 @@ batch updates. With H = I no error is propagated and GPTQ equals RTN.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 
@@ -54,28 +55,50 @@ def _round(x: torch.Tensor, grid: str) -> torch.Tensor:
 
 
 def _inverse_hessian(h: torch.Tensor, w: torch.Tensor, damp: float) -> torch.Tensor:
-    """Upper Cholesky factor of (H + damp*mean(diag) I)^-1; dead inputs pinned to 1."""
+    """Upper Cholesky factor of (H + damp*mean(diag) I)^-1; dead inputs pinned to 1.
+
+    On the CPU the factorisations run on one thread: MKL's blocked Cholesky gives different
+    bits for different thread counts (measured, K=256: 1 vs 2 threads differ), and a
+    torchrun rank has fewer threads than one process, so this keeps GPTQ byte-identical
+    for any number of processes (the matmuls were measured thread-count invariant)."""
     h = h.clone()
     dead = torch.diag(h) == 0
     h[dead, dead] = 1.0
     w[:, dead] = 0.0
-    h += torch.eye(h.shape[0]) * damp * torch.diag(h).mean()
-    return torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
+    h += torch.eye(h.shape[0], device=h.device) * damp * torch.diag(h).mean()
+    with _one_thread(h.device.type == "cpu"):
+        return torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
+
+
+@contextlib.contextmanager
+def _one_thread(on: bool):
+    old = torch.get_num_threads()
+    if on:
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
 
 
 def gptq_values(w: torch.Tensor, h: torch.Tensor, m: torch.Tensor, grid: str, *,
-                damp: float = DAMP, act_order: bool = True, block: int = BLOCK) -> torch.Tensor:
-    """Quantized values (dequantized, float32 [N, K]) of w under fixed multipliers m."""
-    w = w.float().clone()
-    perm = torch.argsort(torch.diag(h), descending=True) if act_order else torch.arange(w.shape[1])
+                damp: float = DAMP, act_order: bool = True, block: int = BLOCK,
+                device: torch.device | str = "cpu") -> torch.Tensor:
+    """Quantized values (dequantized, float32 [N, K], on the CPU) of w under fixed multipliers m,
+    computed on `device` (the column sweep; the final encoding is the caller's, on the CPU)."""
+    w = w.to(device=device, dtype=torch.float32, copy=True)
+    h, m = h.to(device=device, dtype=torch.float32), m.to(device)
+    k = w.shape[1]
+    # stable: ties (e.g. dead inputs) keep index order on every device and thread count
+    perm = torch.argsort(torch.diag(h), descending=True, stable=True) if act_order \
+        else torch.arange(k, device=w.device)
     inv = torch.argsort(perm)
     w, m, h = w[:, perm], m[:, perm], h[perm][:, perm]
     hinv = _inverse_hessian(h, w, damp)
     out = torch.zeros_like(w)
-    k = w.shape[1]
     for c0 in range(0, k, block):
         c1 = min(c0 + block, k)
-        wb, errs = w[:, c0:c1].clone(), torch.zeros(w.shape[0], c1 - c0)
+        wb, errs = w[:, c0:c1].clone(), torch.zeros(w.shape[0], c1 - c0, device=w.device)
         hb = hinv[c0:c1, c0:c1]
         for j in range(c1 - c0):
             col, mj = wb[:, j], m[:, c0 + j]
@@ -85,11 +108,12 @@ def gptq_values(w: torch.Tensor, h: torch.Tensor, m: torch.Tensor, grid: str, *,
             wb[:, j + 1:] -= e[:, None] * hb[j, j + 1:][None, :]
             errs[:, j] = e
         w[:, c1:] -= errs @ hinv[c0:c1, c1:]  # lazy batch update of the remaining columns
-    return out[:, inv]
+    return out[:, inv].cpu()
 
 
 def gptq_quantize(w: torch.Tensor, h: torch.Tensor, q_rtn: F.QTensor, **opts) -> F.QTensor:
-    """Re-encode w by GPTQ under q_rtn's fixed scales; returns a QTensor of the same format."""
+    """Re-encode w by GPTQ under q_rtn's fixed scales; returns a QTensor of the same format.
+    `device=` runs the sweep there; the encoding below is the CPU reference's either way."""
     m, grid = _grid(q_rtn)
     vals = gptq_values(w, h, m, grid, **opts)  # exactly code * multiplier for every element
     elems = vals / m  # exact element values on the grid (division by the same multiplier)
@@ -113,7 +137,7 @@ def run_gptq(job, program, source):
     def quantizer(w, scheme, prog, gscale, name, model_dtype):
         t0 = time.perf_counter()
         q = quantize_weight(w, scheme, prog, gscale, name, model_dtype)
-        q = gptq_quantize(w, h, q, act_order=prog.gptq_act_order, damp=prog.gptq_damp)
+        q = gptq_quantize(w, h, q, act_order=prog.gptq_act_order, damp=prog.gptq_damp, device=prog.device)
         solve.append(time.perf_counter() - t0)
         return q
 

@@ -12,13 +12,14 @@ group. Storage rules beside the format math (kernels/formats):
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from tfcompile.passes.quantize.naming import OutSpec, ct_outputs
 from tfcompile.passes.quantize.program import (
     ALGORITHMS, PREPARE, SUPPORTS, Job, Program, load_target, register_algorithm, torch_dtype)
+from tfcompile.dist.devices import check_device, resolve_device
 from tfcompile.io.dtypes import torch_dtype_of
 from tfcompile.kernels import formats as F
 from tfcompile.errors import RecipeError
@@ -33,6 +34,11 @@ class QuantizeConfig:
     gptq_damp: float = 0.01  # gptq: fraction of mean diag(H) added to the diagonal
     mx_rule: str = ""  # "floor" | "ceil"; empty = the formats module default
     sqnr_rows: int = 16  # rows per Linear sampled for the manifest's weight SQNR (0 = all)
+    # GPTQ solves and the AWQ search run here (--device); the packed bytes are encoded on the CPU
+    device: str = field(default="auto", metadata={"runtime": True})
+
+    def __post_init__(self) -> None:
+        check_device(self.device, "quantize.device")
 
 
 def _supports(recipe, cfg: QuantizeConfig) -> str | None:
@@ -74,8 +80,9 @@ def quantize(ctx, cfg: QuantizeConfig, reporter) -> PassResult:
     if cfg.algorithm == "gptq" and not hessians:
         raise RecipeError("quantize.algorithm gptq needs Hessians from the calibrate pass",
                           hint="use --algorithm gptq (it schedules calibrate with hessian=true)")
+    device = resolve_device(cfg.device, ctx.world) if cfg.algorithm != "rtn" else "cpu"
     program = Program(scheme, cfg.algorithm, tuple(jobs + kv_jobs), act, rule, cfg.sqnr_rows,
-                      kv_strategy, kv_modules, hessians, cfg.gptq_act_order, cfg.gptq_damp)
+                      kv_strategy, kv_modules, hessians, cfg.gptq_act_order, cfg.gptq_damp, device=device)
     extra = {}
     if cfg.algorithm in PREPARE:  # plan-time work of the algorithm (AWQ: search and fold)
         program, extra = PREPARE[cfg.algorithm](ctx, program, reporter)

@@ -135,6 +135,14 @@ def _layout_overrides(opts: dict) -> dict | None:
     return table or None
 
 
+def _rank_output(quiet: bool, as_json: bool) -> tuple[bool, bool]:
+    """Under torchrun only rank 0 prints progress, tables and --json; the others print errors only."""
+    from tfcompile.dist import current
+
+    root = current().is_root
+    return quiet or not root, as_json and root
+
+
 def _build(fmt, recipe_file, sets, ignore, exports, skip, until, calib=None, algorithm=None, evaluation=None,
            targets=None, layout=None, distill=None):
     from tfcompile.recipe.build import build_recipe
@@ -186,6 +194,7 @@ def quantize(model, out, overwrite, as_json, quiet, fmt, recipe_file, sets, igno
     from tfcompile.cli.tables import summary_table
 
     console = stderr_console()
+    quiet, as_json = _rank_output(quiet, as_json)
     layout = _layout_overrides(eval_opts)
     recipe = _build(fmt, recipe_file, sets, ignore, exports, skip, until,
                     dict(data=calib, samples=calib_samples, seq_len=calib_seq_len, seed=calib_seed,
@@ -251,6 +260,7 @@ def distill(model, out, overwrite, as_json, quiet, fmt, recipe_file, sets, ignor
     from tfcompile.cli.output import live_progress_allowed
     from tfcompile.cli.tables import summary_table
 
+    quiet, as_json = _rank_output(quiet, as_json)
     names = {"train_": "train", "distill_data": "data"}
     table = {names.get(k, k): str(v) if isinstance(v, Path) else v for k, v in opts.items() if v is not None}
     console = stderr_console()

@@ -30,6 +30,7 @@ class Context:
     artifact: Any = None  # passes.pack.ArtifactInfo: files written, per-layer figures
     manifest: Any = None  # dict: tfcompile/manifest.json as written
     verify: Any = None  # tfcompile.artifact.verify.VerifyReport
+    world: Any = None  # tfcompile.dist.World under torchrun (rank, size, store); None = one process
     pass_stats: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def with_(self, **changes: Any) -> "Context":

@@ -73,7 +73,12 @@ def run(ctx: Context, recipe: Any, reporter: Any = None) -> Context:
         reporter.pass_started(spec.name)
         t0 = time.perf_counter()
         try:
-            result = spec.run(ctx, entry.config, reporter)
+            if ctx.world is None:
+                result = spec.run(ctx, entry.config, reporter)
+            else:  # torchrun: root-only passes, barriers, failure records (tfcompile/dist/driver.py)
+                from tfcompile.dist.driver import run_pass
+
+                result = run_pass(ctx.world, spec, ctx, entry.config, reporter)
         except (KeyboardInterrupt, PassFailed):
             raise
         except BaseException as e:  # noqa: BLE001 - re-raised with the pass named
