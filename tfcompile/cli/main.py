@@ -59,6 +59,10 @@ def recipe_options(f):
         click.option("--kv-cache", type=click.Choice(["fp8"]), help="Quantize the KV cache: calibrate "
                      "k_scale/v_scale for an FP8 E4M3 cache (adds the calibrate pass)."),
         click.option("--kv-per-head", is_flag=True, default=None, help="One KV scale per KV head."),
+        click.option("--device", metavar="auto|cpu|cuda|cuda:N", help="Where calibration, GPTQ/AWQ, "
+                     "distillation and eval compute (default auto: the GPU when torch sees one; under "
+                     "torchrun each rank's own GPU). Sets every scheduled pass's device; packed bytes "
+                     "are encoded on the CPU either way."),
         click.option("--skip", multiple=True, metavar="PASS", help="Drop a pass from the pipeline."),
         click.option("--until", metavar="PASS", help="Stop after this pass (nothing is written before pack)."),
     ]
@@ -135,16 +139,21 @@ def _layout_overrides(opts: dict) -> dict | None:
     return table or None
 
 
-def _rank_output(quiet: bool, as_json: bool) -> tuple[bool, bool]:
-    """Under torchrun only rank 0 prints progress, tables and --json; the others print errors only."""
+def _rank_output(quiet: bool, as_json: bool):
+    """(console, quiet, as_json): under torchrun only rank 0 prints progress, warnings, tables and
+    --json; the other ranks print only their errors (main's `error:` lines)."""
+    import io
+
+    from rich.console import Console
+
     from tfcompile.dist import current
 
     root = current().is_root
-    return quiet or not root, as_json and root
+    return stderr_console() if root else Console(file=io.StringIO()), quiet or not root, as_json and root
 
 
 def _build(fmt, recipe_file, sets, ignore, exports, skip, until, calib=None, algorithm=None, evaluation=None,
-           targets=None, layout=None, distill=None):
+           targets=None, layout=None, distill=None, device=None):
     from tfcompile.recipe.build import build_recipe
 
     overrides = {}
@@ -170,7 +179,7 @@ def _build(fmt, recipe_file, sets, ignore, exports, skip, until, calib=None, alg
     if fmt is None and recipe_file is None:
         fmt = "nvfp4"
     return build_recipe(fmt=fmt, recipe_file=recipe_file, sets=sets, skip=skip, until=until,
-                        overrides=overrides)
+                        overrides=overrides, device=device)
 
 
 @click.group(context_settings=CONTEXT)
@@ -186,20 +195,19 @@ def cli() -> None:
 @emit_options
 @layout_options
 def quantize(model, out, overwrite, as_json, quiet, fmt, recipe_file, sets, ignore, exports, calib,
-             calib_samples, calib_seq_len, calib_seed, observer, algorithm, kv_cache, kv_per_head, skip, until,
+             calib_samples, calib_seq_len, calib_seed, observer, algorithm, kv_cache, kv_per_head, device, skip, until,
              targets, **eval_opts):
     """Quantize the Hugging Face checkpoint MODEL into an artifact at OUT."""
     from tfcompile.api import run_pipeline
     from tfcompile.cli.eval_cmd import quantize_eval_failed, quantize_eval_table
     from tfcompile.cli.tables import summary_table
 
-    console = stderr_console()
-    quiet, as_json = _rank_output(quiet, as_json)
+    console, quiet, as_json = _rank_output(quiet, as_json)
     layout = _layout_overrides(eval_opts)
     recipe = _build(fmt, recipe_file, sets, ignore, exports, skip, until,
                     dict(data=calib, samples=calib_samples, seq_len=calib_seq_len, seed=calib_seed,
                          observer=observer, kv_cache=kv_cache, kv_per_head=kv_per_head), algorithm, eval_opts,
-                    targets, layout)
+                    targets, layout, device=device)
     reporter = RichReporter(console, quiet=quiet)
     try:
         ctx = run_pipeline(model, out, recipe, overwrite=overwrite, reporter=reporter)
@@ -253,21 +261,20 @@ def distill_options(f):
 @recipe_options
 @distill_options
 def distill(model, out, overwrite, as_json, quiet, fmt, recipe_file, sets, ignore, exports, calib,
-            calib_samples, calib_seq_len, calib_seed, observer, algorithm, kv_cache, kv_per_head, skip, until,
+            calib_samples, calib_seq_len, calib_seed, observer, algorithm, kv_cache, kv_per_head, device, skip, until,
             **opts):
     """Quantize MODEL with quantization-aware distillation against the original; write OUT."""
     from tfcompile.api import run_pipeline
     from tfcompile.cli.output import live_progress_allowed
     from tfcompile.cli.tables import summary_table
 
-    quiet, as_json = _rank_output(quiet, as_json)
+    console, quiet, as_json = _rank_output(quiet, as_json)
     names = {"train_": "train", "distill_data": "data"}
     table = {names.get(k, k): str(v) if isinstance(v, Path) else v for k, v in opts.items() if v is not None}
-    console = stderr_console()
     recipe = _build(fmt, recipe_file, sets, ignore, exports, skip, until,
                     dict(data=calib, samples=calib_samples, seq_len=calib_seq_len, seed=calib_seed,
                          observer=observer, kv_cache=kv_cache, kv_per_head=kv_per_head), algorithm,
-                    distill=table)
+                    distill=table, device=device)
     reporter = RichReporter(console, quiet=quiet)
     if not quiet and not live_progress_allowed(console):  # plain progress lines (loss, ETA) off a TTY
         reporter.note = console.print
@@ -301,7 +308,7 @@ def distill(model, out, overwrite, as_json, quiet, fmt, recipe_file, sets, ignor
 @emit_options
 @layout_options
 def plan(model, fmt, recipe_file, sets, ignore, exports, calib, calib_samples, calib_seq_len, calib_seed,
-         observer, algorithm, kv_cache, kv_per_head, skip, until, targets, **eval_opts):
+         observer, algorithm, kv_cache, kv_per_head, device, skip, until, targets, **eval_opts):
     """Print the resolved recipe (JSON on stdout) without running it."""
     from tfcompile.pipeline.manager import validate
 
@@ -309,7 +316,7 @@ def plan(model, fmt, recipe_file, sets, ignore, exports, calib, calib_samples, c
     recipe = _build(fmt, recipe_file, sets, ignore, exports, skip, until,
                     dict(data=calib, samples=calib_samples, seq_len=calib_seq_len, seed=calib_seed,
                          observer=observer, kv_cache=kv_cache, kv_per_head=kv_per_head), algorithm, eval_opts,
-                    targets, layout)
+                    targets, layout, device=device)
     specs = validate(recipe)
     doc = recipe.to_dict()
     for entry, spec in zip(doc["passes"], specs):
