@@ -18,9 +18,10 @@ sampling, inference mode).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from tfcompile.dist.devices import check_device
 from tfcompile.evaluate.kvcache import KV_MODES
 from tfcompile.evaluate.runner import DTYPES
 from tfcompile.evaluate.text import CORPUS
@@ -41,6 +42,7 @@ class EvalConfig:
     max_kl: float | None = None  # gate: kl_mean (nats/token) <= this
     max_ppl_increase: float | None = None  # gate: perplexity / reference - 1 <= this
     min_top1: float | None = None  # gate: top-1 agreement >= this
+    device: str = field(default="auto", metadata={"runtime": True})  # where both models run (--device)
 
 
 def _supports(recipe, cfg: EvalConfig) -> str | None:
@@ -53,6 +55,7 @@ def _supports(recipe, cfg: EvalConfig) -> str | None:
             return f"eval.{name} must be at least 1, got {getattr(cfg, name)}"
     if cfg.seq_len < 0:
         return f"eval.seq_len must be 0 (default) or positive, got {cfg.seq_len}"
+    check_device(cfg.device, "eval.device")
     if cfg.text != CORPUS and not Path(cfg.text).is_file():  # fail before quantizing, not after
         return f"evaluation text {cfg.text} does not exist or is not a file (--eval-text python-doc|FILE)"
     return None
@@ -67,7 +70,7 @@ def evaluate_artifact(ctx, cfg: EvalConfig, reporter) -> PassResult:
     doc = evaluate(Path(ctx.out_dir), Path(ctx.source_path),
                    text=None if cfg.text == CORPUS else Path(cfg.text), max_tokens=cfg.max_tokens,
                    seq_len=cfg.seq_len or None, batch_size=cfg.batch_size, dtype=cfg.dtype,
-                   kv_cache=cfg.kv_cache, progress=reporter,
+                   kv_cache=cfg.kv_cache, progress=reporter, device=cfg.device, world=ctx.world,
                    thresholds={"max-kl": cfg.max_kl, "max-ppl-increase": cfg.max_ppl_increase,
                                "min-top1": cfg.min_top1})
     section = manifest_section(doc)
@@ -78,7 +81,8 @@ def evaluate_artifact(ctx, cfg: EvalConfig, reporter) -> PassResult:
         err.report = section  # the CLI's --json prints the figures that missed
         raise err
     manifest = dict(ctx.manifest, eval=section)
-    write_manifest(Path(ctx.out_dir), manifest)
+    if ctx.world is None or ctx.world.is_root:  # under torchrun every rank evaluated its batches
+        write_manifest(Path(ctx.out_dir), manifest)
     m = section["metrics"]
     return PassResult(ctx.with_(manifest=manifest),
                       {"perplexity": m["perplexity"], "reference_perplexity": m["reference_perplexity"],

@@ -68,21 +68,31 @@ def layers_table(layers: list[dict]) -> Table:
 @click.option("--max-kl", type=float, help="Gate: mean KL(ref || model) in nats must be <= this.")
 @click.option("--max-ppl-increase", type=float, help="Gate: relative perplexity increase, e.g. 0.05 = 5%.")
 @click.option("--min-top1", type=float, help="Gate: top-1 agreement with the reference must be >= this.")
+@click.option("--device", default="auto", show_default=True, metavar="auto|cpu|cuda|cuda:N",
+              help="Where both models run (auto: the GPU when torch sees one). Under torchrun each rank "
+              "evaluates every N-th batch and the figures equal one process's.")
 @click.option("--layers/--no-layers", default=True, help="Show the per-layer table.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress on stderr.")
 def eval_cmd(model, reference, text, max_tokens, seq_len, batch_size, dtype, kv_cache, max_kl,
-             max_ppl_increase, min_top1, layers, as_json, quiet):
+             max_ppl_increase, min_top1, device, layers, as_json, quiet):
     """Evaluate MODEL (artifact or checkpoint) against --reference: perplexity, KL, top-1, layer SQNR.
 
     Exit 1 when a gate (--max-kl, --max-ppl-increase, --min-top1) is missed."""
+    from tfcompile.cli.main import _rank_output
+    from tfcompile.dist import current
+    from tfcompile.dist.failure import supervise
     from tfcompile.evaluate import evaluate, gate_error
 
-    console = stderr_console()
+    console, quiet, as_json = _rank_output(quiet, as_json)
     reporter = RichReporter(console, quiet=quiet)
-    doc = evaluate(model, reference, text=text, max_tokens=max_tokens, seq_len=seq_len,
-                   batch_size=batch_size, dtype=dtype, kv_cache=kv_cache, progress=reporter,
-                   thresholds={"max-kl": max_kl, "max-ppl-increase": max_ppl_increase, "min-top1": min_top1})
+    world = current()
+    world.begin_run()
+    with supervise(world):
+        doc = evaluate(model, reference, text=text, max_tokens=max_tokens, seq_len=seq_len,
+                       batch_size=batch_size, dtype=dtype, kv_cache=kv_cache, progress=reporter,
+                       thresholds={"max-kl": max_kl, "max-ppl-increase": max_ppl_increase, "min-top1": min_top1},
+                       device=device, world=world)
     reporter._stop()
     for w in doc["warnings"]:
         reporter.warn(w)
@@ -93,7 +103,7 @@ def eval_cmd(model, reference, text, max_tokens, seq_len, batch_size, dtype, kv_
         if layers and doc["layers"]:
             console.print(layers_table(doc["layers"]))
     err = gate_error(doc["gates"])
-    if err is not None:
+    if err is not None and world.is_root:  # under torchrun rank 0 reports the missed gate (exit 1)
         raise err
 
 

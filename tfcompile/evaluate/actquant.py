@@ -37,13 +37,13 @@ def act_quantizer(act: str | None, module: str, static_scale: torch.Tensor | Non
         raise ValueError(f"{module}: activation scheme {act} needs its {STATIC_SCALE[act]}")
     if act == "nvfp4":
         g = static_scale.detach().float().reshape(1).clone()
-        return lambda x: dequantize(quantize_nvfp4_act(x, g, name=module)).to(x.dtype)
+        return lambda x: dequantize(quantize_nvfp4_act(x, g.to(x.device), name=module)).to(x.dtype)
     if act in ("mxfp4", "mxfp8"):
         elem = act[2:]
         return lambda x: dequantize(quantize_mx_act(x, elem, name=module)).to(x.dtype)
     if act == "fp8-static":
         s = static_scale.detach().float().reshape(1).clone()
-        return lambda x: _fp8(x, "static", s, module)
+        return lambda x: _fp8(x, "static", s.to(x.device), module)
     if act == "fp8-token":
         return lambda x: _fp8(x, "per_token", None, module)
     if act == "fp8-group128":

@@ -9,6 +9,8 @@ from typing import Protocol
 
 import torch
 
+from tfcompile.dist import LOCAL
+from tfcompile.dist.devices import resolve_device
 from tfcompile.evaluate.errors import EvalError
 from tfcompile.evaluate.gates import check_gates
 from tfcompile.evaluate.kvcache import KV_MODES, not_emulated
@@ -37,10 +39,12 @@ def _vocab(model) -> int:
 def evaluate(model_path: Path, reference: Path, *, text: Path | None = None, max_tokens: int = 16384,
              seq_len: int | None = None, batch_size: int = 4, dtype: str = "float32",
              kv_cache: str = "auto", thresholds: dict[str, float | None] | None = None,
-             progress: Progress | None = None) -> dict:
+             progress: Progress | None = None, device: str = "auto", world=None) -> dict:
     """The report as a JSON-ready dict (see docs/ci.md for the fields).
 
-    kv_cache: "auto" emulates an artifact's FP8 KV cache (kvcache.py), "off" does not."""
+    kv_cache: "auto" emulates an artifact's FP8 KV cache (kvcache.py), "off" does not.
+    device: where both models run (tfcompile/dist/devices.py). Under torchrun (`world`) batch b
+    runs on rank b mod N and every rank gets the figures one process computes, bit for bit."""
     for name, value in (("--max-tokens", max_tokens), ("--seq-len", seq_len), ("--batch-size", batch_size)):
         _check_positive(name, value)
     if dtype not in DTYPES:
@@ -60,7 +64,10 @@ def evaluate(model_path: Path, reference: Path, *, text: Path | None = None, max
     seq_len = _seq_len(ref, seq_len)
     rows = token_rows(source.text, tokenizer, max_tokens=max_tokens,
                       seq_len=seq_len, vocab=vocab)
-    logit_m, layer_m = _run(cand, ref, batches(rows, batch_size), progress)
+    dev = resolve_device(device, world)
+    cand.model.to(dev)
+    ref.to(dev)
+    logit_m, layer_m = _run(cand, ref, batches(rows, batch_size), progress, world or LOCAL, dev)
     kv_entry, kv_warnings = _kv_report(cand, kv_cache)
     metrics = logit_m.result()
     shapes = {n: list(q.module.weight.shape) for n, q in cand.linears.items()}
@@ -100,22 +107,37 @@ def _seq_len(ref, seq_len: int | None) -> int:
     return seq_len
 
 
-def _run(cand, ref, work: list[torch.Tensor], progress: Progress | None) -> tuple[LogitMetrics, LayerSQNR]:
-    """Both models over every [B, L] batch; the running metrics."""
+def _run(cand, ref, work: list[torch.Tensor], progress: Progress | None, world=LOCAL,
+         device: torch.device | str = "cpu") -> tuple[LogitMetrics, LayerSQNR]:
+    """Both models over every [B, L] batch (this rank's, under torchrun); the metrics."""
     logit_m, layer_m = LogitMetrics(), LayerSQNR()
     layer_m.attach(cand.linears, ref)
+    mine = range(world.rank, len(work), world.size)
     if progress is not None:
-        progress.task("eval", len(work))
+        progress.task("eval", len(mine))
+    terms = {}  # batch -> (row terms, layer terms): what other ranks replay
     try:
         with torch.inference_mode():
-            for ids in work:
+            for b in mine:
+                ids = work[b].to(device)
                 logits = cand.model(input_ids=ids).logits  # candidate first: layer_m pairs outputs
                 ref_logits = ref(input_ids=ids).logits
-                logit_m.update(ids, logits, ref_logits)
+                rows = logit_m.update(ids, logits, ref_logits)
+                if world.distributed:
+                    terms[b] = (rows, layer_m.take())
                 if progress is not None:
                     progress.advance(1, f"{ids.numel()} tokens")
     finally:
         layer_m.detach()
+    if world.distributed:  # every batch's terms, added in batch order as one process adds them
+        logit_m, layers = LogitMetrics(), LayerSQNR(acc={n: type(a)() for n, a in layer_m.acc.items()})
+        for part in world.all_objects("eval/terms", terms):
+            terms.update(part)
+        for b in range(len(work)):
+            for row in terms[b][0]:
+                logit_m.add(row)
+            layers.add(terms[b][1])
+        layer_m = layers
     return logit_m, layer_m
 
 
