@@ -81,12 +81,14 @@ class Recorders:
                                   hint="this architecture is not supported for --kv-cache yet")
         kv_v = max_tensors(world, self.kv.v) if self.kv is not None else {}
         amax = max_values(world, {n: o.amax() for n, o in self.observers.items() if n not in self.replayed})
-        hessians, seconds, owner = self.hessians.result(), dict(self.hessians.seconds), {}
+        hessians, seconds, owner = self.hessians.result(), {}, {}
         mine = {n: self.observers[n].amax() for n in self.replayed}
-        for r, (part, keys, secs) in enumerate(world.all_objects("calib/stats", (mine, sorted(set(hessians) | self.hessians.taken), seconds))):
+        held = sorted(set(hessians) | self.hessians.taken)
+        for r, (part, keys, secs) in enumerate(world.all_objects("calib/stats", (mine, held, self.hessians.seconds))):
             amax.update({n: v for n, v in part.items() if self.replay.owners[f"obs/{n}"] == r})
             owner.update(dict.fromkeys(keys, r))
-            seconds.update(secs)
+            for k, v in secs.items():  # every rank computed X^T X for its own batches
+                seconds[k] = seconds.get(k, 0.0) + v
         amax = {n: v for n, v in sorted(amax.items()) if v is not None}
         resolved, fallback = _resolve(self.modules, amax)
         kv_amax = {n: (kv_k[n], kv_v[n]) for n in sorted(kv_k)}
@@ -106,22 +108,31 @@ class HessianRecorder:
         self._h: dict[str, torch.Tensor] = {}
         self._n: dict[str, int] = {}
         self.taken: set[str] = set()  # keys handed out by take() (spilled by the layer loop)
-        self.seconds: dict[str, float] = {}  # group key -> seconds spent accumulating its H
-        route = replay.wrap if replay is not None else (lambda key, fn: fn)
-        self.hooks = [mod.register_forward_pre_hook(_first_arg(route(f"hess/{groups[name]}",
-                                                                     self._update(groups[name]))))
+        self.seconds: dict[str, float] = {}  # group key -> seconds spent computing X^T X
+        route = replay.wrap if replay is not None else (lambda key, fold, prep: lambda x: fold(*prep(x)))
+        self.hooks = [mod.register_forward_pre_hook(_first_arg(route(f"hess/{groups[name]}", self._fold(groups[name]),
+                                                                     self._prepare(groups[name]))))
                       for name, mod in model.named_modules() if name in groups]
 
-    def _update(self, key: str):
-        def update(x: torch.Tensor) -> None:
+    def _prepare(self, key: str):
+        """One batch's X^T X (fp32, on x's device) and its row count: the expensive part, which
+        under torchrun runs on the rank that ran the batch."""
+        def prepare(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             t0 = time.perf_counter()
-            x = x.detach().reshape(-1, x.shape[-1]).float()  # fp32 accumulation on x's device
+            x = x.detach().reshape(-1, x.shape[-1]).float()
             h = x.T @ x
-            self._h[key] = h if key not in self._h else self._h[key] + h
-            self._n[key] = self._n.get(key, 0) + x.shape[0]
             self.seconds[key] = self.seconds.get(key, 0.0) + time.perf_counter() - t0
+            return h, torch.tensor([x.shape[0]])
 
-        return update
+        return prepare
+
+    def _fold(self, key: str):
+        """H = H + X_b^T X_b in batch order (on the group's owner rank under torchrun)."""
+        def fold(h: torch.Tensor, rows: torch.Tensor) -> None:
+            self._h[key] = h if key not in self._h else self._h[key] + h
+            self._n[key] = self._n.get(key, 0) + int(rows)
+
+        return fold
 
     def result(self) -> dict[str, torch.Tensor]:
         return {k: self._h[k] / self._n[k] for k in sorted(self._h)}

@@ -307,9 +307,16 @@ def distill(model, out, overwrite, as_json, quiet, fmt, recipe_file, sets, ignor
 @eval_options
 @emit_options
 @layout_options
+@click.option("--estimate", is_flag=True, help="Estimate the run from MODEL/config.json alone (no weights): "
+              "output size, host and device memory per rank, disk, seconds per pass (docs/distributed.md).")
+@click.option("--devices", default="cpu", show_default=True, metavar="NxDEVICE",
+              help="With --estimate: per node, e.g. 8xH200, 8xH100, 8xB200; cpu or 2xcpu: processes here.")
+@click.option("--nodes", default=1, show_default=True, type=int, help="With --estimate: nodes.")
+@click.option("--json", "as_json", is_flag=True, help="With --estimate: the estimate as JSON on stdout.")
 def plan(model, fmt, recipe_file, sets, ignore, exports, calib, calib_samples, calib_seq_len, calib_seed,
-         observer, algorithm, kv_cache, kv_per_head, device, skip, until, targets, **eval_opts):
-    """Print the resolved recipe (JSON on stdout) without running it."""
+         observer, algorithm, kv_cache, kv_per_head, device, skip, until, targets, estimate, devices, nodes, as_json,
+         **eval_opts):
+    """Print the resolved recipe (JSON on stdout) without running it; --estimate: what it needs."""
     from tfcompile.pipeline.manager import validate
 
     layout = _layout_overrides(eval_opts)
@@ -318,6 +325,20 @@ def plan(model, fmt, recipe_file, sets, ignore, exports, calib, calib_samples, c
                          observer=observer, kv_cache=kv_cache, kv_per_head=kv_per_head), algorithm, eval_opts,
                     targets, layout, device=device)
     specs = validate(recipe)
+    if estimate:
+        from tfcompile.errors import UsageError
+        from tfcompile.estimate.plan import estimate as run_estimate
+        from tfcompile.estimate.report import estimate_table
+
+        if model is None:
+            raise UsageError("plan --estimate needs MODEL (a directory with config.json, or the file)",
+                             hint="e.g. tfcompile plan examples/configs/deepseek-v3 --format nvfp4 --estimate")
+        doc = run_estimate(model, recipe, devices, nodes)
+        if as_json:
+            emit_json(doc)
+        else:
+            stderr_console().print(estimate_table(doc))
+        return
     doc = recipe.to_dict()
     for entry, spec in zip(doc["passes"], specs):
         entry["requires"], entry["produces"] = sorted(spec.requires), sorted(spec.produces)

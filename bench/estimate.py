@@ -1,0 +1,232 @@
+"""Bench: `tfcompile plan --estimate` against measured runs (issue #17: within 30%).
+
+    python bench/estimate.py --measure          # microbenchmarks -> THIS_MACHINE (tfcompile/estimate/throughputs.py)
+    python bench/estimate.py [--repeat 3] [--committed] [--write-docs]
+
+--measure times the primitives the estimator is built from, each on its own (one bf16 layer
+GEMM, one fp32 X^T X, SDPA, a real decoder layer, a whole RTN pack of a 0.35 GB model,
+sha256, a cold read, the GPTQ factorisations, lazy update and column sweep, an idle
+process's RSS) and prints the dict to paste into THIS_MACHINE. Without --committed the
+comparison measures them first and hands them to `plan` (TFCOMPILE_THROUGHPUTS), so the
+estimate and the runs see the same load on this shared machine.
+
+The comparison builds the synthetic 1.1B Llama of bench/calibrate.py (hidden 2048,
+intermediate 8192, 16 layers; random bf16 weights, not committed) and, for each recipe, runs
+`tfcompile quantize ... --json` (median of --repeat runs, the source hash cache off so each
+run hashes as a first run does: pass seconds from the pass stats,
+peak RSS from GNU time, tensor bytes from the manifest) next to `tfcompile plan --estimate
+--json` for the same recipe on this machine (`--devices cpu`). Recipes: nvfp4a16 RTN (the
+pack pass), nvfp4 calibrated on 8 x 256 random tokens (the calibrate pass), and nvfp4a16 GPTQ
+on a 4-layer model of the same widths (the solves). A figure passes within 30%; the output
+size must be exact.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import git_revision, machine_line, median, replace_doc_section, require_gnu_time, run_timed, wait_idle  # noqa: E402
+from quantize import make_checkpoint, tfcompile_argv  # noqa: E402
+
+WORK = Path("/tmp/tfc-bench-estimate")
+THROUGHPUTS = WORK / "throughputs.json"  # this session's --measure (TFCOMPILE_THROUGHPUTS for plan)
+HEADING = "## Resource estimates: plan --estimate vs measured"
+SHAPE_1B = dict(hidden=2048, intermediate=8192, heads=32, kv_heads=8, vocab=32000)
+CALIB = ["--calib", "random", "--calib-samples", "8", "--calib-seq-len", "256"]
+RECIPES = {  # name -> (layers, quantize options, pass compared)
+    "rtn": (16, ["--format", "nvfp4a16"], "pack"),
+    "calibrated": (16, ["--format", "nvfp4", *CALIB], "calibrate"),
+    "gptq": (4, ["--format", "nvfp4a16", "--algorithm", "gptq", *CALIB], "pack"),
+}
+TOLERANCE = 0.30
+
+
+def measure() -> dict:
+    """The primitives, medians of 5 (see the module docstring)."""
+    import hashlib
+    import os
+
+    import torch
+
+    from tfcompile.passes.quantize.gptq import gptq_values
+
+    def timed(fn, n=5):
+        fn()
+        ts = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t0)
+        return statistics.median(ts)
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2048, 2048, generator=g).bfloat16()
+    w = torch.randn(8192, 2048, generator=g).bfloat16()
+    out = {"cpu_cores": os.cpu_count()}
+    out["bf16_gemm_gflops"] = 2 * 2048 * 2048 * 8192 / timed(lambda: x @ w.T) / 1e9
+    xf = x.float()
+    out["fp32_gemm_gflops"] = 2 * 2048 ** 3 / timed(lambda: xf.T @ xf) / 1e9
+    q = torch.randn(4, 32, 256, 64, generator=g).bfloat16()
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    out["attn_gflops"] = 4 * 4 * 32 * 256 * 256 * 64 / timed(lambda: sdpa(q, q, q, is_causal=True)) / 1e9
+    out["elementwise_ns"] = _layer_overhead(timed, out)
+    blob = os.urandom(256 << 20)
+    f = WORK / "read.bin"
+    f.parent.mkdir(parents=True, exist_ok=True)
+    f.write_bytes(blob)
+
+    def cold_read():
+        fd = os.open(f, os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        while os.read(fd, 8 << 20):
+            pass
+        os.close(fd)
+
+    out["read_gbps"] = len(blob) / timed(cold_read, 3) / 1e9
+    out["sha256_gbps"] = len(blob) / timed(lambda: hashlib.sha256(blob).digest(), 3) / 1e9
+    out["pack_gbps"] = _pack_rate()
+    torch.set_num_threads(1)
+    hk = torch.randn(2048, 2048, generator=g)
+    hk = hk @ hk.T / 2048 + torch.eye(2048)
+    out["chol_gflops"] = 4 / 3 * 2048 ** 3 / timed(
+        lambda: torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(hk)), upper=True), 3) / 1e9
+    e, hb = torch.randn(2048, 128, generator=g), torch.randn(128, 4096, generator=g)
+    out["fp32_gemm_1t_gflops"] = 2 * 2048 * 128 * 4096 / timed(lambda: e @ hb) / 1e9
+    cols = {}
+    for rows in (256, 2048):
+        wk, h = torch.randn(rows, 512, generator=g), torch.eye(512)
+        m = torch.full((rows, 512), 0.05)
+        cols[rows] = timed(lambda: gptq_values(wk, h, m, "e2m1", act_order=False), 3) / 512
+    per_row = (cols[2048] - cols[256]) / (2048 - 256)
+    out["gptq_column_us"] = (cols[256] - 256 * per_row) * 1e6
+    out["gptq_element_ns"] = per_row * 1e9
+    t = run_timed([sys.executable, "-c", "import torch, transformers, tfcompile.cli.main, tfcompile.passes.builtin"])
+    out["base_rss_gb"] = t.max_rss_bytes / 1e9
+    return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in out.items()}
+
+
+def _pack_rate() -> float:
+    """GB of bf16 source per second through a whole RTN `tfcompile quantize` (quantize, write,
+    hash; the source hash cache off) of a small model (4 layers of hidden 1024, 0.35 GB):
+    the pack pass's throughput here, processes and threads as a user runs it."""
+    model = make_checkpoint(WORK / "llama-small", 0, shape=dict(hidden=1024, intermediate=4096, heads=16,
+                                                               kv_heads=4, vocab=32000), layers=4)
+    rates = []
+    for _ in range(3):
+        doc = WORK / "small.json"
+        t = run_timed([*tfcompile_argv(), "quantize", str(model), "-o", str(WORK / "out-small"), "--overwrite",
+                       "--format", "nvfp4a16", "--set", "pack.hash_cache=false", "--json", "-q"], stdout=doc)
+        if t.rc:
+            sys.exit(t.stderr_tail)
+        d = json.loads(doc.read_text())
+        rates.append(d["passes"]["pack"]["bytes_in"] / d["passes"]["pack"]["seconds"] / 1e9)
+    return statistics.median(rates)
+
+
+def _layer_overhead(timed, rates: dict) -> float:
+    """A real decoder layer (1.1B widths, 4 x 256 tokens) beyond its GEMMs and attention: norms,
+    RoPE, SiLU, residuals, as ns per token per (4 x hidden + 3 x intermediate) elements."""
+    import torch
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+
+    cfg = LlamaConfig(hidden_size=2048, intermediate_size=8192, num_attention_heads=32, num_key_value_heads=8)
+    layer = LlamaDecoderLayer(cfg, 0).to(torch.bfloat16).eval()
+    h = torch.randn(4, 256, 2048).bfloat16()
+    pe = LlamaRotaryEmbedding(cfg)(h, torch.arange(256)[None].expand(4, -1))
+    with torch.inference_mode():
+        t = timed(lambda: layer(h, position_embeddings=pe, attention_mask=None))
+    tokens, params = 4 * 256, sum(p.numel() for p in layer.parameters() if p.dim() == 2)
+    rest = t - 2 * tokens * params / (rates["bf16_gemm_gflops"] * 1e9) \
+        - 4 * 4 * 32 * 256 * 256 * 64 / (rates["attn_gflops"] * 1e9)
+    return max(rest, 0.0) / (tokens * (4 * 2048 + 3 * 8192)) * 1e9
+
+
+def _runs(name: str, repeat: int, wait: float) -> dict:
+    layers, opts, pass_name = RECIPES[name]
+    model = make_checkpoint(WORK / f"llama-1b-{layers}", 0, shape=SHAPE_1B, layers=layers)
+    est_json = WORK / f"{name}-estimate.json"
+    env = dict(os.environ, **({"TFCOMPILE_THROUGHPUTS": str(THROUGHPUTS)} if THROUGHPUTS.exists() else {}))
+    t = run_timed([*tfcompile_argv(), "plan", str(model), *opts, "--estimate", "--json"], stdout=est_json, env=env)
+    if t.rc:
+        sys.exit(f"plan --estimate failed: {t.stderr_tail}")
+    est = json.loads(est_json.read_text())
+    seconds, rss, busy = [], [], []
+    for _ in range(repeat):
+        busy.append(wait_idle(wait))
+        out_json = WORK / f"{name}-run.json"
+        run = run_timed([*tfcompile_argv(), "quantize", str(model), "-o", str(WORK / f"out-{name}"), "--overwrite",
+                         *opts, "--set", "pack.hash_cache=false", "--json", "-q"], stdout=out_json)
+        if run.rc:
+            sys.exit(f"quantize failed: {run.stderr_tail}")
+        doc = json.loads(out_json.read_text())
+        seconds.append(doc["passes"][pass_name]["seconds"])
+        rss.append(run.max_rss_bytes / 1e9)
+    measured = {"seconds": median(seconds), "rss_gb": median(rss), "output_bytes": doc["summary"]["bytes_out"]}
+    predicted = {"seconds": est["passes"][pass_name]["seconds"], "rss_gb": est["memory"]["host_gb_per_rank"],
+                 "output_bytes": est["output_bytes"]}
+    ratio = {k: predicted[k] / measured[k] for k in ("seconds", "rss_gb")}
+    return {"recipe": name, "layers": layers, "options": opts, "pass": pass_name, "measured": measured,
+            "estimate": predicted, "ratio": {k: round(v, 3) for k, v in ratio.items()},
+            "runs_seconds": seconds, "busy_cores": busy,
+            "ok": predicted["output_bytes"] == measured["output_bytes"]
+            and all(abs(v - 1) <= TOLERANCE for v in ratio.values())}
+
+
+def _markdown(results: list[dict]) -> str:
+    lines = [HEADING, "", f"`python bench/estimate.py --write-docs` ({machine_line()}, commit {git_revision()}): "
+             "`tfcompile plan MODEL ... --estimate --devices cpu` next to the measured `tfcompile quantize` of the "
+             "same recipe on the synthetic 1.1B Llama (hidden 2048, intermediate 8192; 16 layers, GPTQ on 4), "
+             "medians of the runs. The estimates use throughputs measured by microbenchmarks minutes before "
+             "(`--measure`: one layer, a 0.35 GB model's pack, one factorisation...; THIS_MACHINE in "
+             "tfcompile/estimate/throughputs.py holds a set of them), never these runs.", "",
+             "| recipe | pass | measured s | estimated s | ratio | peak RSS GB | estimated GB | ratio | "
+             "output bytes (measured = estimated) | within 30% |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        m, e = r["measured"], r["estimate"]
+        lines.append(f"| {r['recipe']} | {r['pass']} | {m['seconds']:.1f} | {e['seconds']:.1f} | {r['ratio']['seconds']:.2f} "
+                     f"| {m['rss_gb']:.2f} | {e['rss_gb']:.2f} | {r['ratio']['rss_gb']:.2f} | {m['output_bytes']:,} "
+                     f"({'=' if m['output_bytes'] == e['output_bytes'] else '!='}) | {'yes' if r['ok'] else 'NO'} |")
+    busy = [b for r in results for b in r["busy_cores"]]
+    lines += ["", f"Other load on the machine during the runs: {min(busy):.1f}-{max(busy):.1f} busy cores "
+              "(of 2); the throughputs were measured under similar load."]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--measure", action="store_true", help="only measure the throughputs and print them")
+    ap.add_argument("--committed", action="store_true", help="estimate with the committed THIS_MACHINE "
+                    "figures instead of measuring them first")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--wait", type=float, default=30.0, help="seconds to wait for an idle machine per run")
+    ap.add_argument("--only", default=",".join(RECIPES))
+    ap.add_argument("--write-docs", action="store_true")
+    args = ap.parse_args()
+    require_gnu_time()
+    if args.measure or not args.committed:
+        rates = measure()
+        THROUGHPUTS.write_text(json.dumps(rates, indent=2))
+        print(json.dumps(rates, indent=2))
+        if args.measure:
+            return
+    else:
+        THROUGHPUTS.unlink(missing_ok=True)
+    results = [_runs(n, args.repeat, args.wait) for n in args.only.split(",")]
+    print(json.dumps(results, indent=2))
+    (WORK / "results.json").write_text(json.dumps(results, indent=2))
+    if args.write_docs:
+        print(replace_doc_section(HEADING, _markdown(results)), file=sys.stderr)
+    if not all(r["ok"] for r in results):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

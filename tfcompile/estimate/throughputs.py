@@ -1,0 +1,114 @@
+"""Every number `tfcompile plan --estimate` uses, each with where it comes from.
+
+- ACCELERATORS: published per-GPU figures (vendor datasheets; the H100/B200 bf16 peaks are
+  the tuner's, tfcompile/tune/hardware.py, so the two never disagree).
+- NODES: the machines they come in (DGX datasheets) and the storage/network figures that are
+  our assumptions, said as such.
+- THIS_MACHINE: throughputs measured here by `python bench/estimate.py --measure` (the bench
+  prints this dict; the date and machine are in docs/performance.md "Resource estimates").
+- ASSUMED: efficiencies that no datasheet gives (fraction of a peak reached), with a reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tfcompile.tune.hardware import TARGETS
+
+_H100 = "NVIDIA H100 Tensor Core GPU datasheet (SXM5)"
+_H200 = "NVIDIA H200 Tensor Core GPU datasheet (SXM): 141 GB HBM3e, 4.8 TB/s; compute as H100 SXM"
+_B200 = "NVIDIA DGX B200 datasheet: 1,440 GB HBM3e over 8 GPUs, 64 TB/s; HGX B200: 600 TFLOPS FP32 per 8 GPUs"
+_DGX_H = "NVIDIA DGX H100/H200 datasheet: 2x Xeon Platinum 8480C (112 cores), 2 TB RAM, 8x 3.84 TB NVMe, " \
+         "8x 400 Gb/s ConnectX-7"
+_DGX_B = "NVIDIA DGX B200 datasheet: 2x Xeon Platinum 8570 (112 cores), 2 TB RAM (4 TB option), " \
+         "8x 3.84 TB NVMe, 8x 400 Gb/s ConnectX-7"
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    name: str
+    memory_gb: float  # HBM per GPU (GB = 1e9 bytes)
+    hbm_tbps: float
+    bf16_tflops: float  # dense tensor-core peak
+    fp32_tflops: float  # non-tensor FP32 (Hessians and GPTQ stay FP32: TF32 is off)
+    h2d_gbps: float  # host -> device copy, PCIe Gen5 x16 per direction
+    nvlink_gbps: float  # GPU <-> GPU in a node, per direction
+    source: str
+
+
+ACCELERATORS = {
+    "H100": Accelerator("H100 SXM5 80GB", 80, 3.35, TARGETS["sm_90a"].peak_tflops["bf16"], 67.0, 64.0, 450.0,
+                        _H100 + ": 989 TFLOPS BF16 dense, 67 TFLOPS FP32, NVLink 900 GB/s, PCIe Gen5 128 GB/s"),
+    "H200": Accelerator("H200 SXM 141GB", 141, 4.8, TARGETS["sm_90a"].peak_tflops["bf16"], 67.0, 64.0, 450.0,
+                        _H200),
+    "B200": Accelerator("B200 180GB", 180, 8.0, TARGETS["sm_100a"].peak_tflops["bf16"], 75.0, 64.0, 900.0,
+                        _B200 + "; NVLink 5 1.8 TB/s per GPU"),
+}
+
+
+@dataclass(frozen=True)
+class Node:
+    accelerators: int
+    cpu_cores: int
+    ram_gb: float
+    disk_read_gbps: float  # local NVMe, whole node (assumption: half the drives' sequential rate)
+    disk_write_gbps: float
+    network_gbps: float  # between nodes, per GPU (400 Gb/s = 50 GB/s line rate)
+    source: str
+
+
+NODES = {
+    "H100": Node(8, 112, 2000, 25.0, 12.0, 50.0, _DGX_H),
+    "H200": Node(8, 112, 2000, 25.0, 12.0, 50.0, _DGX_H),
+    "B200": Node(8, 112, 2000, 25.0, 12.0, 50.0, _DGX_B),
+}
+
+# Measured on this machine (2 vCPUs, no GPU) by `python bench/estimate.py --measure`, medians of
+# 5, on 2026-12-01 while other jobs kept the load average near 20 (so these are what a busy
+# 2-core CI box gives; an idle one is faster). One thread unless it says "all threads".
+THIS_MACHINE = {
+    "cpu_cores": 2,
+    "ram_gb": 24,
+    "bf16_gemm_gflops": 125.0,  # all threads: bf16 [2048 x 2048] @ [2048 x 8192] (a layer's forward GEMM)
+    "fp32_gemm_gflops": 31.6,  # all threads: fp32 X^T X, X [2048 x 2048] (a Hessian update)
+    "attn_gflops": 19.9,  # all threads: torch SDPA, bf16, causal, 4 x 32 heads x 256 x 64
+    # all threads: a real decoder layer's time beyond GEMMs and attention (norms, RoPE, SiLU,
+    # residuals), per token per (4 x hidden + 3 x intermediate) elements
+    "elementwise_ns": 0.5,
+    # GB of bf16 source per second through a whole RTN pack (fused quantizers, writer thread,
+    # source sha256), measured on a 0.35 GB model
+    "pack_gbps": 0.5,
+    "sha256_gbps": 0.63,  # one thread
+    "read_gbps": 2.68,  # a cold read (posix_fadvise DONTNEED first), 8 MiB reads
+    "write_gbps": 2.2,  # O_DIRECT through the 8 MiB staging buffer (docs/design.md "Streaming")
+    "chol_gflops": 77.0,  # one thread: cholesky, cholesky_inverse, cholesky of a 2048 x 2048 (4/3 K^3)
+    "fp32_gemm_1t_gflops": 15.0,  # one thread: [2048 x 128] @ [128 x 4096] (GPTQ's lazy block update)
+    "gptq_column_us": 182.0,  # one thread: fixed cost of one column of the GPTQ sweep (~25 small ops)
+    "gptq_element_ns": 292.0,  # one thread: per row of that column (incl. the in-block rank-1 update)
+    "base_rss_gb": 0.29,  # python + torch + transformers + tfcompile imported, before the first pass
+    "gloo_gbps": 1.0,  # loopback gloo p2p between two processes (assumed, not measured)
+}
+
+
+def this_machine() -> dict:
+    """THIS_MACHINE, with the figures of TFCOMPILE_THROUGHPUTS (a JSON file, as `bench/estimate.py
+    --measure` prints) in place of the committed ones: the bench compares runs against
+    throughputs measured minutes before, under the same load."""
+    import json
+    import os
+
+    path = os.environ.get("TFCOMPILE_THROUGHPUTS")
+    return {**THIS_MACHINE, **(json.loads(open(path).read()) if path else {})}
+
+
+ASSUMED = {
+    # A decoder layer's forward in calibration batches (4 x 512 tokens) reaches ~40% of the bf16
+    # tensor-core peak: GEMMs of M = 2048 rows plus norms, RoPE and attention at low intensity.
+    "gpu_forward_efficiency": 0.40,
+    "gpu_fp32_efficiency": 0.60,  # X^T X and Cholesky on the FP32 pipes
+    # One GPTQ column is ~25 dependent small kernels (launch-bound): ~8 us each from Python.
+    "gpu_gptq_column_us": 200.0,
+    "link_efficiency": 0.8,  # of NVLink / InfiniBand line rate for the replayed activations
+    "sync_ms": 2.0,  # one round of store barriers and metadata exchange between ranks
+    "host_copy_gbps": 10.0,  # host memory bandwidth for one process's tensor copies
+}
