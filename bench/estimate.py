@@ -57,14 +57,10 @@ def measure() -> dict:
 
     from tfcompile.passes.quantize.gptq import gptq_values
 
+    from formats import median_s
+
     def timed(fn, n=5):
-        fn()
-        ts = []
-        for _ in range(n):
-            t0 = time.perf_counter()
-            fn()
-            ts.append(time.perf_counter() - t0)
-        return statistics.median(ts)
+        return median_s(fn, n)
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(2048, 2048, generator=g).bfloat16()

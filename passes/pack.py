@@ -81,10 +81,7 @@ def pack(ctx, cfg: PackConfig, reporter) -> PassResult:
     if "modelopt" in cfg.export:
         sinks["modelopt"] = ShardSink(out / "modelopt", _modelopt_specs(program), limit, "modelopt/", owned=owned)
     view = layout_pass.open_view(ctx)  # the engine view OUT/<target>/ (passes/layout.py), or None
-    if view is not None:
-        if world.distributed:
-            raise RecipeError(f"the {view.dir}/ engine view is not written by more than one process yet",
-                              hint="run this --layout without torchrun, or drop --tp")
+    if view is not None:  # (one process only: tfcompile/dist/driver.py refuses it after the layout pass)
         sinks[view.dir] = ShardSink(out / view.dir, view.specs(), limit, f"{view.dir}/")
     files: dict[str, str] = {}
     try:
