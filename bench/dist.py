@@ -85,7 +85,7 @@ def bench(repeat: int, wait: float) -> list[dict]:
 
 
 def _markdown(results: list[dict], repeat: int) -> str:
-    lines = [HEADING, "", f"`python bench/dist.py --repeat {repeat} --write-docs` ({machine_line()}, commit "
+    lines = [f"`python bench/dist.py --repeat {repeat} --write-docs` ({machine_line()}, commit "
              f"{git_revision()}), the synthetic 1.1B Llama (16 layers, hidden 2048, 2.2 GB bf16). One process "
              "(`tfcompile quantize`) against two (`torchrun --standalone --nproc-per-node 2 -m tfcompile quantize`, "
              "gloo, one thread each), runs alternating, medians. The two artifacts are compared byte for byte.", "",

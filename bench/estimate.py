@@ -88,6 +88,7 @@ def measure() -> dict:
     out["read_gbps"] = len(blob) / timed(cold_read, 3) / 1e9
     out["sha256_gbps"] = len(blob) / timed(lambda: hashlib.sha256(blob).digest(), 3) / 1e9
     out["pack_gbps"] = _pack_rate()
+    out["calibrate_setup_s"] = _calibrate_setup()
     torch.set_num_threads(1)
     hk = torch.randn(2048, 2048, generator=g)
     hk = hk @ hk.T / 2048 + torch.eye(2048)
@@ -124,6 +125,29 @@ def _pack_rate() -> float:
         d = json.loads(doc.read_text())
         rates.append(d["passes"]["pack"]["bytes_in"] / d["passes"]["pack"]["seconds"] / 1e9)
     return statistics.median(rates)
+
+
+SETUP_SRC = """
+import json, sys, time, torch
+import tfcompile.passes.builtin  # what a run has imported before its calibrate pass
+from tfcompile.calibration.sequential import observe_sequential
+from tfcompile.io.checkpoint import open_checkpoint
+t0 = time.perf_counter()
+observe_sequential(sys.argv[1], open_checkpoint(sys.argv[1]), set(), data="random", samples=1, seq_len=8, seed=0,
+                   dtype=torch.bfloat16)
+print(json.dumps(time.perf_counter() - t0))
+"""
+
+
+def _calibrate_setup() -> float:
+    """The layer loop's fixed cost as a run's calibrate pass pays it (transformers imported, the
+    model built on the meta device, tokens, hooks): one token through a 4-layer model of hidden
+    1024, in a fresh process (median of 3)."""
+    import subprocess
+
+    return statistics.median(float(subprocess.run([sys.executable, "-c", SETUP_SRC, str(WORK / "llama-small")],
+                                                  capture_output=True, text=True, check=True).stdout)
+                             for _ in range(3))
 
 
 def _layer_overhead(timed, rates: dict) -> float:
@@ -177,7 +201,7 @@ def _runs(name: str, repeat: int, wait: float) -> dict:
 
 
 def _markdown(results: list[dict]) -> str:
-    lines = [HEADING, "", f"`python bench/estimate.py --write-docs` ({machine_line()}, commit {git_revision()}): "
+    lines = [f"`python bench/estimate.py --write-docs` ({machine_line()}, commit {git_revision()}): "
              "`tfcompile plan MODEL ... --estimate --devices cpu` next to the measured `tfcompile quantize` of the "
              "same recipe on the synthetic 1.1B Llama (hidden 2048, intermediate 8192; 16 layers, GPTQ on 4), "
              "medians of the runs. The estimates use throughputs measured by microbenchmarks minutes before "
@@ -196,6 +220,44 @@ def _markdown(results: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+PLANS_HEADING = "## Estimates for large models"
+PLANS = [  # (config, options)
+    ("deepseek-v3", ["--format", "nvfp4a16"]),
+    ("deepseek-v3", ["--format", "nvfp4", "--calib-samples", "512", "--calib-seq-len", "2048"]),
+    ("deepseek-v3", ["--format", "nvfp4a16", "--algorithm", "gptq", "--calib-samples", "512", "--calib-seq-len", "2048"]),
+    ("llama-3.1-405b", ["--format", "nvfp4a16", "--algorithm", "gptq", "--calib-samples", "512", "--calib-seq-len", "2048"]),
+    ("llama-3.1-8b", ["--format", "nvfp4a16", "--algorithm", "gptq", "--calib-samples", "512", "--calib-seq-len", "2048"]),
+]
+CLUSTERS = [("8xH200", 1), ("8xH200", 4), ("8xB200", 1)]
+
+
+def plans_markdown() -> str:
+    """`plan --estimate` on the committed example configs: docs/distributed.md's table."""
+    configs = Path(__file__).resolve().parents[1] / "examples" / "configs"
+    rows = ["| model | recipe | cluster | output GB | host GB/rank | device GB/rank | Hessian spill GB/rank | "
+            "calibrate | pack | total |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, opts in PLANS:
+        for devices, nodes in CLUSTERS:
+            path = WORK / "plan.json"
+            t = run_timed([*tfcompile_argv(), "plan", str(configs / name), *opts, "--estimate", "--devices", devices,
+                           "--nodes", str(nodes), "--json"], stdout=path)
+            if t.rc:
+                sys.exit(t.stderr_tail)
+            d = json.loads(path.read_text())
+            p, m = d["passes"], d["memory"]
+            recipe = " ".join(o for o in opts if not o.startswith("--")).replace("512 2048", "512x2048 tokens")
+            calib = f"{p['calibrate']['seconds'] / 60:.1f} min" if "calibrate" in p else "-"
+            rows.append(f"| {name} | {recipe} | {nodes} x {devices} | {d['output_gb']:.1f} | {m['host_gb_per_rank']:.1f} "
+                        f"| {m['device_gb_per_rank']:.1f} | {d['disk']['hessian_spill_gb_per_rank']:.1f} | {calib} | "
+                        f"{p['pack']['seconds'] / 60:.1f} min | {d['total_s'] / 60:.1f} min |")
+    return "\n".join([f"`python bench/estimate.py --plans --write-docs` (commit {git_revision()}); GB = 1e9 "
+                      "bytes. DeepSeek-V3's source is its published FP8 checkpoint (config.json's quantization_config: "
+                      "read at 1 byte per weight); tfcompile reads bf16 sources today, i.e. after DeepSeek's "
+                      "fp8_cast_bf16.py (1.34 TB: twice the reading). "
+                      "Calibration in batches of 4; GPTQ solves every Linear group except the fused MoE experts "
+                      "(RTN, docs/design.md); `--calib self` would add sampling the tokens.", "", *rows, ""])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--measure", action="store_true", help="only measure the throughputs and print them")
@@ -205,7 +267,15 @@ def main() -> None:
     ap.add_argument("--wait", type=float, default=30.0, help="seconds to wait for an idle machine per run")
     ap.add_argument("--only", default=",".join(RECIPES))
     ap.add_argument("--write-docs", action="store_true")
+    ap.add_argument("--plans", action="store_true", help="only the large-model table of docs/distributed.md")
     args = ap.parse_args()
+    if args.plans:
+        body = plans_markdown()
+        print(body)
+        if args.write_docs:
+            print(replace_doc_section(PLANS_HEADING, body, Path(__file__).resolve().parents[1] / "docs" / "distributed.md"),
+                  file=sys.stderr)
+        return
     require_gnu_time()
     if args.measure or not args.committed:
         rates = measure()

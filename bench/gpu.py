@@ -38,6 +38,9 @@ WORK = Path("/tmp/tfc-bench-gpu")
 HEADING = "## GPU run (bench/gpu.py)"
 
 
+DEV = "cuda"  # --dry-run: "cpu", to check this script's own code without a GPU
+
+
 def _calibrate(model: Path, device: str) -> tuple[object, float]:
     import torch
 
@@ -51,7 +54,7 @@ def _calibrate(model: Path, device: str) -> tuple[object, float]:
     stats = observe_sequential(model, ckpt, mods, data="random", samples=8, seq_len=256, seed=0,
                                dtype=torch.bfloat16, hessian_groups=groups, batch=4, device=device)
     if device != "cpu":
-        torch.cuda.synchronize()
+        torch.cuda.synchronize(device)
     return stats, time.perf_counter() - t0
 
 
@@ -59,7 +62,7 @@ def check_calibration(model: Path) -> dict:
     import torch
 
     cpu, t_cpu = _calibrate(model, "cpu")
-    gpu, t_gpu = _calibrate(model, "cuda")
+    gpu, t_gpu = _calibrate(model, DEV)
     amax_err = max(abs(gpu.input_amax[m] - v) / v for m, v in cpu.input_amax.items())
     h_err = max(float(torch.linalg.norm(gpu.hessians[k].float() - cpu.hessians[k].float())
                       / torch.linalg.norm(cpu.hessians[k].float())) for k in cpu.hessians)
@@ -84,7 +87,7 @@ def check_packed(model: Path) -> dict:
     for fmt in ("nvfp4a16", "nvfp4"):
         opts = ["--format", fmt] + (CALIB if fmt == "nvfp4" else [])
         _quantize(model, WORK / f"{fmt}-cpu", *opts, "--device", "cpu")
-        _quantize(model, WORK / f"{fmt}-cuda", *opts, "--device", "cuda")
+        _quantize(model, WORK / f"{fmt}-cuda", *opts, "--device", DEV)
         a, b = tensors(WORK / f"{fmt}-cpu"), tensors(WORK / f"{fmt}-cuda")
         weights_equal = all(torch.equal(a[k], b[k]) for k in a if "input" not in k)
         scale_err = max((float((a[k].float() - b[k].float()).abs().max() / a[k].float().abs().max())
@@ -94,11 +97,11 @@ def check_packed(model: Path) -> dict:
     return out
 
 
-def gptq_on_gpu(gpu_kind: str) -> dict:
-    model = make_checkpoint(WORK / "llama-1b-4", 0, shape=SHAPE_1B, layers=4)
+def gptq_on_gpu(gpu_kind: str, shape: dict, layers: int) -> dict:
+    model = make_checkpoint(WORK / f"gptq-{layers}", 0, shape=shape, layers=layers)
     opts = ["--format", "nvfp4a16", "--algorithm", "gptq", *CALIB]
     t0 = time.perf_counter()
-    doc = _quantize(model, WORK / "gptq-cuda", *opts, "--device", "cuda")
+    doc = _quantize(model, WORK / "gptq-cuda", *opts, "--device", DEV)
     wall = time.perf_counter() - t0
     est = json.loads(subprocess.run([*tfcompile_argv(), "plan", str(model), *opts, "--estimate", "--devices",
                                      f"1x{gpu_kind}", "--json"], capture_output=True, text=True, check=True).stdout)
@@ -118,7 +121,7 @@ def kernels_quick() -> dict:
 def _markdown(doc: dict) -> str:
     c, p, g = doc["calibration"], doc["packed"], doc["gptq"]
     return "\n".join([
-        HEADING, "", f"`python bench/gpu.py --write-docs` on {doc['gpu']} ({machine_line()}, commit {git_revision()}).",
+        f"`python bench/gpu.py --write-docs` on {doc['gpu']} ({machine_line()}, commit {git_revision()}).",
         "", f"- Calibration, 1.1B synthetic, 8 x 256 tokens, layer by layer: CPU {c['cpu_s']} s, GPU {c['gpu_s']} s; "
         f"max relative amax difference {c['amax_max_rel_err']:.2e}, Hessians {c['hessian_max_rel_err']:.2e} "
         f"({'ok' if c['ok'] else 'FAILED'}).",
@@ -133,19 +136,27 @@ def _markdown(doc: dict) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--write-docs", action="store_true")
+    ap.add_argument("--dry-run", action="store_true", help="no GPU: 'cuda' is the CPU and the model is tiny "
+                    "(checks this script, not the GPU; never writes docs)")
     args = ap.parse_args()
     import torch
 
-    if not torch.cuda.is_available():
-        sys.exit(2 if print("error: no CUDA device (this bench needs a GPU; docs/performance.md says what ran "
-                            "without one)", file=sys.stderr) is None else 2)
+    global DEV
+    shape, layers = SHAPE_1B, 16
+    if args.dry_run:
+        DEV, shape, layers, args.write_docs = "cpu", dict(hidden=256, intermediate=512, heads=4, kv_heads=2,
+                                                          vocab=1024), 2, False
+    elif not torch.cuda.is_available():
+        print("error: no CUDA device (this bench needs a GPU; docs/performance.md says what ran without one)",
+              file=sys.stderr)
+        sys.exit(2)
     WORK.mkdir(parents=True, exist_ok=True)
-    name = torch.cuda.get_device_name()
+    name = torch.cuda.get_device_name() if DEV == "cuda" else "none (--dry-run)"
     kind = next((k for k in ("B200", "H200", "H100") if k in name), "H100")
     t0 = time.perf_counter()
-    model = make_checkpoint(WORK / "llama-1b-16", 0, shape=SHAPE_1B, layers=16)
+    model = make_checkpoint(WORK / f"llama-{layers}", 0, shape=shape, layers=layers)
     doc = {"gpu": name, "calibration": check_calibration(model), "packed": check_packed(model),
-           "gptq": gptq_on_gpu(kind), "kernels": kernels_quick()}
+           "gptq": gptq_on_gpu(kind, shape, max(1, layers // 4)), "kernels": kernels_quick()}
     doc["seconds"] = round(time.perf_counter() - t0, 1)
     (WORK / "gpu.json").write_text(json.dumps(doc, indent=2, default=str))
     print(json.dumps({k: v for k, v in doc.items() if k != "kernels"}, indent=2, default=str))

@@ -1,7 +1,8 @@
 """torchrun --nproc-per-node 2 and 3 write the artifact one process writes, byte for byte.
 
-Three recipes (nvfp4a16 RTN, nvfp4 with calibrated activation scales, nvfp4a16 GPTQ) on two
-models (the demo LM, a tiny Qwen3 MoE), each against its one-process artifact. Calibration
+Three recipes (nvfp4a16 RTN with the modelopt view too, nvfp4 with calibrated activation and
+FP8 KV-cache scales, nvfp4a16 GPTQ) on two models (the demo LM, a tiny Qwen3 MoE), each
+against its one-process artifact. Calibration
 uses 5 sequences in batches of 1, so 2 and 3 ranks both get uneven shares (a rank sits out
 the last round). Small shards (pack.max_shard_mb) make every rank write some files; the
 default single shard makes rank 0 write all and receive the other ranks' GPTQ solves.
@@ -23,8 +24,8 @@ from dist_util import run_matrix, tree
 ROOT = Path(__file__).resolve().parents[2]
 CALIB = ["--calib", "random", "--calib-samples", "5", "--calib-seq-len", "32", "--set", "calibrate.batch=1"]
 RECIPES = {
-    "rtn": ["--format", "nvfp4a16", "--set", "pack.max_shard_mb=0.5"],
-    "calibrated": ["--format", "nvfp4", *CALIB],
+    "rtn": ["--format", "nvfp4a16", "--set", "pack.max_shard_mb=0.5", "--export", "modelopt"],
+    "calibrated": ["--format", "nvfp4", "--kv-cache", "fp8", *CALIB],
     "gptq": ["--format", "nvfp4a16", "--algorithm", "gptq", *CALIB, "--set", "pack.max_shard_mb=1"],
 }
 DISTILL = ["--format", "nvfp4a16", "--steps", "2", "--batch", "2", "--grad-accum", "2", "--data", "random",

@@ -202,6 +202,7 @@ def _calibrate(shape: ModelShape, cfg, cl: Cluster, hess: dict, owners: dict) ->
             host = max(host, M["base_rss_gb"] + layer.source_bytes / GB)
         else:
             host = max(host, M["base_rss_gb"] + (layer.source_bytes + act + temps + hmem) / GB)
+    seconds += M["calibrate_setup_s"]  # CPU-side, whatever the device
     out = {"seconds": round(seconds, 2), "host_gb": round(host, 3), "tokens": tokens,
            "batches_per_rank": rounds, "note": "layer by layer; --calib self adds sampling the tokens on rank 0"}
     if gpu:

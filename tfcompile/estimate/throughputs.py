@@ -78,6 +78,7 @@ THIS_MACHINE = {
     # GB of bf16 source per second through a whole RTN pack (fused quantizers, writer thread,
     # source sha256), measured on a 0.35 GB model
     "pack_gbps": 0.5,
+    "calibrate_setup_s": 2.0,  # the layer loop's fixed cost (model on meta, tokens, hooks), a small model
     "sha256_gbps": 0.63,  # one thread
     "read_gbps": 2.68,  # a cold read (posix_fadvise DONTNEED first), 8 MiB reads
     "write_gbps": 2.2,  # O_DIRECT through the 8 MiB staging buffer (docs/design.md "Streaming")
