@@ -17,7 +17,7 @@ run hashes as a first run does: pass seconds from the pass stats,
 peak RSS from GNU time, tensor bytes from the manifest) next to `tfcompile plan --estimate
 --json` for the same recipe on this machine (`--devices cpu`). Recipes: nvfp4a16 RTN (the
 pack pass), nvfp4 calibrated on 8 x 256 random tokens (the calibrate pass), and nvfp4a16 GPTQ
-on a 4-layer model of the same widths (the solves). A figure passes within 30%; the output
+on a 2-layer model of the same widths (the solves). A figure passes within 30%; the output
 size must be exact.
 """
 
@@ -43,7 +43,7 @@ CALIB = ["--calib", "random", "--calib-samples", "8", "--calib-seq-len", "256"]
 RECIPES = {  # name -> (layers, quantize options, pass compared)
     "rtn": (16, ["--format", "nvfp4a16"], "pack"),
     "calibrated": (16, ["--format", "nvfp4", *CALIB], "calibrate"),
-    "gptq": (4, ["--format", "nvfp4a16", "--algorithm", "gptq", *CALIB], "pack"),
+    "gptq": (2, ["--format", "nvfp4a16", "--algorithm", "gptq", *CALIB], "pack"),
 }
 TOLERANCE = 0.30
 
@@ -203,7 +203,7 @@ def _runs(name: str, repeat: int, wait: float) -> dict:
 def _markdown(results: list[dict]) -> str:
     lines = [f"`python bench/estimate.py --write-docs` ({machine_line()}, commit {git_revision()}): "
              "`tfcompile plan MODEL ... --estimate --devices cpu` next to the measured `tfcompile quantize` of the "
-             "same recipe on the synthetic 1.1B Llama (hidden 2048, intermediate 8192; 16 layers, GPTQ on 4), "
+             "same recipe on the synthetic 1.1B Llama (hidden 2048, intermediate 8192; 16 layers, GPTQ on 2), "
              "medians of the runs. The estimates use throughputs measured by microbenchmarks minutes before "
              "(`--measure`: one layer, a 0.35 GB model's pack, one factorisation...; THIS_MACHINE in "
              "tfcompile/estimate/throughputs.py holds a set of them), never these runs.", "",

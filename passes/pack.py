@@ -149,23 +149,35 @@ def _stream(ctx, program, sinks, reporter, view=None) -> tuple[list[dict], int]:
     layers, bytes_in = [], 0
     reporter.task("quantize + write", len(program.jobs))
     for job in program.jobs:
-        tensors, stats = execute(job, program, ctx.source)
+        tensors, stats = _job_tensors(job, program, ctx.source)
         bytes_in += _job_source_bytes(job, ctx.source)
-        for spec in job.outputs:
-            if job.source is None and spec.name.endswith(SCALE_SUFFIXES):  # computed, not copied
-                check_scale_tensor(spec.name, tensors[spec.name])  # never ship a NaN/zero scale
-            sinks[""].put(spec.name, tensors[spec.name])
-        if "modelopt" in sinks:
-            for name, t in _job_modelopt(job, program, tensors):
-                sinks["modelopt"].put(name, t)
-        if view is not None:  # the engine view: gathered / fused rows, quantized here
-            for name, t in view.tensors(job, tensors, ctx.source):
-                sinks[view.dir].put(name, t)
+        _put(sinks, job, program, tensors, view, ctx.source)
         layers.extend(stats)
         del tensors
         ctx.source.release()  # RSS follows the jobs in hand, not the bytes read so far
         reporter.advance(1, job.group.key if job.group else job.source)
     return layers, bytes_in
+
+
+def _job_tensors(job, program, source) -> tuple[dict, list[dict]]:
+    """One job's output tensors and per-Linear figures; computed scales checked."""
+    tensors, stats = execute(job, program, source)
+    for spec in job.outputs:
+        if job.source is None and spec.name.endswith(SCALE_SUFFIXES):  # computed, not copied
+            check_scale_tensor(spec.name, tensors[spec.name])  # never ship a NaN/zero scale
+    return tensors, stats
+
+
+def _put(sinks, job, program, tensors, view=None, source=None) -> None:
+    """Hand a job's tensors to every view's sink, in planned order."""
+    for spec in job.outputs:
+        sinks[""].put(spec.name, tensors[spec.name])
+    if "modelopt" in sinks:
+        for name, t in _job_modelopt(job, program, tensors):
+            sinks["modelopt"].put(name, t)
+    if view is not None:  # the engine view: gathered / fused rows, quantized here
+        for name, t in view.tensors(job, tensors, source):
+            sinks[view.dir].put(name, t)
 
 
 def _stream_ranks(ctx, program, sinks, reporter, view=None) -> tuple[dict, int]:
@@ -187,19 +199,14 @@ def _stream_ranks(ctx, program, sinks, reporter, view=None) -> tuple[dict, int]:
     specs = tuple(tuple((o.name, o.dtype, tuple(o.shape)) for o in job.outputs) for job in jobs)
 
     def run(i: int):
-        tensors, stats = execute(jobs[i], program, ctx.source)
-        for spec in jobs[i].outputs:
-            if jobs[i].source is None and spec.name.endswith(SCALE_SUFFIXES):
-                check_scale_tensor(spec.name, tensors[spec.name])
-        ctx.source.release()
-        return tensors, stats
+        out = _job_tensors(jobs[i], program, ctx.source)
+        if world.rank not in writers[i]:
+            ctx.source.release()  # (its outputs travel to the writer; deliver releases the others)
+        return out
 
     def deliver(i: int, tensors: dict) -> None:
-        for spec in jobs[i].outputs:
-            sinks[""].put(spec.name, tensors[spec.name])
-        if "modelopt" in sinks:
-            for name, t in _job_modelopt(jobs[i], program, tensors):
-                sinks["modelopt"].put(name, t)
+        _put(sinks, jobs[i], program, tensors)
+        ctx.source.release()
         reporter.advance(1, jobs[i].group.key if jobs[i].group else jobs[i].source)
 
     reporter.task(f"quantize + write (rank {world.rank})", sum(world.rank in w for w in writers))

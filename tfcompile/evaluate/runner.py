@@ -131,8 +131,12 @@ def _run(cand, ref, work: list[torch.Tensor], progress: Progress | None, world=L
         layer_m.detach()
     if world.distributed:  # every batch's terms, added in batch order as one process adds them
         logit_m, layers = LogitMetrics(), LayerSQNR(acc={n: type(a)() for n, a in layer_m.acc.items()})
-        for part in world.all_objects("eval/terms", terms):
+        calls = dict(cand.kv.calls) if cand.kv is not None else {}
+        for part, kv_calls in world.all_objects("eval/terms", (terms, calls)):
             terms.update(part)
+            if cand.kv is not None and part is not terms:  # attention calls of every rank (the report)
+                for m, n in kv_calls.items():
+                    cand.kv.calls[m] = cand.kv.calls.get(m, 0) + n
         for b in range(len(work)):
             for row in terms[b][0]:
                 logit_m.add(row)
