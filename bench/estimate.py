@@ -88,25 +88,35 @@ def measure() -> dict:
     out["read_gbps"] = len(blob) / timed(cold_read, 3) / 1e9
     out["sha256_gbps"] = len(blob) / timed(lambda: hashlib.sha256(blob).digest(), 3) / 1e9
     out["pack_gbps"] = _pack_rate()
-    out["calibrate_setup_s"] = _calibrate_setup()
+    out["calibrate_setup_s"], out["calibrate_rss_gb"] = _calibrate_setup()
     torch.set_num_threads(1)
     hk = torch.randn(2048, 2048, generator=g)
     hk = hk @ hk.T / 2048 + torch.eye(2048)
     out["chol_gflops"] = 4 / 3 * 2048 ** 3 / timed(
         lambda: torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(hk)), upper=True), 3) / 1e9
-    e, hb = torch.randn(2048, 128, generator=g), torch.randn(128, 4096, generator=g)
-    out["fp32_gemm_1t_gflops"] = 2 * 2048 * 128 * 4096 / timed(lambda: e @ hb) / 1e9
-    cols = {}
-    for rows in (256, 2048):
-        wk, h = torch.randn(rows, 512, generator=g), torch.eye(512)
-        m = torch.full((rows, 512), 0.05)
-        cols[rows] = timed(lambda: gptq_values(wk, h, m, "e2m1", act_order=False), 3) / 512
-    per_row = (cols[2048] - cols[256]) / (2048 - 256)
-    out["gptq_column_us"] = (cols[256] - 256 * per_row) * 1e6
-    out["gptq_element_ns"] = per_row * 1e9
+    out["gptq_sweep"] = _gptq_sweep(timed, g)
     t = run_timed([sys.executable, "-c", "import torch, transformers, tfcompile.cli.main, tfcompile.passes.builtin"])
     out["base_rss_gb"] = t.max_rss_bytes / 1e9
     return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in out.items()}
+
+
+def _gptq_sweep(timed, g) -> dict:
+    """One thread, the GPTQ sweep without its factorisations, fitted as K a + n K b + n K^2 c on
+    three shapes (n rows, K columns) unlike the compared run's: a per column, b per element,
+    c for the lazy updates and strided column reads that grow with K."""
+    import torch
+
+    from tfcompile.passes.quantize.gptq import _inverse_hessian, gptq_values
+
+    rows, ts = [], []
+    for n, k in ((1024, 1024), (1024, 4096), (4096, 1024)):
+        x = torch.randn(2 * k, k, generator=g)
+        h, w, m = x.T @ x / (2 * k), torch.randn(n, k, generator=g) * 0.02, torch.full((n, k), 2e-3)
+        total = timed(lambda: gptq_values(w, h, m, "e2m1"), 1)
+        ts.append(total - timed(lambda: _inverse_hessian(h, w.clone(), 0.01), 1))
+        rows.append([k, n * k, n * k * k])
+    a, b, c = torch.linalg.solve(torch.tensor(rows, dtype=torch.float64), torch.tensor(ts, dtype=torch.float64)).tolist()
+    return {"column_us": a * 1e6, "element_ns": b * 1e9, "lazy_ps": c * 1e12}
 
 
 def _pack_rate() -> float:
@@ -139,15 +149,20 @@ print(json.dumps(time.perf_counter() - t0))
 """
 
 
-def _calibrate_setup() -> float:
+def _calibrate_setup() -> tuple[float, float]:
     """The layer loop's fixed cost as a run's calibrate pass pays it (transformers imported, the
     model built on the meta device, tokens, hooks): one token through a 4-layer model of hidden
-    1024, in a fresh process (median of 3)."""
-    import subprocess
-
-    return statistics.median(float(subprocess.run([sys.executable, "-c", SETUP_SRC, str(WORK / "llama-small")],
-                                                  capture_output=True, text=True, check=True).stdout)
-                             for _ in range(3))
+    1024, in a fresh process; and that process's peak RSS (the calibrate pass's baseline).
+    Medians of 3."""
+    secs, rss = [], []
+    for _ in range(3):
+        out = WORK / "setup.json"
+        t = run_timed([sys.executable, "-c", SETUP_SRC, str(WORK / "llama-small")], stdout=out)
+        if t.rc:
+            sys.exit(t.stderr_tail)
+        secs.append(float(out.read_text()))
+        rss.append(t.max_rss_bytes / 1e9)
+    return statistics.median(secs), statistics.median(rss)
 
 
 def _layer_overhead(timed, rates: dict) -> float:

@@ -199,9 +199,9 @@ def _calibrate(shape: ModelShape, cfg, cl: Cluster, hess: dict, owners: dict) ->
         hmem = 4 * (owned + kk * (cl.ranks > 1))  # the sums it owns + this round's partials
         if gpu:
             dev = max(dev, (bf16 + act + temps + hmem) / GB)
-            host = max(host, M["base_rss_gb"] + layer.source_bytes / GB)
+            host = max(host, M["calibrate_rss_gb"] + layer.source_bytes / GB)
         else:
-            host = max(host, M["base_rss_gb"] + (layer.source_bytes + act + temps + hmem) / GB)
+            host = max(host, M["calibrate_rss_gb"] + (layer.source_bytes + act + temps + hmem) / GB)
     seconds += M["calibrate_setup_s"]  # CPU-side, whatever the device
     out = {"seconds": round(seconds, 2), "host_gb": round(host, 3), "tokens": tokens,
            "batches_per_rank": rounds, "note": "layer by layer; --calib self adds sampling the tokens on rank 0"}
@@ -235,9 +235,10 @@ def _pack(shape: ModelShape, specs, shard_mb: float, cl: Cluster, algo: str, hes
         solve = max(per.values())
         rows, kk = max(hess.values(), key=lambda v: v[1])
         solve_dev = (3 * max(rows) * kk * 4 + 3 * kk * kk * 4) / GB
-    # a job's mapped source (the largest tensor), its outputs and temporaries, the writer's queue
+    # a job's mapped source (the largest tensor), its outputs and temporaries; the writer keeps up
+    # with the quantizers (O_DIRECT at several times their rate), so its queue stays short
     largest = max(t.nbytes for t in shape.tensors)
-    host = m["base_rss_gb"] + (min(512 << 20, out_share) + 1.5 * largest) / GB + (solve_dev if not cl.gpu else 0.0)
+    host = m["base_rss_gb"] + 2.5 * largest / GB + (solve_dev if not cl.gpu else 0.0)
     out = {"seconds": round(stream + solve, 2), "host_gb": round(host, 3),
            "shards": len(shards), "busiest_rank_output_gb": round(out_share / GB, 3),
            "stream_s": round(stream, 2)}
@@ -251,10 +252,11 @@ def _pack(shape: ModelShape, specs, shard_mb: float, cl: Cluster, algo: str, hes
 
 
 def _solve_seconds(n: int, k: int, cl: Cluster, m: dict) -> float:
-    """One GPTQ solve of an [n, k] weight: the three factorisations (4/3 k^3 flops), the lazy
-    block updates (n k^2 multiply-adds) and the column sweep (k columns of n rows)."""
+    """One GPTQ solve of an [n, k] weight: the three factorisations (4/3 k^3 flops) and the
+    column sweep with its lazy block updates (fitted per column, element and n k^2)."""
     if cl.gpu:
         rate = cl.gpu.fp32_tflops * 1e12 * ASSUMED["gpu_fp32_efficiency"]
         return k * ASSUMED["gpu_gptq_column_us"] / 1e6 + (4 / 3 * k ** 3 + 2 * n * k * k) / rate
-    return 4 / 3 * k ** 3 / (m["chol_gflops"] * 1e9) + 2 * n * k * k / 2 / (m["fp32_gemm_1t_gflops"] * 1e9) + \
-        k * (m["gptq_column_us"] / 1e6 + n * m["gptq_element_ns"] / 1e9)  # one thread (gptq.py `_sweep`)
+    sw = m["gptq_sweep"]  # one thread (gptq.py `_sweep`)
+    return 4 / 3 * k ** 3 / (m["chol_gflops"] * 1e9) + \
+        k * sw["column_us"] / 1e6 + n * k * sw["element_ns"] / 1e9 + n * k * k * sw["lazy_ps"] / 1e12

@@ -78,14 +78,15 @@ THIS_MACHINE = {
     # GB of bf16 source per second through a whole RTN pack (fused quantizers, writer thread,
     # source sha256), measured on a 0.35 GB model
     "pack_gbps": 0.5,
-    "calibrate_setup_s": 2.0,  # the layer loop's fixed cost (model on meta, tokens, hooks), a small model
+    "calibrate_setup_s": 4.0,  # the layer loop's fixed cost (transformers, model on meta, tokens, hooks)
+    "calibrate_rss_gb": 0.45,  # that process's RSS: the calibrate pass's baseline
     "sha256_gbps": 0.63,  # one thread
     "read_gbps": 2.68,  # a cold read (posix_fadvise DONTNEED first), 8 MiB reads
     "write_gbps": 2.2,  # O_DIRECT through the 8 MiB staging buffer (docs/design.md "Streaming")
     "chol_gflops": 77.0,  # one thread: cholesky, cholesky_inverse, cholesky of a 2048 x 2048 (4/3 K^3)
-    "fp32_gemm_1t_gflops": 15.0,  # one thread: [2048 x 128] @ [128 x 4096] (GPTQ's lazy block update)
-    "gptq_column_us": 182.0,  # one thread: fixed cost of one column of the GPTQ sweep (~25 small ops)
-    "gptq_element_ns": 292.0,  # one thread: per row of that column (incl. the in-block rank-1 update)
+    # one thread: the GPTQ sweep of an [n, K] weight without its factorisations, K a + n K b + n K^2 c
+    # fitted on three shapes: a per column (~25 small ops), b per element, c the lazy block updates
+    "gptq_sweep": {"column_us": 120.0, "element_ns": 150.0, "lazy_ps": 30.0},
     "base_rss_gb": 0.29,  # python + torch + transformers + tfcompile imported, before the first pass
     "gloo_gbps": 1.0,  # loopback gloo p2p between two processes (assumed, not measured)
 }
