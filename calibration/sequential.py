@@ -42,6 +42,9 @@ from tfcompile.calibration.datasets import effective_source
 from tfcompile.calibration.forward import calibration_ids, model_class
 from tfcompile.calibration.recorders import Recorders
 from tfcompile.calibration.stats import CalibStats
+from tfcompile.io.locks import owner_token, sweep_stale_in
+
+SPILL_PREFIX = "tfcompile-hessians-"
 
 
 class Unsupported(Exception):
@@ -82,6 +85,9 @@ def observe_sequential(model_dir: Path, ckpt, modules: set[str], *, data: str, s
                 spill.put(i, rec.hessians.take())
                 if on_layer:
                     on_layer(i, len(layers), time.perf_counter() - t0)
+    except BaseException:  # Ctrl-C, SIGTERM, a failed layer: no Hessian spill outlives the run
+        spill.cleanup()
+        raise
     finally:
         rec.remove()
     stats = rec.stats(int(ids.numel()), f"{data}(seed={seed})", model_dir)
@@ -288,10 +294,17 @@ class _Spill:
         if not hessians:
             return
         if self.dir is None:
-            self.dir = tempfile.TemporaryDirectory(prefix="tfcompile-hessians-")
+            # the owner token in the name lets a later run delete the spill of a killed one (io/locks.py)
+            sweep_stale_in(Path(tempfile.gettempdir()), SPILL_PREFIX)
+            self.dir = tempfile.TemporaryDirectory(prefix=f"{SPILL_PREFIX}{owner_token()}-")
         f = Path(self.dir.name) / f"layer{layer}.safetensors"
         save_file({k: v.contiguous() for k, v in hessians.items()}, f)
         self.files.update({k: f for k in hessians})
+
+    def cleanup(self) -> None:
+        if self.dir is not None:
+            self.dir.cleanup()
+            self.dir, self.files = None, {}
 
 
 class SpilledHessians(Mapping):
