@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from tfcompile.checkpoint_check import check_checkpoint, checkpoint_tensors
 from tfcompile.errors import CheckpointError
 from tfcompile.io.checkpoint import open_checkpoint
 from tfcompile.pipeline.passes import PassResult, register_pass
@@ -37,7 +38,9 @@ class ModelInfo:
 
 @dataclass(frozen=True)
 class LoadConfig:
-    pass
+    # quantize an architecture transformers does not have, by tensor names alone (nothing checks that
+    # the checkpoint is complete): --allow-unknown-architecture; see tfcompile/checkpoint_check.py
+    allow_unknown_architecture: bool = False
 
 
 @register_pass("load", config=LoadConfig, requires=("source_path",), produces=("source", "model"))
@@ -52,6 +55,10 @@ def load(ctx, cfg: LoadConfig, reporter) -> PassResult:
         raise CheckpointError(f"{ckpt.path}: the checkpoint holds no tensors",
                               hint="point tfcompile at a Hugging Face model directory")
     dominant = max(sorted(dtypes), key=lambda d: dtypes[d])
+    note = check_checkpoint(ckpt.config, checkpoint_tensors(ckpt), where=str(ckpt.path),
+                            allow_unknown=cfg.allow_unknown_architecture)  # before any pass reads a weight
+    if note:
+        reporter.warn(f"load: {note}")
     model = ModelInfo.from_config(ckpt.config, dominant)
     stats = {"tensors": len(ckpt.names()), "files": len(ckpt.files), "bytes": ckpt.total_bytes,
              "architecture": model.architecture, "dtype": dominant}
