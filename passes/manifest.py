@@ -14,6 +14,8 @@ from importlib import metadata
 from pathlib import Path
 
 from tfcompile import __version__
+from tfcompile.artifact.integrity import seal
+from tfcompile.io.oserrors import write_error
 from tfcompile.pipeline.passes import PassResult, register_pass
 
 SCHEMA_VERSION = 1
@@ -92,8 +94,11 @@ def write_manifest(out_dir: Path, doc: dict) -> None:
     path = Path(out_dir) / MANIFEST
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(seal(doc), indent=2, sort_keys=True) + "\n")  # seal: verify's `manifest integrity`
+        os.replace(tmp, path)
+    except OSError as e:  # disk full, quota, read-only: a user error naming the file, not a crash
+        raise write_error(path, e) from e
 
 
 def _clean(layer: dict) -> dict:
