@@ -38,6 +38,10 @@ class CalibrateConfig:
         if not 0 < self.percentile <= 100:
             raise RecipeError(f"calibrate.percentile {self.percentile!r} is not in (0, 100]",
                               hint="e.g. --set calibrate.percentile=99.99 (100 is the max)")
+        for name, option in (("samples", "--calib-samples"), ("seq_len", "--calib-seq-len"), ("batch", None)):
+            if getattr(self, name) < 1:
+                raise RecipeError(f"calibrate.{name} = {getattr(self, name)} must be at least 1"
+                                  + (f" ({option})" if option else ""), hint="calibration needs some tokens")
 
 
 @register_pass("calibrate", config=CalibrateConfig, requires=("source", "model", "plan"),
@@ -50,6 +54,7 @@ def calibrate(ctx, cfg: CalibrateConfig, reporter) -> PassResult:
     if cfg.mode not in MODES:
         raise RecipeError(f"calibrate.mode {cfg.mode!r} is not one of {', '.join(MODES)}",
                           hint="auto (default) calibrates layer by layer when it can")
+    _check_seq_len(cfg.seq_len, ctx.source.config)
     modules = {t.module for t in ctx.plan.targets()}
     common = dict(data=cfg.data, samples=cfg.samples, seq_len=cfg.seq_len, seed=cfg.seed,
                   dtype=torch_dtype(ctx.model.dtype), kv=bool(cfg.kv_cache),
@@ -94,6 +99,15 @@ def observer_params(cfg: CalibrateConfig, scheme) -> dict:
     if cfg.observer == "mse":
         return {"fmt": fmt}
     return {}
+
+
+def _check_seq_len(seq_len: int, config: dict) -> None:
+    """Sequences longer than the model's positions would run on for minutes, then mean nothing."""
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    max_pos = text.get("max_position_embeddings") or text.get("n_positions")
+    if isinstance(max_pos, int) and seq_len > max_pos:
+        raise RecipeError(f"--calib-seq-len {seq_len} (calibrate.seq_len) exceeds the model's "
+                          f"max_position_embeddings {max_pos}", hint=f"pass --calib-seq-len {max_pos} or less")
 
 
 def _observe(ctx, cfg: CalibrateConfig, modules: set[str], reporter, common: dict):

@@ -25,6 +25,7 @@ import torch
 
 from tfcompile.io.aux_files import copy_aux_files
 from tfcompile.io.hash_cache import sha256_files_cached
+from tfcompile.io.oserrors import write_error
 from tfcompile.passes.quantize.naming import OutSpec, modelopt_kv_name, modelopt_outputs, to_modelopt
 from tfcompile.passes.quantize.program import execute
 from tfcompile.artifact.sink import ShardSink
@@ -226,8 +227,11 @@ def _dump(path: Path, obj: Any) -> str:
     import hashlib
 
     data = (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    except OSError as e:  # disk full while writing config.json: exit 1 naming the file
+        raise write_error(path, e) from e
     return hashlib.sha256(data).hexdigest()
 
 

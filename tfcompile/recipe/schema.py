@@ -10,6 +10,7 @@ field's annotated type, so a typo fails before anything runs.
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -106,9 +107,12 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
         try:
             if isinstance(value, bool):
                 raise ValueError
-            return tp(value)
-        except (TypeError, ValueError):
-            raise RecipeError(f"{where}: expected {tp.__name__}, got {value!r}",
+            number = tp(value)
+            if not math.isfinite(float(number)):  # inf/NaN: no option means anything by them
+                raise ValueError
+            return number
+        except (TypeError, ValueError, OverflowError):
+            raise RecipeError(f"{where}: expected a finite {tp.__name__}, got {str(value)[:40]!r}",
                               hint=f"give a number for {where}") from None
     if tp is str:
         if not isinstance(value, str):
