@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
+from rich.markup import escape
 
 from tfcompile.cli.output import emit_json, stderr_console
 
@@ -63,4 +64,4 @@ def sign_cmd(artifact, key, as_json):
     if as_json:
         emit_json({"ok": True, "artifact": str(artifact), "signature": SIGNATURE, "key_id": kid})
     else:
-        stderr_console().print(f"signed [bold]{artifact}[/] (key id {kid[:16]}...): {SIGNATURE}")
+        stderr_console().print(f"signed [bold]{escape(str(artifact))}[/] (key id {kid[:16]}...): {SIGNATURE}")
