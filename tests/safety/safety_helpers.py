@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -76,3 +77,17 @@ class Paused:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.communicate()
+
+
+def quantize_to(src: Path, out: Path, *extra: str) -> Path:
+    """Run `tfcompile quantize SRC -o OUT --format nvfp4a16 -q EXTRA...` in-process; OUT."""
+    from tfcompile.cli.main import main
+
+    assert main(["quantize", str(src), "-o", str(out), "--format", "nvfp4a16", "-q", *map(str, extra)]) == 0
+    return out
+
+
+def private_copy(src: Path, dst: Path) -> Path:
+    """A copy a test may damage (symlinks copied as symlinks)."""
+    shutil.copytree(src, dst, symlinks=True)
+    return dst

@@ -31,13 +31,17 @@ def test_signal_while_the_writer_thread_is_busy(sig, code, tiny_llama, tmp_path,
     assert stdout == ""
 
 
-@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
-def test_signal_during_gptq_calibration_removes_spilled_hessians(sig, code, tiny_llama, tmp_path, paused_run):
+@pytest.mark.parametrize("where,sig,code", [
+    ("tfcompile.calibration.sequential:_Spill.put", signal.SIGTERM, 143),  # during calibration
+    ("tfcompile.calibration.sequential:_Spill.put", signal.SIGINT, 130),
+    ("tfcompile.passes.pack:_stream", signal.SIGTERM, 143),  # after it: GPTQ still reads the spill in pack
+])
+def test_signal_removes_spilled_hessians(where, sig, code, tiny_llama, tmp_path, paused_run):
     tmpdir = tmp_path / "tmp"
     tmpdir.mkdir()
     out = tmp_path / "out"
-    run = paused_run("tfcompile.calibration.sequential:_Spill.put", "quantize", tiny_llama, "-o", out,
-                     "--format", "nvfp4a16", "--algorithm", "gptq", *CALIB, env={"TMPDIR": str(tmpdir)})
+    run = paused_run(where, "quantize", tiny_llama, "-o", out, "--format", "nvfp4a16", "--algorithm", "gptq",
+                     *CALIB, env={"TMPDIR": str(tmpdir)})
     run.wait_paused()
     assert [p.name for p in tmpdir.iterdir() if p.name.startswith("tfcompile-hessians-")], "no spill yet"
     run.signal(sig)
@@ -45,21 +49,6 @@ def test_signal_during_gptq_calibration_removes_spilled_hessians(sig, code, tiny
     assert rc == code, err
     assert "Traceback" not in err, err
     assert list(tmpdir.iterdir()) == [], list(tmpdir.iterdir())
-    assert not out.exists() and leftovers(out) == []
-
-
-def test_sigterm_after_calibration_removes_spilled_hessians(tiny_llama, tmp_path, paused_run):
-    """The spill outlives calibration (GPTQ reads it in quantize/pack): SIGTERM there cleans it too."""
-    tmpdir = tmp_path / "tmp"
-    tmpdir.mkdir()
-    out = tmp_path / "out"
-    run = paused_run("tfcompile.passes.pack:_stream", "quantize", tiny_llama, "-o", out,
-                     "--format", "nvfp4a16", "--algorithm", "gptq", *CALIB, env={"TMPDIR": str(tmpdir)})
-    run.wait_paused()
-    run.signal(signal.SIGTERM)
-    rc, _, err = run.finish()
-    assert rc == 143 and "Traceback" not in err, err
-    assert list(tmpdir.iterdir()) == []
     assert not out.exists() and leftovers(out) == []
 
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from safety_helpers import assert_clean_failure, leftovers
+from safety_helpers import assert_clean_failure, leftovers, private_copy, quantize_to
 
 WEIGHTS = "model.safetensors"
 MANIFEST = Path("tfcompile") / "manifest.json"
@@ -22,20 +22,12 @@ SIG = Path("tfcompile") / "manifest.sig"
 
 @pytest.fixture(scope="module")
 def signed_src(tiny_llama_src, ed25519_keys, tmp_path_factory):
-    from tfcompile.cli.main import main
-
-    out = tmp_path_factory.mktemp("signed") / "out"
-    code = main(["quantize", str(tiny_llama_src), "-o", str(out), "--format", "nvfp4a16", "-q",
-                 "--sign", str(ed25519_keys[0])])
-    assert code == 0
-    return out
+    return quantize_to(tiny_llama_src, tmp_path_factory.mktemp("signed") / "out", "--sign", ed25519_keys[0])
 
 
 @pytest.fixture
 def signed(signed_src, tmp_path):
-    dst = tmp_path / "signed"
-    shutil.copytree(signed_src, dst, symlinks=True)
-    return dst
+    return private_copy(signed_src, tmp_path / "signed")
 
 
 def _rehash(art: Path) -> None:

@@ -11,24 +11,20 @@ from pathlib import Path
 
 import pytest
 
+from safety_helpers import private_copy, quantize_to
+
 WEIGHTS = "model.safetensors"
 MANIFEST = Path("tfcompile") / "manifest.json"
 
 
 @pytest.fixture(scope="module")
 def artifact_src(tiny_llama_src, tmp_path_factory):
-    from tfcompile.cli.main import main
-
-    out = tmp_path_factory.mktemp("art") / "out"
-    assert main(["quantize", str(tiny_llama_src), "-o", str(out), "--format", "nvfp4a16", "-q"]) == 0
-    return out
+    return quantize_to(tiny_llama_src, tmp_path_factory.mktemp("art") / "out")
 
 
 @pytest.fixture
 def artifact(artifact_src, tmp_path):
-    dst = tmp_path / "artifact"
-    shutil.copytree(artifact_src, dst, symlinks=True)
-    return dst
+    return private_copy(artifact_src, tmp_path / "artifact")
 
 
 def _manifest(art: Path) -> dict:

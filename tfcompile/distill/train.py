@@ -27,7 +27,7 @@ from typing import Callable
 import torch
 
 from tfcompile.distill.checkpoint import MetricsLog, ResumeDir
-from tfcompile.io.signals import Terminated
+from tfcompile.io.signals import Terminated, installed
 
 
 @dataclass
@@ -158,21 +158,13 @@ def _sigint_at_step_boundary(loop: Loop):
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    signals = (signal.SIGINT, signal.SIGTERM)
-    old = {s: signal.getsignal(s) for s in signals}
-
     def handler(signum, frame):
         if loop._stop:
             raise Terminated(signum)
         loop._stop = signum
 
-    for s in signals:
-        signal.signal(s, handler)
-    try:
+    with installed(handler, (signal.SIGINT, signal.SIGTERM)):
         yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
 
 
 @contextlib.contextmanager

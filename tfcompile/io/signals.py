@@ -64,10 +64,17 @@ def handle_signals() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    old = {s: signal.getsignal(s) for s in SIGNALS}
     _state.received, _state.pending, _state.defer_depth = None, None, 0
-    for s in SIGNALS:
-        signal.signal(s, _handler)
+    with installed(_handler, SIGNALS):
+        yield
+
+
+@contextlib.contextmanager
+def installed(handler, signums) -> Iterator[None]:
+    """`handler` for `signums` during the block, the previous handlers restored after it."""
+    old = {s: signal.getsignal(s) for s in signums}
+    for s in signums:
+        signal.signal(s, handler)
     try:
         yield
     finally:
