@@ -108,12 +108,13 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
             if isinstance(value, bool):
                 raise ValueError
             number = tp(value)
-            if not math.isfinite(float(number)):  # inf/NaN: no option means anything by them
-                raise ValueError
-            return number
         except (TypeError, ValueError, OverflowError):
-            raise RecipeError(f"{where}: expected a finite {tp.__name__}, got {str(value)[:40]!r}",
+            raise RecipeError(f"{where}: expected {tp.__name__}, got {str(value)[:40]!r}",
                               hint=f"give a number for {where}") from None
+        if isinstance(number, float) and not math.isfinite(number):  # inf / NaN: no option means anything by them
+            raise RecipeError(f"{where}: expected a finite {tp.__name__}, got {number!r}",
+                              hint=f"give a finite number for {where}")
+        return number
     if tp is str:
         if not isinstance(value, str):
             raise RecipeError(f"{where}: expected a string, got {value!r}", hint="quote the value")
