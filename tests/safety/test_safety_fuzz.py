@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import shutil
 import struct
 import tempfile
@@ -24,8 +25,12 @@ from hypothesis import strategies as st
 
 from safety_helpers import leftovers
 
-FUZZ = settings(max_examples=30, deadline=None, derandomize=True, database=None, print_blob=True,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+# A named profile: 30 examples per input kind keep the module near a minute on 2 cores (CI);
+# TFCOMPILE_FUZZ_EXAMPLES=500 fuzzes deeper locally. Derandomized: every run tries the same inputs.
+settings.register_profile("tfcompile-fuzz", max_examples=int(os.environ.get("TFCOMPILE_FUZZ_EXAMPLES", "30")),
+                          deadline=None, derandomize=True, database=None, print_blob=True,
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+FUZZ = settings.get_profile("tfcompile-fuzz")
 WEIGHTS = "model.safetensors"
 FORMATS = ("fp8-dynamic", "nvfp4a16", "mxfp8")
 
