@@ -55,8 +55,8 @@ BROKEN = {
     "int8 norm": (lambda m: _edit_weights(m, lambda sd: sd.__setitem__(
         "model.norm.weight", sd["model.norm.weight"].to(torch.int8))), "model.norm.weight"),
     "unexpected extra tensor": (lambda m: _edit_weights(m, lambda sd: sd.__setitem__(
-        "model.layers.7.mlp.up_proj.weight", torch.zeros(4, 4, dtype=torch.bfloat16))),
-        "model.layers.7.mlp.up_proj.weight"),
+        f"{L0}.mlp.extra_proj.weight", torch.zeros(256, 128, dtype=torch.bfloat16))),
+        f"{L0}.mlp.extra_proj.weight"),  # a Linear the model does not have: loaders would drop it
     "config: fewer layers than the checkpoint": (lambda m: _edit_config(m, num_hidden_layers=1),
                                                  "model.layers.1."),
     "config: wrong intermediate_size": (lambda m: _edit_config(m, intermediate_size=512), "up_proj"),
