@@ -99,18 +99,45 @@ def build_meta_model(config: dict, where: str):
     return model.eval()
 
 
-def find_problems(model, tensors: dict[str, tuple[torch.dtype, tuple[int, ...]]]) -> Problems:
-    """Load meta tensors {name: (dtype, shape)} into meta `model` with transformers' own loader."""
+@dataclass
+class _Report:
+    """What a load of the checkpoint into the model found (transformers' LoadStateDictInfo fields)."""
+
+    missing_keys: set
+    unexpected_keys: set
+    mismatched_keys: set  # (name, checkpoint shape, model shape)
+    conversion_errors: dict
+
+
+def _transformers_report(model, state: dict):
+    """transformers' own loader (renames, MoE fusion, base-model prefix) on meta tensors."""
     from transformers.conversion_mapping import get_model_conversion_mapping
     from transformers.core_model_loading import convert_and_load_state_dict_in_model
     from transformers.modeling_utils import LoadStateDictConfig
 
+    load_config = LoadStateDictConfig(weight_mapping=get_model_conversion_mapping(model), device_map={"": "meta"})
+    return convert_and_load_state_dict_in_model(model=model, state_dict=state, load_config=load_config)[0]
+
+
+def _direct_report(model, state: dict) -> _Report:
+    """Name-for-name matching, for a transformers without the v5 loader API (no renames or fusion)."""
+    expected = model.state_dict()
+    return _Report(missing_keys=set(expected) - set(state), unexpected_keys=set(state) - set(expected),
+                   mismatched_keys={(n, tuple(t.shape), tuple(expected[n].shape)) for n, t in state.items()
+                                    if n in expected and tuple(t.shape) != tuple(expected[n].shape)},
+                   conversion_errors={})
+
+
+def find_problems(model, tensors: dict[str, tuple[torch.dtype, tuple[int, ...]]]) -> Problems:
+    """Load meta tensors {name: (dtype, shape)} into meta `model` with transformers' own loader."""
     state = {n: torch.empty(shape, dtype=dtype, device="meta") for n, (dtype, shape) in tensors.items()}
     params = {n for n, _ in model.named_parameters(remove_duplicate=False)}
     buffers = {n for n, _ in model.named_buffers(remove_duplicate=False)}
-    load_config = LoadStateDictConfig(weight_mapping=get_model_conversion_mapping(model), device_map={"": "meta"})
     with _quiet_transformers():
-        info, _ = convert_and_load_state_dict_in_model(model=model, state_dict=state, load_config=load_config)
+        try:
+            info = _transformers_report(model, state)
+        except ImportError:  # transformers moved its loader: the plain check still catches most
+            info = _direct_report(model, state)
         not_loaded = set(info.unexpected_keys)  # before the declared ignorable ones are dropped
         adjust = getattr(model, "_adjust_missing_and_unexpected_keys", None)
         if adjust is not None:

@@ -204,3 +204,24 @@ def test_unknown_architecture_with_the_option_states_the_consequences(tiny_llama
     assert "not checked" in warnings and "FrobnicatorForCausalLM" in warnings
     assert json.loads((out / "tfcompile" / "manifest.json").read_text())["recipe"]["passes"][0] == {
         "name": "load", "config": {"allow_unknown_architecture": True}}
+
+
+def test_direct_matching_when_transformers_lacks_its_loader_api(tiny_llama, monkeypatch):
+    """A transformers without the v5 loader API: plain name matching still finds the problems."""
+    from tfcompile import checkpoint_check as cc
+    from tfcompile.io.checkpoint import open_checkpoint
+
+    def gone(model, state):
+        raise ImportError("no convert_and_load_state_dict_in_model")
+
+    monkeypatch.setattr(cc, "_transformers_report", gone)
+    ckpt = open_checkpoint(tiny_llama)
+    tensors = cc.checkpoint_tensors(ckpt)
+    model = cc.build_meta_model(ckpt.config, "x")
+    assert not cc.find_problems(model, tensors)
+    tensors.pop("model.norm.weight")
+    tensors["model.extra.weight"] = (torch.bfloat16, (4,))
+    tensors[f"{L0}.mlp.up_proj.weight"] = (torch.bfloat16, (2, 128, 128))
+    p = cc.find_problems(cc.build_meta_model(ckpt.config, "x"), tensors)
+    assert p.missing == ["model.norm.weight"] and p.unexpected == ["model.extra.weight"]
+    assert p.mismatched == [f"{L0}.mlp.up_proj.weight: checkpoint [2, 128, 128], model [256, 128]"]
