@@ -42,6 +42,7 @@ from tfcompile.calibration.datasets import effective_source
 from tfcompile.calibration.forward import calibration_ids, model_class
 from tfcompile.calibration.recorders import Recorders
 from tfcompile.calibration.stats import CalibStats
+from tfcompile.families.names import RenamedView
 
 
 class Unsupported(Exception):
@@ -52,7 +53,8 @@ def observe_sequential(model_dir: Path, ckpt, modules: set[str], *, data: str, s
                        seq_len: int, seed: int, dtype: torch.dtype, kv: bool = False,
                        observer: str = "max", observer_params: dict | None = None,
                        hessian_groups: dict[str, str] | None = None,
-                       batch: int = 4, on_layer=None) -> CalibStats:
+                       batch: int = 4, on_layer=None, all_experts: bool = False,
+                       moe_min_tokens: int = 16) -> CalibStats:
     """Same statistics as `forward.observe_input_amax`, computed one decoder layer at a time.
 
     `ckpt` is the open `Checkpoint`; `on_layer(i, n, seconds)` reports progress.
@@ -63,12 +65,13 @@ def observe_sequential(model_dir: Path, ckpt, modules: set[str], *, data: str, s
     model = _skeleton(model_dir, dtype)
     data = effective_source(data, model)  # `self` on a model that cannot generate: random ids
     path, layers = find_layers(model)
+    ckpt = RenamedView(ckpt, model)  # the checkpoint under the model's names (Qwen2.5-VL: language_model.)
     _check_layers(model, ckpt, path)
     ids = _tokens(model_dir, model, ckpt, dtype, path, layers,
                   dict(data=data, samples=samples, seq_len=seq_len, seed=seed))
     inputs = _catch_inputs(model, layers, ids, batch)
     rec = Recorders(model, modules, observer=observer, observer_params=observer_params,
-                    hessian_groups=hessian_groups, kv=kv)
+                    hessian_groups=hessian_groups, kv=kv, all_experts=all_experts, moe_min_tokens=moe_min_tokens)
     spill = _Spill()
     try:
         with torch.inference_mode():

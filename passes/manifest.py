@@ -14,6 +14,7 @@ from importlib import metadata
 from pathlib import Path
 
 from tfcompile import __version__
+from tfcompile.calibration.moe import manifest_record as moe_record
 from tfcompile.pipeline.passes import PassResult, register_pass
 
 SCHEMA_VERSION = 1
@@ -74,6 +75,9 @@ def manifest(ctx, cfg: ManifestConfig, reporter) -> PassResult:
         "layers": [_clean(x) for x in art.layers],
         "summary": summarize(list(art.layers), art.bytes_in, art.bytes_out),
     }
+    moe = moe_record(ctx.calib) if ctx.calib is not None else None
+    if moe:  # per-expert routed calibration tokens and the fallback policy (calibration/moe.py)
+        doc["moe"] = moe
     # a pass that replaced source weights (distill: tfcompile/io/overlay.py) says how, e.g. {"distill": ...}
     doc.update(getattr(ctx.source, "provenance", None) or {})
     if getattr(plan, "layout", None) is not None:  # --layout: what each transform did (passes/layout.py)
