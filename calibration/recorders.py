@@ -53,7 +53,7 @@ class Recorders:
             from tfcompile.calibration.kv import KVObserver, install
 
             self.kv = KVObserver(model)
-            model.set_attn_implementation(install(self.kv))
+            model.set_attn_implementation(install(self.kv, model))
 
     def _expert_input(self, name: str, x: torch.Tensor) -> None:
         """One expert's Linear input (calibration/moe.py), under the artifact's per-expert name."""
@@ -66,6 +66,8 @@ class Recorders:
             h.remove()
         self.hooks = []
         self.moe.remove()
+        if self.kv is not None:
+            self.kv.remove()
 
     def stats(self, tokens: int, source: str, model_dir=None) -> CalibStats:
         """The statistics; with `kv`, raises if no attention call reached the KV observer."""
