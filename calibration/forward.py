@@ -34,11 +34,16 @@ def model_class(model_dir: Path, cfg):
 
 
 def load_hf_model(model_dir: Path, dtype: torch.dtype):
-    """The transformers model for config.json's architecture, weights loaded."""
+    """The transformers model for config.json's architecture, weights loaded (a published quantized
+    checkpoint: decoded by tfcompile, tfcompile/io/sources/model.py)."""
     import transformers
+
+    from tfcompile.io.sources.model import is_published, load_decoded_model
 
     transformers.utils.logging.disable_progress_bar()  # stderr belongs to our reporter
     cfg = transformers.AutoConfig.from_pretrained(model_dir, trust_remote_code=False)
+    if is_published(cfg.to_dict()):
+        return load_decoded_model(model_dir, dtype)
     cls = model_class(model_dir, cfg)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

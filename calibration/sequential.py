@@ -42,6 +42,8 @@ from tfcompile.calibration.datasets import effective_source
 from tfcompile.calibration.forward import calibration_ids, model_class
 from tfcompile.calibration.recorders import Recorders
 from tfcompile.calibration.stats import CalibStats
+from tfcompile.families import V5
+from tfcompile.families.experts import PROJS, fuse_bias, fuse_weight, module_layout
 from tfcompile.families.names import RenamedView
 
 
@@ -168,23 +170,24 @@ def _params_on_meta():
         nn.Module.register_parameter = real
 
 
-def _tensor_for(ckpt, name: str, names: set[str]) -> torch.Tensor | None:
-    """The checkpoint tensor for parameter `name`, fusing per-expert tensors when the
-    model holds experts fused (transformers 5: experts.gate_up_proj [E, 2I, H] =
-    per expert cat(gate_proj, up_proj) on dim 0; experts.down_proj [E, H, I])."""
+def _tensor_for(ckpt, name: str, names: set[str], owner: nn.Module | None = None) -> torch.Tensor | None:
+    """The checkpoint tensor for parameter `name`, fusing per-expert tensors when the model
+    holds experts fused (transformers 5) in the layout of its experts module `owner`
+    (tfcompile/families/experts.py: v5 [E, 2I, H] halves, GPT-OSS [E, H, 2I] interleaved)."""
     if name in names:
         return ckpt.get(name)
-    m = re.fullmatch(r"(.*\.experts)\.(gate_up_proj|down_proj)", name)
+    m = re.fullmatch(r"(.*\.experts)\.(gate_up_proj|down_proj)(_bias)?", name)
     if not m:
         return None
-    base, kind = m.groups()
+    base, kind, bias = m.groups()
     n = sum(1 for x in names if re.fullmatch(re.escape(base) + r"\.\d+\.down_proj\.weight", x))
-    if n == 0:
+    if n == 0 or (bias and f"{base}.0.down_proj.bias" not in names):
         return None
-    if kind == "down_proj":
-        return torch.stack([ckpt.get(f"{base}.{e}.down_proj.weight") for e in range(n)])
-    return torch.stack([torch.cat([ckpt.get(f"{base}.{e}.gate_proj.weight"),
-                                   ckpt.get(f"{base}.{e}.up_proj.weight")]) for e in range(n)])
+    leaf = "bias" if bias else "weight"
+    parts = {p: [ckpt.get(f"{base}.{e}.{p}.{leaf}") for e in range(n)] for p in PROJS}
+    layout = module_layout(owner) if owner is not None else V5
+    fused = fuse_bias(parts, layout) if bias else fuse_weight(parts, layout)
+    return fused[kind]
 
 
 def _check_layers(model: nn.Module, ckpt, path: str) -> None:
@@ -193,8 +196,9 @@ def _check_layers(model: nn.Module, ckpt, path: str) -> None:
     for name, p in model.named_parameters():
         if not name.startswith(path + ".") or name in names:
             continue
-        m = re.fullmatch(r"(.*\.experts)\.(gate_up_proj|down_proj)", name)
-        if not (m and f"{m.group(1)}.0.down_proj.weight" in names):
+        m = re.fullmatch(r"(.*\.experts)\.(gate_up_proj|down_proj)(_bias)?", name)
+        leaf = "bias" if m and m.group(3) else "weight"
+        if not (m and f"{m.group(1)}.0.down_proj.{leaf}" in names):
             raise Unsupported(f"parameter {name} has no tensor in the checkpoint")
 
 
@@ -210,7 +214,8 @@ def _bind(module: nn.Module, ckpt, dtype: torch.dtype, prefix: str = "", skip: s
     for group in tied.values():
         if skip and all((prefix + n).startswith(skip) for n in group):
             continue
-        found = next(((n, t) for n in group if (t := _tensor_for(ckpt, prefix + n, names)) is not None), None)
+        found = next(((n, t) for n in group
+                      if (t := _tensor_for(ckpt, prefix + n, names, _owner(module, n)[0])) is not None), None)
         if found is None:
             continue  # not in the checkpoint: stays on meta; using it raises (-> Unsupported)
         name, t = found

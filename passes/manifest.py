@@ -15,6 +15,7 @@ from pathlib import Path
 
 from tfcompile import __version__
 from tfcompile.calibration.moe import manifest_record as moe_record
+from tfcompile.io.sources import source_format
 from tfcompile.pipeline.passes import PassResult, register_pass
 
 SCHEMA_VERSION = 1
@@ -60,7 +61,8 @@ def manifest(ctx, cfg: ManifestConfig, reporter) -> PassResult:
         "dependencies": dependency_versions(),
         "recipe": ctx.recipe.to_dict(),
         "source": {"name": Path(ctx.source_path).name, "architecture": ctx.model.architecture,
-                   "dtype": ctx.model.dtype, "files": art.sources},
+                   "dtype": ctx.model.dtype, "files": art.sources, "format": source_format(ctx.source)},
+        "family": plan.family,
         "scheme": {"name": plan.scheme.name, "weight": plan.scheme.weight,
                    "granularity": plan.scheme.granularity, "block": list(plan.scheme.block),
                    "activations": plan.scheme.act, "mx_rule": ctx.program.mx_rule

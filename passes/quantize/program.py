@@ -125,4 +125,6 @@ def load_target(source, target) -> torch.Tensor:
     layout view Linear (`target.parts`) its members' rows gathered and concatenated."""
     if target.parts:  # rows are gathered *before* quantization (tfcompile/layout/heads.py)
         return torch.cat([load_target(source, t)[torch.tensor(rows)] for t, rows in target.parts])
+    if target.expert is not None and hasattr(source, "get_expert"):  # decode one expert, not the layer's
+        return take(source.get_expert(target.source, target.expert), None, target.rows, target.transposed)
     return take(source.get(target.source), target.expert, target.rows, target.transposed)

@@ -28,6 +28,7 @@ from tfcompile.evaluate.kvcache import KINDS, KV_MODES, KVEmulator, KVScales, in
 from tfcompile.families.experts import set_expert, set_expert_bias
 from tfcompile.families.names import NameMap
 from tfcompile.io.checkpoint import Checkpoint, open_checkpoint
+from tfcompile.io.sources.model import is_published, load_decoded_model
 from tfcompile.kernels.formats import QTensor, dequantize
 from tfcompile.passes.quantize.naming import ct_outputs
 from tfcompile.schemes import Scheme, get_scheme
@@ -89,6 +90,8 @@ def load_checkpoint_model(path: Path, dtype: torch.dtype, role: str) -> nn.Modul
         raise EvalError(f"reference {path} is a tfcompile artifact", hint=f"pass {what}")
     ckpt = open_checkpoint(path)  # CheckpointError (a UserError) for anything unusable
     ckpt.close()
+    if role == "reference" and is_published(ckpt.config):  # DeepSeek FP8, GPT-OSS MXFP4, ... as published
+        return load_decoded_model(path, dtype)
     if "quantization_config" in ckpt.config:
         raise EvalError(f"{role} {path} has a quantization_config but no {MANIFEST}: it is "
                         f"quantized, but not a tfcompile artifact",

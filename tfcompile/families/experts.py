@@ -132,6 +132,13 @@ def fuse_weight(parts: dict[str, list[torch.Tensor]], layout: ExpertLayout) -> d
     return {"gate_up_proj": gu.contiguous(), "down_proj": down.contiguous()}
 
 
+def fuse_bias(parts: dict[str, list[torch.Tensor]], layout: ExpertLayout) -> dict[str, torch.Tensor]:
+    """Per-expert biases {proj: [expert 0, ...]} -> gate_up_proj [E, 2I] and down_proj [E, H] biases."""
+    gate, up, down = (torch.stack(parts[p]) for p in PROJS)
+    gu = torch.stack((gate, up), dim=2).flatten(1, 2) if layout.interleaved else torch.cat((gate, up), dim=1)
+    return {"gate_up_proj": gu.contiguous(), "down_proj": down.contiguous()}
+
+
 def experts_modules(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
     """name -> every fused experts module (a `gate_up_proj` 3-D parameter) of a transformers model."""
     return {n: m for n, m in model.named_modules()
