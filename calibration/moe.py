@@ -17,8 +17,9 @@ the recorders under the per-expert Linear names the artifact uses:
 `all_experts=True` (`--calib-all-experts`) also sends every token through every
 expert for the statistics only (observers and Hessians see all T tokens); the
 layer's output is still computed from the routed tokens alone, so routing and
-every later layer are exactly as without it. Token counts are the routed ones
-either way (the manifest's `moe.expert_tokens`).
+every later layer are exactly as without it. The manifest's `moe.expert_tokens` are
+the routed counts either way; `seen` (what the fallback policy and GPTQ's threshold
+read) counts the tokens an expert's statistics saw: all of them with all_experts.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class MoERecorder:
         self.tokens: dict[str, int] = {}  # per-expert module prefix "{parent}.{e}" -> routed tokens
         for name, mod in experts_modules(model).items():
             self.tokens.update({f"{name}.{e}": 0 for e in range(mod.gate_up_proj.shape[0])})
+        self.seen = dict(self.tokens)  # tokens in each expert's statistics (all tokens with all_experts)
         self._model = model
         self._previous = getattr(model.config, "_experts_implementation", None)
         if self.parents:
@@ -66,6 +68,7 @@ class MoERecorder:
         for e in range(n_exp):
             top_k_pos, token_idx = torch.where(mask[e])
             self.tokens[f"{parent}.{e}"] += int(token_idx.numel())
+            self.seen[f"{parent}.{e}"] += int(hidden.shape[0] if self.all_experts else token_idx.numel())
             if self.all_experts:  # statistics of every token; the output below stays the routed one
                 expert_mlp(mod, e, hidden, lambda kind, x, e=e: self._observe(parent, e, kind, x))
             if token_idx.numel() == 0:
@@ -122,4 +125,5 @@ def manifest_record(stats) -> dict | None:
         per.setdefault(parent, {})[int(e)] = n
     return {"all_experts": stats.moe_all_experts, "min_tokens": stats.moe_min_tokens,
             "expert_tokens": {p: [c[e] for e in sorted(c)] for p, c in sorted(per.items())},
-            "below_min_tokens": sorted(k for k, n in stats.expert_tokens.items() if n < stats.moe_min_tokens)}
+            "below_min_tokens": [] if stats.moe_all_experts else
+            sorted(k for k, n in stats.expert_tokens.items() if n < stats.moe_min_tokens)}

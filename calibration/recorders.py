@@ -76,11 +76,11 @@ class Recorders:
                                   "AttentionInterface, so KV-cache scales cannot be calibrated",
                                   hint="this architecture is not supported for --kv-cache yet")
         amax = {n: v for n, o in self.observers.items() if (v := o.amax()) is not None}
-        resolved, fallback = resolve_amax(self.modules, amax, self.moe.tokens, self.moe_min_tokens, model_dir)
+        resolved, fallback = resolve_amax(self.modules, amax, self.moe.seen, self.moe_min_tokens, model_dir)
         kv_amax = {} if self.kv is None else {n: (self.kv.k[n], self.kv.v[n]) for n in sorted(self.kv.k)}
         awq, awq_skipped = self.awq.result()  # after kv_amax: its fold check runs the model
         hessians = {k: h for k, h in self.hessians.result().items()
-                    if _enough(k, self.moe.tokens, self.moe_min_tokens)}  # too few tokens: RTN (quantize warns)
+                    if _enough(k, self.moe.seen, self.moe_min_tokens)}  # too few tokens: RTN (quantize warns)
         return CalibStats(resolved, tokens, source, tuple(fallback), kv_amax, hessians=hessians,
                           hessian_seconds=dict(sorted(self.hessians.seconds.items())),
                           awq=awq, awq_skipped=awq_skipped, expert_tokens=dict(sorted(self.moe.tokens.items())),

@@ -41,11 +41,15 @@ def open_mxfp4(ckpt, qc: dict) -> "Mxfp4Source":
 
 
 class Mxfp4Source(DequantizedSource):
+    _last: tuple = (None, None)  # ((name, expert), tensor): gate and up read the same expert back to back
+
     def get_expert(self, name: str, e: int) -> torch.Tensor:
         """Expert e of the fused tensor `name`, [in, out] as the model holds it (bf16)."""
         if name not in self._decoders:
             return self.get(name)[e]
-        return _decoder(self.inner, name + "_blocks", name + "_scales", e)()
+        if self._last[0] != (name, e):
+            self._last = ((name, e), _decoder(self.inner, name + "_blocks", name + "_scales", e)())
+        return self._last[1]
 
 
 def _decoder(ckpt, blocks: str, scales: str, expert: int | None):
