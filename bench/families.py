@@ -28,6 +28,7 @@ import torch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "tests"))  # tests_helpers, which tests/families/families_util.py imports
 from common import machine_line, replace_doc_section  # noqa: E402
 
 DOCS = ROOT / "docs" / "models.md"

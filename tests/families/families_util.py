@@ -65,12 +65,9 @@ def manifest(artifact: Path) -> dict:
 
 
 def tensors(directory: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
+    from tests_helpers import tensors as read
 
-    out = {}
-    for f in sorted(Path(directory).glob("*.safetensors")):
-        out.update(load_file(str(f)))
-    return out
+    return read(Path(directory))
 
 
 def model_class(src: Path):
