@@ -38,11 +38,16 @@ Hook = Callable[[str, torch.Tensor], None]
 
 
 class MoERecorder:
-    """Per-expert routed token counts, and per-expert inputs handed to `on_input`."""
+    """Per-expert routed token counts, and per-expert inputs handed to `on_input`.
 
-    def __init__(self, model: nn.Module, on_input: Hook, *, all_experts: bool = False):
+    `transform(expert Linear name, x) -> x'` (optional) replaces what each expert's gate/up and
+    down_proj see in the routed forward: `tfcompile eval` emulates per-expert activation
+    quantization with it (tfcompile/evaluate/models.py)."""
+
+    def __init__(self, model: nn.Module, on_input: Hook, *, all_experts: bool = False, transform=None,
+                 impl: str = IMPL):
         self.parents = {id(m): n for n, m in experts_modules(model).items()}
-        self.on_input, self.all_experts = on_input, all_experts
+        self.on_input, self.all_experts, self.transform, self.impl = on_input, all_experts, transform, impl
         self.tokens: dict[str, int] = {}  # per-expert module prefix "{parent}.{e}" -> routed tokens
         for name, mod in experts_modules(model).items():
             self.tokens.update({f"{name}.{e}": 0 for e in range(mod.gate_up_proj.shape[0])})
@@ -50,8 +55,8 @@ class MoERecorder:
         self._model = model
         self._previous = getattr(model.config, "_experts_implementation", None)
         if self.parents:
-            install(self)
-            model.set_experts_implementation(IMPL)
+            install(self, impl)
+            model.set_experts_implementation(impl)
 
     def remove(self) -> None:
         if self.parents and self._previous:
@@ -73,11 +78,17 @@ class MoERecorder:
                 expert_mlp(mod, e, hidden, lambda kind, x, e=e: self._observe(parent, e, kind, x))
             if token_idx.numel() == 0:
                 continue
-            hook = None if self.all_experts else (lambda kind, x, e=e: self._observe(parent, e, kind, x))
-            y = expert_mlp(mod, e, hidden[token_idx], hook)
+            y = expert_mlp(mod, e, hidden[token_idx], lambda kind, x, e=e: self._routed(parent, e, kind, x))
             y = y * top_k_weights[token_idx, top_k_pos, None]
             out.index_add_(0, token_idx, y.to(out.dtype))
         return out
+
+    def _routed(self, parent: str, e: int, kind: str, x: torch.Tensor) -> torch.Tensor:
+        if not self.all_experts:
+            self._observe(parent, e, kind, x)
+        if self.transform is None:
+            return x
+        return self.transform(f"{parent}.{e}.{'gate_proj' if kind == 'gate_up' else 'down_proj'}", x)
 
     def _observe(self, parent: str, e: int, kind: str, x: torch.Tensor) -> None:
         if not x.numel():
@@ -89,9 +100,10 @@ class MoERecorder:
 
 def expert_mlp(mod: nn.Module, e: int, x: torch.Tensor, hook=None) -> torch.Tensor:
     """Expert e of a fused experts module on x [T, H] -> [T, H], as transformers' eager loop
-    computes it; `hook(kind, input)` sees the gate_up input and the down_proj input."""
+    computes it; `hook(kind, input)` sees the gate_up input and the down_proj input, and what it
+    returns (a tensor) is used in their place."""
     if hook is not None:
-        hook("gate_up", x)
+        x = _or(hook("gate_up", x), x)
     transposed = bool(getattr(mod, "is_transposed", False))
     bias = bool(getattr(mod, "has_bias", False))
     gu = x @ mod.gate_up_proj[e] if transposed else F.linear(x, mod.gate_up_proj[e])
@@ -99,12 +111,16 @@ def expert_mlp(mod: nn.Module, e: int, x: torch.Tensor, hook=None) -> torch.Tens
         gu = gu + mod.gate_up_proj_bias[e]
     h = mod._apply_gate(gu)
     if hook is not None:
-        hook("down", h)
+        h = _or(hook("down", h), h)
     y = h @ mod.down_proj[e] if transposed else F.linear(h, mod.down_proj[e])
     return y + mod.down_proj_bias[e] if bias else y
 
 
-def install(recorder: MoERecorder) -> None:
+def _or(value, default):
+    return default if value is None else value
+
+
+def install(recorder: MoERecorder, impl: str = IMPL) -> None:
     """Register the observing experts function in transformers' ExpertsInterface (re-registered
     per run, as calibration/kv.py does for attention: the registry is transformers')."""
     from transformers.integrations.moe import ExpertsInterface
@@ -112,7 +128,7 @@ def install(recorder: MoERecorder) -> None:
     def observing(mod, hidden_states, top_k_index, top_k_weights):
         return recorder.forward(mod, hidden_states, top_k_index, top_k_weights)
 
-    ExpertsInterface.register(IMPL, observing)
+    ExpertsInterface.register(impl, observing)
 
 
 def manifest_record(stats) -> dict | None:

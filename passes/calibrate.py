@@ -59,6 +59,10 @@ def calibrate(ctx, cfg: CalibrateConfig, reporter) -> PassResult:
         raise RecipeError(f"calibrate.mode {cfg.mode!r} is not one of {', '.join(MODES)}",
                           hint="auto (default) calibrates layer by layer when it can")
     modules = {t.module for t in ctx.plan.targets()}
+    if cfg.data == "self" and getattr(ctx.source, "source_format", None):
+        raise RecipeError(f"calibrating a {ctx.source.source_format['format']} checkpoint with --calib self would "
+                          f"hold the whole decoded bf16 model in memory to sample from it",
+                          hint="give calibration text (--calib FILE or python-doc), or --calib random")
     common = dict(data=cfg.data, samples=cfg.samples, seq_len=cfg.seq_len, seed=cfg.seed,
                   dtype=torch_dtype(ctx.model.dtype), kv=bool(cfg.kv_cache),
                   hessian_groups={g.members[0].module: g.key for g in ctx.plan.groups}

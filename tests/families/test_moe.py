@@ -198,3 +198,25 @@ def test_gpt_oss_artifact_holds_per_expert_linears_and_biases(family_src, family
         want = orig[f"{p}.gate_up_proj"][e][:, 0::2].T.float()
         assert gate.shape == want.shape and (gate - want).norm() / want.norm() < 0.05  # FP8: ~2% error
     assert f"{p}.gate_up_proj_bias" not in t and f"{p}.gate_up_proj" not in t
+
+
+def test_eval_quantizes_each_experts_input_with_its_own_scale(family_artifact):
+    """W4A4 NVFP4 MoE: tfcompile eval runs the fused experts expert by expert, gate/up and down_proj
+    inputs each through NVFP4 with that expert's own input_global_scale (as an engine does)."""
+    from tfcompile.evaluate.models import load_candidate
+    from tfcompile.kernels.formats import dequantize, quantize_nvfp4_act
+
+    art = family_artifact("qwen3_moe", "nvfp4", *ONE_SAMPLE)
+    t = tensors(art)
+    cand = load_candidate(art, torch.float32)
+    assert cand.experts is not None and not cand.warnings
+    x = torch.randn(5, 64, generator=torch.Generator().manual_seed(0))
+    for e in (0, 5):
+        for proj, width in (("gate_proj", 64), ("down_proj", 32)):
+            name = f"model.layers.1.mlp.experts.{e}.{proj}"
+            g = t[f"{name}.input_global_scale"].float()
+            want = dequantize(quantize_nvfp4_act(x[:, :width], g)).float()
+            assert torch.equal(cand.experts.transform(name, x[:, :width]), want)
+    with torch.no_grad():
+        cand.model(torch.randint(4, 250, (1, 16)))
+    assert sum(cand.experts.tokens.values()) == 16 * 2 * 2  # the emulated loop ran, both MoE layers

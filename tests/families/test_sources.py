@@ -91,3 +91,12 @@ def test_unknown_quantized_checkpoint_is_refused_with_a_hint(family_src, tmp_pat
     (d / "config.json").write_text(json.dumps(cfg))
     code, _, err = run_cli("quantize", d, "-o", tmp_path / "out", "--format", "nvfp4a16")
     assert code == 1 and "quant_method 'awq'" in err and "hint:" in err
+
+
+def test_sampling_calibration_from_a_decoded_source_is_refused(family_src, published, tmp_path):
+    """--calib self would hold the whole decoded model in memory: a clear error instead."""
+    from families_util import run_cli
+
+    src = published.to_fp8_block(family_src("deepseek_v3"), tmp_path / "fp8")
+    code, _, err = run_cli("quantize", src, "-o", tmp_path / "out", "--format", "nvfp4")
+    assert code == 1 and "--calib self" in err and "hint:" in err

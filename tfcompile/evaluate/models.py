@@ -7,7 +7,8 @@
   `quantization_config`) built by transformers, every non-quantized tensor
   loaded from the artifact, every quantized Linear's weight replaced by
   `tfcompile.kernels.formats.dequantize` of the stored tensors, the
-  scheme's activation quantization emulated by forward pre-hooks, and, for an
+  scheme's activation quantization emulated by forward pre-hooks (fused MoE experts: expert by
+  expert, each input with its expert's own scale, calibration/moe.py), and, for an
   artifact with a `kv_cache_scheme`, the FP8 KV cache emulated in attention
   (kvcache.py; `--kv-cache off` turns that off).
 """
@@ -18,10 +19,12 @@ import re
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
+from tfcompile.calibration.moe import MoERecorder
 from tfcompile.evaluate.actquant import STATIC_SCALE, ActFn, act_quantizer, pre_hook
 from tfcompile.evaluate.errors import EvalError
 from tfcompile.evaluate.kvcache import KINDS, KV_MODES, KVEmulator, KVScales, install, read_kv_scales
@@ -55,6 +58,7 @@ class Candidate:
     warnings: list[str] = field(default_factory=list)
     kv_scales: KVScales | None = None  # the artifact's FP8 KV-cache scales (None: not quantized)
     kv: KVEmulator | None = None  # installed emulation (None: off, or nothing to emulate)
+    experts: Any = None  # calibration.moe.MoERecorder emulating per-expert activation quantization
 
 
 def _transformers():
@@ -153,7 +157,7 @@ def _build_artifact(path: Path, ckpt: Checkpoint, manifest: dict, scheme: Scheme
     loaded = _load_plain(path, ckpt, model, [n for n in plain if not _EXPERT_BIAS.match(n)], names)
     modules = dict(model.named_modules())
     loaded |= _load_expert_biases(ckpt, modules, [n for n in plain if _EXPERT_BIAS.match(n)], names)
-    expert_inputs: dict[str, ActFn | None] = {}
+    expert_acts: dict[str, ActFn] = {}  # per-expert Linear (model names) -> its input quantization
     for name, (n, k) in sorted(layers.items()):
         w = dequantize(qtensor_of(ckpt, scheme, name, n, k), torch.float32)
         act = _act_fn(ckpt, scheme, name)
@@ -173,16 +177,14 @@ def _build_artifact(path: Path, ckpt: Checkpoint, manifest: dict, scheme: Scheme
         elif (m := _EXPERT.match(name)) and hasattr(modules.get(m["parent"]), "gate_up_proj"):
             set_expert(modules[m["parent"]], int(m["e"]), m["proj"], w)
             loaded.add(f"{m['parent']}.{'down_proj' if m['proj'] == 'down_proj' else 'gate_up_proj'}")
-            if m["proj"] != "down_proj":
-                expert_inputs.setdefault(m["parent"], act)
+            if act is not None and m["proj"] != "up_proj":  # gate and up share one input (and scale)
+                expert_acts[name] = act
         else:
             raise EvalError(f"{path}: quantized module {name} is not a Linear of {cls.__name__}",
                             hint="the artifact does not match its config.json architecture; rebuild it")
-    for parent, act in sorted(expert_inputs.items()):
-        if act is not None:  # per-token quantizers: the experts' input is every expert's gate/up input
-            modules[parent].register_forward_pre_hook(pre_hook(act))
-            cand.warnings.append(f"{parent}: activation quantization of the fused experts' down_proj "
-                                 f"input is not emulated (gate/up input is)")
+    if expert_acts:  # fused experts run expert by expert, each input quantized with its own scale
+        cand.experts = MoERecorder(model, lambda name, x: None, impl="tfcompile_moe_act_emulation",
+                                   transform=lambda name, x: expert_acts[name](x) if name in expert_acts else x)
     _check_complete(path, model, loaded)
     return cand
 
