@@ -53,7 +53,7 @@ class MoERecorder:
             self.tokens.update({f"{name}.{e}": 0 for e in range(mod.gate_up_proj.shape[0])})
         self.seen = dict(self.tokens)  # tokens in each expert's statistics (all tokens with all_experts)
         self._model = model
-        self._previous = getattr(model.config, "_experts_implementation", None)
+        self._previous = getattr(getattr(model, "config", None), "_experts_implementation", None)
         if self.parents:
             install(self, impl)
             model.set_experts_implementation(impl)

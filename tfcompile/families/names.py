@@ -54,9 +54,12 @@ class NameMap:
 
 def _renamings(model) -> list:
     try:
+        from transformers import PreTrainedModel
         from transformers.conversion_mapping import get_model_conversion_mapping
         from transformers.core_model_loading import WeightRenaming
     except ImportError:  # an older transformers renames nothing we need
+        return []
+    if not isinstance(model, PreTrainedModel):  # a plain torch module: its names are the checkpoint's
         return []
     return [c for c in get_model_conversion_mapping(model) if isinstance(c, WeightRenaming)]
 

@@ -58,8 +58,3 @@ class DequantizedSource(Checkpoint):
 
     def __repr__(self) -> str:
         return f"DequantizedSource({self.source_format['format']}, {self.inner!r})"
-
-
-def hidden_config(config: dict) -> dict:
-    """config.json without its quantization_config (what the decoded model's config is)."""
-    return {k: v for k, v in config.items() if k != "quantization_config"}
