@@ -220,3 +220,20 @@ def test_eval_quantizes_each_experts_input_with_its_own_scale(family_artifact):
     with torch.no_grad():
         cand.model(torch.randint(4, 250, (1, 16)))
     assert sum(cand.experts.tokens.values()) == 16 * 2 * 2  # the emulated loop ran, both MoE layers
+
+
+@pytest.mark.parametrize("family", ["deepseek_v3", "gpt_oss", "qwen3_next"])
+def test_expert_names_are_what_engines_map(family, family_artifact):
+    """vLLM (`fused_moe_make_expert_params_mapping`) and SGLang (`FusedMoE.make_expert_params_mapping`),
+    both with ckpt_gate_proj_name="gate_proj", ckpt_up_proj_name="up_proj", ckpt_down_proj_name="down_proj",
+    match checkpoint tensors by the substring `experts.{e}.{name}.`: every expert and projection must have
+    its tensors under that name, and no fused expert tensor may remain."""
+    t = tensors(family_artifact(family, "nvfp4a16"))
+    layers = sorted({m.group(1) for k in t if (m := re.search(r"(.*\.experts)\.\d+\.", k))})
+    assert len(layers) >= 2
+    for layer in layers:
+        for e in range(8):
+            for proj in ("gate_proj", "up_proj", "down_proj"):
+                got = {k.rsplit(".", 1)[1] for k in t if k.startswith(f"{layer}.{e}.{proj}.")}
+                assert {"weight_packed", "weight_scale", "weight_global_scale"} <= got, (layer, e, proj, got)
+    assert not [k for k in t if re.search(r"\.experts\.(gate_up_proj|down_proj)", k)]
