@@ -121,7 +121,8 @@ def _warn_rtn(ctx, program, reporter):
     than calibrate.moe_min_tokens tokens, or modules no token reached)."""
     from tfcompile.calibration.moe_policy import summarize
 
-    missing = [t.module for j in program.jobs if j.group is not None and j.group.key not in program.hessians
+    have = set(program.hessians)  # keys only: membership on spilled Hessians would read them from disk
+    missing = [t.module for j in program.jobs if j.group is not None and j.group.key not in have
                for t in j.group.members]
     if missing:
         reporter.warn(f"gptq: {len(missing)} Linear(s) have no Hessian (experts routed fewer than "

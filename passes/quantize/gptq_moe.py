@@ -53,11 +53,12 @@ def run_gptq_experts(job, program, source, gptq_quantize, grid):
 def _batch_of(key: str, program) -> list:
     """The groups solved together with `key`: same experts module, role and shapes, with Hessians."""
     me = _EXPERT_GROUP.match(key)
+    solved = set(program.hessians)  # keys only: membership on spilled Hessians would read them from disk
     peers = []
     for j in program.jobs:
         g = j.group
         m = _EXPERT_GROUP.match(g.key) if g is not None else None
-        if m and m["parent"] == me["parent"] and m["role"] == me["role"] and g.key in program.hessians:
+        if m and m["parent"] == me["parent"] and m["role"] == me["role"] and g.key in solved:
             peers.append(g)
     peers.sort(key=lambda g: int(_EXPERT_GROUP.match(g.key)["e"]))
     size = max(1, program.gptq_expert_batch)

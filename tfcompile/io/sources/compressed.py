@@ -20,7 +20,7 @@ import torch
 from tfcompile.io.sources.base import DequantizedSource
 from tfcompile.kernels.formats import QTensor, dequantize
 
-HIDE = (".input_scale", ".input_global_scale", ".k_scale", ".v_scale", ".weight_zero_point")
+HIDE = (".input_scale", ".input_global_scale", ".k_scale", ".v_scale", ".weight_zero_point", ".weight_shape")
 
 
 def open_compressed(ckpt, qc: dict) -> DequantizedSource:
