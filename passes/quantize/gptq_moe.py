@@ -51,16 +51,21 @@ def run_gptq_experts(job, program, source, gptq_quantize, grid):
 
 
 def _batch_of(key: str, program) -> list:
-    """The groups solved together with `key`: same experts module, role and shapes, with Hessians."""
+    """The groups solved together with `key`: same experts module, role and shapes, with Hessians
+    (the peer lists are built once per program, in program.scratch)."""
     me = _EXPERT_GROUP.match(key)
-    solved = set(program.hessians)  # keys only: membership on spilled Hessians would read them from disk
-    peers = []
-    for j in program.jobs:
-        g = j.group
-        m = _EXPERT_GROUP.match(g.key) if g is not None else None
-        if m and m["parent"] == me["parent"] and m["role"] == me["role"] and g.key in solved:
-            peers.append(g)
-    peers.sort(key=lambda g: int(_EXPERT_GROUP.match(g.key)["e"]))
+    index = program.scratch.get("#peers")
+    if index is None:
+        solved = set(program.hessians)  # keys only: membership on spilled Hessians would read them from disk
+        index = {}
+        for j in program.jobs:
+            m = _EXPERT_GROUP.match(j.group.key) if j.group is not None else None
+            if m and j.group.key in solved:
+                index.setdefault((m["parent"], m["role"]), []).append(j.group)
+        for peers in index.values():
+            peers.sort(key=lambda g: int(_EXPERT_GROUP.match(g.key)["e"]))
+        program.scratch["#peers"] = index
+    peers = index[(me["parent"], me["role"])]
     size = max(1, program.gptq_expert_batch)
     at = next(i for i, g in enumerate(peers) if g.key == key)
     return peers[at - at % size: at - at % size + size]
