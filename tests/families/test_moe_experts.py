@@ -237,3 +237,11 @@ def test_expert_names_are_what_engines_map(family, family_artifact):
                 got = {k.rsplit(".", 1)[1] for k in t if k.startswith(f"{layer}.{e}.{proj}.")}
                 assert {"weight_packed", "weight_scale", "weight_global_scale"} <= got, (layer, e, proj, got)
     assert not [k for k in t if re.search(r"\.experts\.(gate_up_proj|down_proj)", k)]
+
+
+def test_gptq_expert_batches_give_the_same_bytes_as_one_expert_at_a_time(family_src, tmp_path):
+    src = family_src("qwen3_moe")
+    outs = [quantize(src, tmp_path / f"b{b}", "mxfp4a16", "--algorithm", "gptq", "--set",
+                     f"quantize.gptq_expert_batch={b}") for b in (1, 8)]
+    a, b = ((o / "model.safetensors").read_bytes() for o in outs)
+    assert a == b
