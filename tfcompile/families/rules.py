@@ -55,7 +55,6 @@ class Family:
     fuse: Mapping[str, str] = field(default_factory=dict)  # Linear leaf -> fusion role (one global scale)
     experts: ExpertLayout = V5  # layout of fused expert tensors, when the checkpoint stores them fused
     modelopt: bool = False  # TensorRT-LLM serves it: the modelopt view is tested (tests/families)
-    attention: str = "mha"  # "mha" | "mla" | "sinks+sliding" | "hybrid-linear" (tfcompile/families/attention.py)
 
 
 FAMILIES: tuple[Family, ...] = (
@@ -66,8 +65,8 @@ FAMILIES: tuple[Family, ...] = (
              "it saves no serving memory or time and only adds error", "mla_kv_b"),),
         # vLLM's DeepSeek loader fuses q_a_proj and kv_a_proj_with_mqa into `fused_qkv_a_proj` (one GEMM
         # over the same input), so they need one NVFP4 global scale like q/k/v.
-        fuse={"q_a_proj": "qkv_a", "kv_a_proj_with_mqa": "qkv_a"}, modelopt=True, attention="mla"),
-    Family("gpt_oss", ("gpt_oss",), experts=GPT_OSS, modelopt=True, attention="sinks+sliding"),
+        fuse={"q_a_proj": "qkv_a", "kv_a_proj_with_mqa": "qkv_a"}, modelopt=True),
+    Family("gpt_oss", ("gpt_oss",), experts=GPT_OSS, modelopt=True),
     Family("glm4_moe", ("glm4_moe",)),
     Family("qwen3", ("qwen3",), modelopt=True),
     Family("qwen3_moe", ("qwen3_moe",), modelopt=True),
@@ -75,7 +74,7 @@ FAMILIES: tuple[Family, ...] = (
         Keep(r"re:.*\.linear_attn\..*", "Gated DeltaNet projections (in_proj_qkvz, in_proj_ba, out_proj)",
              "they feed a recurrent state that carries their error through the whole sequence (no KV cache "
              "resets it); peers keep them bf16 (llm-compressor's Qwen3-Next/3.5 recipes ignore "
-             "`re:.*linear_attn.*`)", "linear_attn"),), attention="hybrid-linear"),
+             "`re:.*linear_attn.*`)", "linear_attn"),)),
     Family("qwen2_5_vl", ("qwen2_5_vl", "qwen2_vl", "qwen3_vl", "qwen3_vl_moe")),
 )
 GENERIC = Family("generic", ())
