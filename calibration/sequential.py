@@ -42,6 +42,9 @@ from tfcompile.calibration.datasets import effective_source
 from tfcompile.calibration.forward import calibration_ids, model_class
 from tfcompile.calibration.recorders import Recorders
 from tfcompile.calibration.stats import CalibStats
+from tfcompile.families import V5
+from tfcompile.families.experts import PROJS, fuse_bias, fuse_weight, module_layout
+from tfcompile.families.names import RenamedView
 from tfcompile.io.locks import owner_token, sweep_stale_in
 
 SPILL_PREFIX = "tfcompile-hessians-"
@@ -55,7 +58,8 @@ def observe_sequential(model_dir: Path, ckpt, modules: set[str], *, data: str, s
                        seq_len: int, seed: int, dtype: torch.dtype, kv: bool = False,
                        observer: str = "max", observer_params: dict | None = None,
                        hessian_groups: dict[str, str] | None = None,
-                       batch: int = 4, on_layer=None) -> CalibStats:
+                       batch: int = 4, on_layer=None, all_experts: bool = False,
+                       moe_min_tokens: int = 16) -> CalibStats:
     """Same statistics as `forward.observe_input_amax`, computed one decoder layer at a time.
 
     `ckpt` is the open `Checkpoint`; `on_layer(i, n, seconds)` reports progress.
@@ -66,12 +70,13 @@ def observe_sequential(model_dir: Path, ckpt, modules: set[str], *, data: str, s
     model = _skeleton(model_dir, dtype)
     data = effective_source(data, model)  # `self` on a model that cannot generate: random ids
     path, layers = find_layers(model)
+    ckpt = RenamedView(ckpt, model)  # the checkpoint under the model's names (Qwen2.5-VL: language_model.)
     _check_layers(model, ckpt, path)
     ids = _tokens(model_dir, model, ckpt, dtype, path, layers,
                   dict(data=data, samples=samples, seq_len=seq_len, seed=seed))
     inputs = _catch_inputs(model, layers, ids, batch)
     rec = Recorders(model, modules, observer=observer, observer_params=observer_params,
-                    hessian_groups=hessian_groups, kv=kv)
+                    hessian_groups=hessian_groups, kv=kv, all_experts=all_experts, moe_min_tokens=moe_min_tokens)
     spill = _Spill()
     try:
         with torch.inference_mode():
@@ -171,23 +176,24 @@ def _params_on_meta():
         nn.Module.register_parameter = real
 
 
-def _tensor_for(ckpt, name: str, names: set[str]) -> torch.Tensor | None:
-    """The checkpoint tensor for parameter `name`, fusing per-expert tensors when the
-    model holds experts fused (transformers 5: experts.gate_up_proj [E, 2I, H] =
-    per expert cat(gate_proj, up_proj) on dim 0; experts.down_proj [E, H, I])."""
+def _tensor_for(ckpt, name: str, names: set[str], owner: nn.Module | None = None) -> torch.Tensor | None:
+    """The checkpoint tensor for parameter `name`, fusing per-expert tensors when the model
+    holds experts fused (transformers 5) in the layout of its experts module `owner`
+    (tfcompile/families/experts.py: v5 [E, 2I, H] halves, GPT-OSS [E, H, 2I] interleaved)."""
     if name in names:
         return ckpt.get(name)
-    m = re.fullmatch(r"(.*\.experts)\.(gate_up_proj|down_proj)", name)
+    m = re.fullmatch(r"(.*\.experts)\.(gate_up_proj|down_proj)(_bias)?", name)
     if not m:
         return None
-    base, kind = m.groups()
+    base, kind, bias = m.groups()
     n = sum(1 for x in names if re.fullmatch(re.escape(base) + r"\.\d+\.down_proj\.weight", x))
-    if n == 0:
+    if n == 0 or (bias and f"{base}.0.down_proj.bias" not in names):
         return None
-    if kind == "down_proj":
-        return torch.stack([ckpt.get(f"{base}.{e}.down_proj.weight") for e in range(n)])
-    return torch.stack([torch.cat([ckpt.get(f"{base}.{e}.gate_proj.weight"),
-                                   ckpt.get(f"{base}.{e}.up_proj.weight")]) for e in range(n)])
+    leaf = "bias" if bias else "weight"
+    parts = {p: [ckpt.get(f"{base}.{e}.{p}.{leaf}") for e in range(n)] for p in PROJS}
+    layout = module_layout(owner) if owner is not None else V5
+    fused = fuse_bias(parts, layout) if bias else fuse_weight(parts, layout)
+    return fused[kind]
 
 
 def _check_layers(model: nn.Module, ckpt, path: str) -> None:
@@ -196,8 +202,9 @@ def _check_layers(model: nn.Module, ckpt, path: str) -> None:
     for name, p in model.named_parameters():
         if not name.startswith(path + ".") or name in names:
             continue
-        m = re.fullmatch(r"(.*\.experts)\.(gate_up_proj|down_proj)", name)
-        if not (m and f"{m.group(1)}.0.down_proj.weight" in names):
+        m = re.fullmatch(r"(.*\.experts)\.(gate_up_proj|down_proj)(_bias)?", name)
+        leaf = "bias" if m and m.group(3) else "weight"
+        if not (m and f"{m.group(1)}.0.down_proj.{leaf}" in names):
             raise Unsupported(f"parameter {name} has no tensor in the checkpoint")
 
 
@@ -213,7 +220,8 @@ def _bind(module: nn.Module, ckpt, dtype: torch.dtype, prefix: str = "", skip: s
     for group in tied.values():
         if skip and all((prefix + n).startswith(skip) for n in group):
             continue
-        found = next(((n, t) for n in group if (t := _tensor_for(ckpt, prefix + n, names)) is not None), None)
+        found = next(((n, t) for n in group
+                      if (t := _tensor_for(ckpt, prefix + n, names, _owner(module, n)[0])) is not None), None)
         if found is None:
             continue  # not in the checkpoint: stays on meta; using it raises (-> Unsupported)
         name, t = found

@@ -7,7 +7,7 @@ from typing import Any
 
 from tfcompile.checkpoint_check import check_checkpoint, checkpoint_tensors
 from tfcompile.errors import CheckpointError
-from tfcompile.io.checkpoint import open_checkpoint
+from tfcompile.io.sources import open_source
 from tfcompile.pipeline.passes import PassResult, register_pass
 
 
@@ -45,8 +45,10 @@ class LoadConfig:
 
 @register_pass("load", config=LoadConfig, requires=("source_path",), produces=("source", "model"))
 def load(ctx, cfg: LoadConfig, reporter) -> PassResult:
-    """Open the checkpoint memory-mapped; no tensor is read yet."""
-    ckpt = open_checkpoint(ctx.source_path)
+    """Open the checkpoint memory-mapped; no tensor is read yet. A published quantized checkpoint
+    (DeepSeek FP8-block, GPT-OSS MXFP4, compressed-tensors) reads as the bf16 model it encodes,
+    decoded tensor by tensor (tfcompile/io/sources/)."""
+    ckpt = open_source(ctx.source_path)
     dtypes: dict[str, int] = {}
     for name in ckpt.names():
         info = ckpt.info(name)
@@ -61,5 +63,6 @@ def load(ctx, cfg: LoadConfig, reporter) -> PassResult:
         reporter.warn(f"load: {note}")
     model = ModelInfo.from_config(ckpt.config, dominant)
     stats = {"tensors": len(ckpt.names()), "files": len(ckpt.files), "bytes": ckpt.total_bytes,
-             "architecture": model.architecture, "dtype": dominant}
+             "architecture": model.architecture, "dtype": dominant,
+             "source_format": getattr(ckpt, "source_format", {}).get("format", "safetensors")}
     return PassResult(ctx.with_(source=ckpt, model=model), stats)

@@ -161,8 +161,9 @@ def _stream(ctx, program, sinks, reporter, view=None) -> tuple[list[dict], int]:
 def _job_source_bytes(job, source) -> int:
     if job.kind == "const":
         return 0  # computed by a pass, not read from the source
-    if job.group is None:  # a copy, or an override standing in for that source tensor
-        return source.info(job.source).nbytes
+    if job.group is None:  # a copy (or one expert's slice of it), or an override standing in for it
+        info = source.info(job.source)
+        return info.nbytes * math.prod(job.outputs[0].shape) // max(math.prod(info.shape), 1)
     total = 0
     for name in {t.source for t in job.group.members}:
         info = source.info(name)
@@ -196,8 +197,9 @@ def _job_modelopt(job, program, tensors):
         t = tensors[spec.name].float()
         yield modelopt_kv_name(spec.name), t.reshape(()) if spec.shape == (1,) else t
         return
-    if job.group is None:  # a copy, or its override (same name in both views)
-        yield job.source, tensors[job.source]
+    if job.group is None:  # a copy, its override or an expert's slice (same name in both views)
+        name = job.outputs[0].name
+        yield name, tensors[name]
         return
     for t in job.group.members:
         view = to_modelopt(program.scheme, t.module, tensors)

@@ -26,6 +26,7 @@ unless the user passes `--allow-unknown-architecture` (`load.allow_unknown_archi
 from __future__ import annotations
 
 import contextlib
+import re
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Iterator
@@ -33,6 +34,8 @@ from typing import Any, Iterator
 import torch
 
 from tfcompile.errors import CheckpointError
+from tfcompile.families import V5, family_of
+from tfcompile.families.experts import PROJS, fuse_bias, fuse_weight
 from tfcompile.io.dtypes import code_of
 
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -178,13 +181,50 @@ def check_checkpoint(config: dict, tensors: dict[str, tuple[torch.dtype, tuple[i
         return (f"architecture {arch!r} is not in transformers: the checkpoint's completeness, shapes and "
                 "dtypes were not checked (--allow-unknown-architecture); calibration-based formats and verify's "
                 "config checks need a transformers architecture, and engines may not load the result")
-    problems = find_problems(model, tensors)
+    problems = find_problems(model, _fuse_unmapped_experts(model, config, tensors))
     if problems:
         raise CheckpointError(f"{where}: the checkpoint does not match the {arch} that config.json describes: "
                               f"{problems.summary()}",
                               hint="the checkpoint is incomplete or config.json does not describe it; re-download "
                                    "it or fix config.json (tfcompile never quantizes a partial model)")
     return None
+
+
+_EXPERT = re.compile(r"^(?P<base>.*\.experts)\.(?P<e>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.(?P<leaf>weight|bias)$")
+
+
+def _fuse_unmapped_experts(model, config: dict, tensors: dict) -> dict:
+    """Per-expert tensors fused (as meta tensors) for families whose expert layout transformers' loader
+    has no conversion for (GPT-OSS: interleaved, transposed, with biases; tfcompile/families/experts.py),
+    so the check sees what our calibration binds and engines re-fuse. Other layouts are left to
+    transformers' own mapping. A group that does not stack (a missing expert, a wrong shape) stays
+    unfused and is reported as unexpected/missing."""
+    layout = family_of(config).experts
+    if layout == V5:
+        return tensors
+    params = {n for n, _ in model.named_parameters()}
+    groups: dict[tuple[str, str], dict[str, dict[int, tuple]]] = {}
+    for name, spec in tensors.items():
+        m = _EXPERT.match(name)
+        if m and f"{m['base']}.gate_up_proj" in params:
+            groups.setdefault((m["base"], m["leaf"]), {}).setdefault(m["proj"], {})[int(m["e"])] = spec
+    out = dict(tensors)
+    for (base, leaf), by_proj in groups.items():
+        n = len(by_proj.get("down_proj", {}))
+        if n == 0 or any(sorted(by_proj.get(p, {})) != list(range(n)) for p in PROJS):
+            continue
+        parts = {p: [torch.empty(by_proj[p][e][1], dtype=by_proj[p][e][0], device="meta") for e in range(n)]
+                 for p in PROJS}
+        try:
+            fused = fuse_bias(parts, layout) if leaf == "bias" else fuse_weight(parts, layout)
+        except RuntimeError:  # experts of different shapes: leave them for the report to name
+            continue
+        for e in range(n):
+            for p in PROJS:
+                del out[f"{base}.{e}.{p}.{leaf}"]
+        for kind, t in fused.items():
+            out[f"{base}.{kind}{'' if leaf == 'weight' else '_bias'}"] = (t.dtype, tuple(t.shape))
+    return out
 
 
 def checkpoint_tensors(ckpt) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:

@@ -32,6 +32,13 @@ def artifact_options(f):
     return f
 
 
+def _to_meta(ctx: click.Context, param: click.Parameter, value):
+    """Options that only set a pass field travel in the click context (no command signature change)."""
+    if value is not None:
+        ctx.meta[f"tfcompile.{param.name}"] = value
+    return value
+
+
 def recipe_options(f):
     """Options shared by `quantize` and `plan`: they all edit one Recipe."""
     opts = [
@@ -52,6 +59,9 @@ def recipe_options(f):
         click.option("--calib-samples", type=int, help="Calibration sequences (default 16)."),
         click.option("--calib-seq-len", type=int, help="Tokens per calibration sequence (default 128)."),
         click.option("--calib-seed", type=int, help="Seed for shuffling/sampling calibration data (default 0)."),
+        click.option("--calib-all-experts", is_flag=True, default=None, expose_value=False, callback=_to_meta,
+                     help="MoE: every calibration token also goes through every expert for the statistics "
+                     "(routing and outputs unchanged), so no expert is left uncalibrated (docs/models.md)."),
         click.option("--observer", type=click.Choice(["max", "percentile", "mse"]), help="Static activation "
                      "amax: max (default), percentile (99.99th of |x|; --set calibrate.percentile=P), mse "
                      "(clipping that minimises the format's quantization error)."),
@@ -154,7 +164,9 @@ def _build(fmt, recipe_file, sets, ignore, exports, skip, until, calib=None, alg
         overrides["eval"] = eval_table
     if algorithm:
         overrides["quantize"] = {"algorithm": algorithm}
-    calib_opts = {k: v for k, v in (calib or {}).items() if v is not None}
+    all_experts = click.get_current_context(silent=True)
+    all_experts = all_experts.meta.get("tfcompile.calib_all_experts") if all_experts else None
+    calib_opts = {k: v for k, v in dict(calib or {}, all_experts=all_experts).items() if v is not None}
     if calib_opts:
         overrides["calibrate"] = calib_opts
     if ignore:
