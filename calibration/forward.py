@@ -37,11 +37,16 @@ def model_class(model_dir: Path, cfg):
 
 
 def load_hf_model(model_dir: Path, dtype: torch.dtype):
-    """The transformers model for config.json's architecture, weights loaded."""
+    """The transformers model for config.json's architecture, weights loaded (a published quantized
+    checkpoint: decoded by tfcompile, tfcompile/io/sources/model.py)."""
     import transformers
+
+    from tfcompile.io.sources.model import is_published, load_decoded_model
 
     transformers.utils.logging.disable_progress_bar()  # stderr belongs to our reporter
     cfg = transformers.AutoConfig.from_pretrained(model_dir, trust_remote_code=False)
+    if is_published(cfg.to_dict()):
+        return load_decoded_model(model_dir, dtype)
     cls = model_class(model_dir, cfg)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -77,8 +82,8 @@ def observe_input_amax(model_dir: Path, modules: set[str], *, data: str, samples
                        seed: int, dtype: torch.dtype, kv: bool = False, observer: str = "max",
                        observer_params: dict | None = None,
                        hessian_groups: dict[str, str] | None = None,
-                       awq_groups: dict[str, str] | None = None, world=LOCAL,
-                       device: torch.device | str = "cpu",
+                       awq_groups: dict[str, str] | None = None, all_experts: bool = False,
+                       moe_min_tokens: int = 16, world=LOCAL, device: torch.device | str = "cpu",
                        hessian_owner: dict[str, int] | None = None) -> CalibStats:
     """Statistics of every module in `modules` (see `Recorders`) over `samples` x `seq_len`
     calibration tokens, running the whole model at once (the model must fit in RAM, and on
@@ -92,8 +97,9 @@ def observe_input_amax(model_dir: Path, modules: set[str], *, data: str, samples
     ids = broadcast(world, ids)
     model.to(device)
     rec = Recorders(model, modules, observer=observer, observer_params=observer_params,
-                    hessian_groups=hessian_groups, kv=kv,
-                    awq_groups=awq_groups, world=world, hessian_owner=hessian_owner)
+                    hessian_groups=hessian_groups, kv=kv, awq_groups=awq_groups,
+                    all_experts=all_experts, moe_min_tokens=moe_min_tokens, world=world,
+                    hessian_owner=hessian_owner)
     try:
         with torch.inference_mode():
             for r in range(rounds(len(ids), world.size)):  # round r: sequences r*N .. r*N+N-1

@@ -2,13 +2,18 @@
 
 The whole-model loop (calibration.forward) and the layer-by-layer loop
 (calibration.sequential) install the same `Recorders` on modules found by
-name, so both produce the same `CalibStats` for the same tokens.
+name, so both produce the same `CalibStats` for the same tokens. Names are the
+checkpoint's (the plan's); `NameMap` finds the module transformers gives each
+in memory (Qwen2.5-VL: `model.language_model.layers...`). Fused MoE experts have
+no Linear per expert: calibration/moe.py runs them expert by expert and feeds
+the same observers and Hessians under the per-expert names.
 
 Under torchrun (`world` of several ranks, each running its own batches): `max` observers and
-the KV observer update locally and are reduced by an all-reduce MAX at the end (exact); the
-Hessians and the other observers, whose floating-point result depends on the order of
-updates, are replayed on an owner rank in batch order (tfcompile/dist/collect.py), after each
-round of batches (`flush`). Either way the statistics are bit-identical to one process's.
+the KV observer update locally and are reduced by an all-reduce MAX at the end (exact), routed
+token counts by a sum; the Hessians and the other observers, whose floating-point result
+depends on the order of updates, are folded on an owner rank in batch order
+(tfcompile/dist/collect.py), after each round of batches (`flush`). Either way the statistics
+are bit-identical to one process's.
 """
 
 from __future__ import annotations
@@ -20,11 +25,14 @@ import torch
 from torch import nn
 
 from tfcompile.calibration.awq_stats import AWQRecorder
-from tfcompile.calibration.observers import Observer, make_observer
+from tfcompile.calibration.moe import MoERecorder
+from tfcompile.calibration.moe_policy import resolve_amax
+from tfcompile.calibration.observers import make_observer
 from tfcompile.calibration.stats import CalibStats
 from tfcompile.dist import LOCAL
 from tfcompile.dist.collect import OrderedReplay, max_tensors, max_values
 from tfcompile.errors import CheckpointError
+from tfcompile.families.names import NameMap
 
 
 class Recorders:
@@ -33,24 +41,27 @@ class Recorders:
     def __init__(self, model: nn.Module, modules: set[str], *, observer: str = "max",
                  observer_params: dict | None = None,
                  hessian_groups: dict[str, str] | None = None, kv: bool = False,
-                 awq_groups: dict[str, str] | None = None, world=LOCAL,
-                 hessian_owner: dict[str, int] | None = None):
+                 awq_groups: dict[str, str] | None = None, all_experts: bool = False,
+                 moe_min_tokens: int = 16, world=LOCAL, hessian_owner: dict[str, int] | None = None):
         self.modules, self.world = set(modules), world
-        self.observers: dict[str, Observer] = {}
-        self.hooks = []
-        names = [n for n, _ in model.named_modules() if n in self.modules or _expert_parent(n, self.modules)]
+        self.moe_min_tokens = moe_min_tokens
+        names = NameMap(model)
+        self.observers = {m: make_observer(observer, **(observer_params or {})) for m in sorted(self.modules)}
         # order-sensitive observers are replayed on an owner (round robin); max reduces exactly
-        self.replayed = set() if observer == "max" else set(names)
+        self.replayed = set() if observer == "max" else set(self.observers)
         owners = {f"obs/{n}": i % world.size for i, n in enumerate(sorted(self.replayed))}
         owners.update({f"hess/{k}": r for k, r in (hessian_owner or {}).items()})
         self.replay = OrderedReplay(world, owners)
+        self._update = {m: self.replay.wrap(f"obs/{m}", o.update) if m in self.replayed else o.update
+                        for m, o in self.observers.items()}
+        in_memory = {names.to_model(m): m for m in self.modules}  # model module name -> checkpoint name
+        self.hooks = []
         for name, mod in model.named_modules():
-            if name in names:
-                self.observers[name] = obs = make_observer(observer, **(observer_params or {}))
-                update = self.replay.wrap(f"obs/{name}", obs.update) if name in self.replayed else obs.update
-                self.hooks.append(mod.register_forward_pre_hook(_observe(update)))
-        self.hessians = HessianRecorder(model, hessian_groups or {}, self.replay)
+            if name in in_memory:
+                self.hooks.append(mod.register_forward_pre_hook(_observe(self._update[in_memory[name]])))
+        self.hessians = HessianRecorder(model, hessian_groups or {}, names, self.replay)
         self.hooks += self.hessians.hooks
+        self.moe = MoERecorder(model, self._expert_input, all_experts=all_experts)
         self.awq = AWQRecorder(model, awq_groups or {})  # member -> group key; {} installs nothing
         self.hooks += self.awq.hooks
         self.kv = None
@@ -58,12 +69,21 @@ class Recorders:
             from tfcompile.calibration.kv import KVObserver, install
 
             self.kv = KVObserver(model)
-            model.set_attn_implementation(install(self.kv))
+            model.set_attn_implementation(install(self.kv, model))
+
+    def _expert_input(self, name: str, x: torch.Tensor) -> None:
+        """One expert's Linear input (calibration/moe.py), under the artifact's per-expert name."""
+        if name in self._update:
+            self._update[name](x)
+        self.hessians.add(name, x)
 
     def remove(self) -> None:
         for h in self.hooks:
             h.remove()
         self.hooks = []
+        self.moe.remove()
+        if self.kv is not None:
+            self.kv.remove()
 
     def flush(self) -> None:
         """End of a round of batches (one per rank): replay the order-sensitive updates."""
@@ -71,8 +91,8 @@ class Recorders:
 
     def stats(self, tokens: int, source: str, model_dir=None) -> CalibStats:
         """The statistics; with `kv`, raises if no attention call reached the KV observer.
-        Under torchrun every rank gets the same amax; `hessians` holds the groups this rank
-        owns (CalibStats.hessian_owner says which rank holds each)."""
+        Under torchrun every rank gets the same amax and token counts; `hessians` holds the
+        groups this rank owns (CalibStats.hessian_owner says which rank holds each)."""
         world = self.world
         kv_k = max_tensors(world, self.kv.k) if self.kv is not None else {}
         if self.kv is not None and not kv_k:
@@ -81,21 +101,30 @@ class Recorders:
                                   hint="this architecture is not supported for --kv-cache yet")
         kv_v = max_tensors(world, self.kv.v) if self.kv is not None else {}
         amax = max_values(world, {n: o.amax() for n, o in self.observers.items() if n not in self.replayed})
-        hessians, seconds, owner = self.hessians.result(), {}, {}
         mine = {n: self.observers[n].amax() for n in self.replayed}
-        held = sorted(set(hessians) | self.hessians.taken)
-        for r, (part, keys, secs) in enumerate(world.all_objects("calib/stats", (mine, held, self.hessians.seconds))):
+        seconds, routed, seen, inline, spilled = {}, {}, {}, {}, {}
+        parts = world.all_objects("calib/stats", (mine, sorted(self.hessians.result()), sorted(self.hessians.taken),
+                                                  self.hessians.seconds, self.moe.tokens, self.moe.seen))
+        for r, (part, kept, taken, secs, tok, sn) in enumerate(parts):
             amax.update({n: v for n, v in part.items() if self.replay.owners[f"obs/{n}"] == r})
-            owner.update(dict.fromkeys(keys, r))
-            for k, v in secs.items():  # every rank computed X^T X for its own batches
-                seconds[k] = seconds.get(k, 0.0) + v
+            inline.update(dict.fromkeys(kept, r))
+            spilled.update(dict.fromkeys(taken, r))
+            for total, add in ((seconds, secs), (routed, tok), (seen, sn)):  # X^T X seconds, tokens: sums
+                for k, v in add.items():
+                    total[k] = total.get(k, 0) + v
         amax = {n: v for n, v in sorted(amax.items()) if v is not None}
-        resolved, fallback = _resolve(self.modules, amax)
+        resolved, fallback = resolve_amax(self.modules, amax, seen, self.moe_min_tokens, model_dir)
         kv_amax = {n: (kv_k[n], kv_v[n]) for n in sorted(kv_k)}
         awq, awq_skipped = self.awq.result()  # after kv_amax: its fold check runs the model
+        hessians = {k: h for k, h in self.hessians.result().items()
+                    if _enough(k, seen, self.moe_min_tokens)}  # too few tokens: RTN (quantize warns)
+        # who holds which Hessian: the layer loop's spilled ones as they are (its per-layer take() is not
+        # filtered), the whole-model loop's with the same moe_min_tokens filter as `hessians`
+        owner = {**spilled, **{k: r for k, r in inline.items() if _enough(k, seen, self.moe_min_tokens)}}
         return CalibStats(resolved, tokens, source, tuple(fallback), kv_amax, hessians=hessians,
                           hessian_seconds=dict(sorted(seconds.items())),
-                          awq=awq, awq_skipped=awq_skipped,
+                          awq=awq, awq_skipped=awq_skipped, expert_tokens=dict(sorted(routed.items())),
+                          moe_all_experts=self.moe.all_experts, moe_min_tokens=self.moe_min_tokens,
                           hessian_owner=owner if world.distributed else {})
 
 
@@ -104,19 +133,27 @@ class HessianRecorder:
 
     Memory: one float32 [K, K] per group observed so far."""
 
-    def __init__(self, model: nn.Module, groups: dict[str, str], replay=None):
+    def __init__(self, model: nn.Module, groups: dict[str, str], names: NameMap | None = None, replay=None):
         self._h: dict[str, torch.Tensor] = {}
         self._n: dict[str, int] = {}
+        self.groups = dict(groups)  # member Linear (checkpoint name) -> group key
         self.taken: set[str] = set()  # keys handed out by take() (spilled by the layer loop)
         self.seconds: dict[str, float] = {}  # group key -> seconds spent computing X^T X
         route = replay.wrap if replay is not None else (lambda key, fold, prep: lambda x: fold(*prep(x)))
-        self.hooks = [mod.register_forward_pre_hook(_first_arg(route(f"hess/{groups[name]}", self._fold(groups[name]),
-                                                                     self._prepare(groups[name]))))
-                      for name, mod in model.named_modules() if name in groups]
+        # x -> H += X^T X: under torchrun X_b^T X_b on the batch's rank, the sum on the owner
+        self._route = {k: route(f"hess/{k}", self._fold(k), self._prepare(k)) for k in sorted(set(groups.values()))}
+        in_memory = {(names.to_model(m) if names is not None else m): k for m, k in groups.items()}
+        self.hooks = [mod.register_forward_pre_hook(_first_arg(self._route[in_memory[name]]))
+                      for name, mod in model.named_modules() if name in in_memory]
+
+    def add(self, member: str, x: torch.Tensor) -> None:
+        """Input x of group member `member` (fused experts: calibration/moe.py)."""
+        key = self.groups.get(member)
+        if key is not None:
+            self._route[key](x)
 
     def _prepare(self, key: str):
-        """One batch's X^T X (fp32, on x's device) and its row count: the expensive part, which
-        under torchrun runs on the rank that ran the batch."""
+        """One batch's X^T X (fp32, on x's device) and its row count: the expensive part."""
         def prepare(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             t0 = time.perf_counter()
             x = x.detach().reshape(-1, x.shape[-1]).float()
@@ -159,28 +196,7 @@ def _first_arg(update):
     return lambda mod, args: update(args[0])
 
 
-def _expert_parent(name: str, modules: set[str]) -> bool:
-    """A fused experts module (transformers v5) whose per-expert Linears we quantize."""
-    return name.endswith("experts") and any(m.startswith(name + ".") for m in modules)
-
-
-def _resolve(modules: set[str], amax: dict[str, float]) -> tuple[dict[str, float], list[str]]:
-    """Give every module a positive amax; modules no token reached get a fallback.
-
-    Fallback (documented in docs/design.md): a fused expert's gate/up input is
-    the experts module's input; anything else takes the largest amax observed
-    in the same decoder layer, else the model-wide largest. Never zero.
-    """
-    out, fallback = {}, []
-    top = max(amax.values(), default=1.0) or 1.0
-    for m in sorted(modules):
-        v = amax.get(m)
-        if v is None and re.search(r"\.experts\.\d+\.(gate_proj|up_proj)$", m):
-            v = amax.get(m.rsplit(".", 2)[0])
-        if not v:
-            layer = re.match(r"(.*?\.\d+)\.", m)
-            same = [a for k, a in amax.items() if layer and k.startswith(layer.group(1) + ".")]
-            v = max(same, default=0.0) or top
-            fallback.append(m)
-        out[m] = v
-    return out, fallback
+def _enough(key: str, tokens: dict[str, int], min_tokens: int) -> bool:
+    """A fused expert's group keeps its Hessian only when min_tokens were routed to the expert."""
+    m = re.match(r"(.*\.experts\.\d+)\.", key)
+    return m is None or m.group(1) not in tokens or tokens[m.group(1)] >= min_tokens

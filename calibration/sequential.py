@@ -45,6 +45,12 @@ from tfcompile.calibration.stats import CalibStats
 from tfcompile.dist import LOCAL
 from tfcompile.dist.collect import broadcast
 from tfcompile.dist.partition import mine, rounds
+from tfcompile.families import V5
+from tfcompile.families.experts import PROJS, fuse_bias, fuse_weight, module_layout
+from tfcompile.families.names import RenamedView
+from tfcompile.io.locks import owner_token, sweep_stale_in
+
+SPILL_PREFIX = "tfcompile-hessians-"
 
 
 class Unsupported(Exception):
@@ -55,7 +61,8 @@ def observe_sequential(model_dir: Path, ckpt, modules: set[str], *, data: str, s
                        seq_len: int, seed: int, dtype: torch.dtype, kv: bool = False,
                        observer: str = "max", observer_params: dict | None = None,
                        hessian_groups: dict[str, str] | None = None,
-                       batch: int = 4, on_layer=None, world=LOCAL, device: torch.device | str = "cpu",
+                       batch: int = 4, on_layer=None, all_experts: bool = False,
+                       moe_min_tokens: int = 16, world=LOCAL, device: torch.device | str = "cpu",
                        hessian_owner: dict[str, int] | None = None) -> CalibStats:
     """Same statistics as `forward.observe_input_amax`, computed one decoder layer at a time.
 
@@ -70,6 +77,7 @@ def observe_sequential(model_dir: Path, ckpt, modules: set[str], *, data: str, s
     model = _skeleton(model_dir, dtype)
     data = effective_source(data, model)  # `self` on a model that cannot generate: random ids
     path, layers = find_layers(model)
+    ckpt = RenamedView(ckpt, model)  # the checkpoint under the model's names (Qwen2.5-VL: language_model.)
     _check_layers(model, ckpt, path)
     spec = dict(data=data, samples=samples, seq_len=seq_len, seed=seed)
     if world.is_root:
@@ -83,7 +91,8 @@ def observe_sequential(model_dir: Path, ckpt, modules: set[str], *, data: str, s
                                                                                           world.size)],
                            device=device)
     rec = Recorders(model, modules, observer=observer, observer_params=observer_params,
-                    hessian_groups=hessian_groups, kv=kv, world=world, hessian_owner=hessian_owner)
+                    hessian_groups=hessian_groups, kv=kv, all_experts=all_experts, moe_min_tokens=moe_min_tokens,
+                    world=world, hessian_owner=hessian_owner)
     spill = _Spill()
     try:
         with torch.inference_mode():
@@ -100,6 +109,9 @@ def observe_sequential(model_dir: Path, ckpt, modules: set[str], *, data: str, s
                 spill.put(i, rec.hessians.take())
                 if on_layer:
                     on_layer(i, len(layers), time.perf_counter() - t0)
+    except BaseException:  # Ctrl-C, SIGTERM, a failed layer: no Hessian spill outlives the run
+        spill.cleanup()
+        raise
     finally:
         rec.remove()
     stats = rec.stats(int(ids.numel()), f"{data}(seed={seed})", model_dir)
@@ -183,23 +195,24 @@ def _params_on_meta():
         nn.Module.register_parameter = real
 
 
-def _tensor_for(ckpt, name: str, names: set[str]) -> torch.Tensor | None:
-    """The checkpoint tensor for parameter `name`, fusing per-expert tensors when the
-    model holds experts fused (transformers 5: experts.gate_up_proj [E, 2I, H] =
-    per expert cat(gate_proj, up_proj) on dim 0; experts.down_proj [E, H, I])."""
+def _tensor_for(ckpt, name: str, names: set[str], owner: nn.Module | None = None) -> torch.Tensor | None:
+    """The checkpoint tensor for parameter `name`, fusing per-expert tensors when the model
+    holds experts fused (transformers 5) in the layout of its experts module `owner`
+    (tfcompile/families/experts.py: v5 [E, 2I, H] halves, GPT-OSS [E, H, 2I] interleaved)."""
     if name in names:
         return ckpt.get(name)
-    m = re.fullmatch(r"(.*\.experts)\.(gate_up_proj|down_proj)", name)
+    m = re.fullmatch(r"(.*\.experts)\.(gate_up_proj|down_proj)(_bias)?", name)
     if not m:
         return None
-    base, kind = m.groups()
+    base, kind, bias = m.groups()
     n = sum(1 for x in names if re.fullmatch(re.escape(base) + r"\.\d+\.down_proj\.weight", x))
-    if n == 0:
+    if n == 0 or (bias and f"{base}.0.down_proj.bias" not in names):
         return None
-    if kind == "down_proj":
-        return torch.stack([ckpt.get(f"{base}.{e}.down_proj.weight") for e in range(n)])
-    return torch.stack([torch.cat([ckpt.get(f"{base}.{e}.gate_proj.weight"),
-                                   ckpt.get(f"{base}.{e}.up_proj.weight")]) for e in range(n)])
+    leaf = "bias" if bias else "weight"
+    parts = {p: [ckpt.get(f"{base}.{e}.{p}.{leaf}") for e in range(n)] for p in PROJS}
+    layout = module_layout(owner) if owner is not None else V5
+    fused = fuse_bias(parts, layout) if bias else fuse_weight(parts, layout)
+    return fused[kind]
 
 
 def _check_layers(model: nn.Module, ckpt, path: str) -> None:
@@ -208,8 +221,9 @@ def _check_layers(model: nn.Module, ckpt, path: str) -> None:
     for name, p in model.named_parameters():
         if not name.startswith(path + ".") or name in names:
             continue
-        m = re.fullmatch(r"(.*\.experts)\.(gate_up_proj|down_proj)", name)
-        if not (m and f"{m.group(1)}.0.down_proj.weight" in names):
+        m = re.fullmatch(r"(.*\.experts)\.(gate_up_proj|down_proj)(_bias)?", name)
+        leaf = "bias" if m and m.group(3) else "weight"
+        if not (m and f"{m.group(1)}.0.down_proj.{leaf}" in names):
             raise Unsupported(f"parameter {name} has no tensor in the checkpoint")
 
 
@@ -227,7 +241,8 @@ def _bind(module: nn.Module, ckpt, dtype: torch.dtype, prefix: str = "", skip: s
     for group in tied.values():
         if skip and all((prefix + n).startswith(skip) for n in group):
             continue
-        found = next(((n, t) for n in group if (t := _tensor_for(ckpt, prefix + n, names)) is not None), None)
+        found = next(((n, t) for n in group
+                      if (t := _tensor_for(ckpt, prefix + n, names, _owner(module, n)[0])) is not None), None)
         if found is None:
             continue  # not in the checkpoint: stays on meta; using it raises (-> Unsupported)
         name, t = found
@@ -321,10 +336,17 @@ class _Spill:
         if not hessians:
             return
         if self.dir is None:
-            self.dir = tempfile.TemporaryDirectory(prefix="tfcompile-hessians-")
+            # the owner token in the name lets a later run delete the spill of a killed one (io/locks.py)
+            sweep_stale_in(Path(tempfile.gettempdir()), SPILL_PREFIX)
+            self.dir = tempfile.TemporaryDirectory(prefix=f"{SPILL_PREFIX}{owner_token()}-")
         f = Path(self.dir.name) / f"layer{layer}.safetensors"
         save_file({k: v.cpu().contiguous() for k, v in hessians.items()}, f)
         self.files.update({k: f for k in hessians})
+
+    def cleanup(self) -> None:
+        if self.dir is not None:
+            self.dir.cleanup()
+            self.dir, self.files = None, {}
 
 
 class SpilledHessians(Mapping):

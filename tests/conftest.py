@@ -43,6 +43,16 @@ def model_factory():
 
 
 @pytest.fixture(scope="session")
+def family_factory():
+    """tests/fixtures/families.py: FAMILIES (name -> Family(build, architecture, moe)) and make_tiny_*:
+    DeepSeek-V3/Kimi K2, GPT-OSS, GLM-4.5, Qwen3 (dense, MoE, Next), Qwen2.5-VL (docs/models.md)."""
+    spec = importlib.util.spec_from_file_location("tfcompile_test_families_shared", _MODELS.with_name("families.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
 def tiny_llama_src(model_factory, tmp_path_factory) -> Path:
     return model_factory.make_tiny_llama(tmp_path_factory.mktemp("src") / "tiny-llama")
 

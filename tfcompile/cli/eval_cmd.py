@@ -74,16 +74,21 @@ def layers_table(layers: list[dict]) -> Table:
 @click.option("--layers/--no-layers", default=True, help="Show the per-layer table.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress on stderr.")
+@click.option("--no-verify", "no_verify", is_flag=True, help="Skip the integrity checks of an artifact MODEL "
+              "(verify's manifest integrity, paths, extra files and checksums) run before evaluating it.")
 def eval_cmd(model, reference, text, max_tokens, seq_len, batch_size, dtype, kv_cache, max_kl,
-             max_ppl_increase, min_top1, device, layers, as_json, quiet):
+             max_ppl_increase, min_top1, device, layers, as_json, quiet, no_verify):
     """Evaluate MODEL (artifact or checkpoint) against --reference: perplexity, KL, top-1, layer SQNR.
 
+    An artifact is checked first as `verify` checks its files (--no-verify skips it).
     Exit 1 when a gate (--max-kl, --max-ppl-increase, --min-top1) is missed."""
     from tfcompile.cli.main import _rank_output
     from tfcompile.dist import current
     from tfcompile.dist.failure import supervise
     from tfcompile.evaluate import evaluate, gate_error
 
+    if not no_verify:
+        check_artifact_files(Path(model))
     console, quiet, as_json = _rank_output(quiet, as_json)
     reporter = RichReporter(console, quiet=quiet)
     world = current()
@@ -105,6 +110,22 @@ def eval_cmd(model, reference, text, max_tokens, seq_len, batch_size, dtype, kv_
     err = gate_error(doc["gates"])
     if err is not None and world.is_root:  # under torchrun rank 0 reports the missed gate (exit 1)
         raise err
+
+
+def check_artifact_files(path: Path) -> None:
+    """VerifyError unless an artifact's files are those its manifest lists (a checkpoint passes)."""
+    from tfcompile.artifact.verify import MANIFEST, VerifyReport, check_files, load_manifest
+    from tfcompile.errors import VerifyError
+
+    if not (path / MANIFEST).exists() and not (path / MANIFEST).is_symlink():
+        return  # a plain checkpoint: nothing to check against
+    rep = VerifyReport(str(path))
+    check_files(path, load_manifest(path), rep)
+    bad = rep.failures()
+    if bad:
+        raise VerifyError(f"{path} fails verify's " + "; ".join(f"'{c['check']}' check ({c['detail']})" for c in bad),
+                          hint="the artifact changed since it was built: rebuild it, or pass --no-verify to "
+                               "evaluate it anyway")
 
 
 def quantize_eval_table(section: dict) -> Table:

@@ -10,7 +10,9 @@ import click
 
 from tfcompile import __version__
 from tfcompile.cli.output import RichReporter, emit_json, stderr_console
+from tfcompile.cli.sign_cmd import load_overrides, public_key_option, sign_option, unknown_architecture_option
 from tfcompile.errors import TfcompileError
+from tfcompile.io.signals import Terminated, handle_signals
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "TFCOMPILE"}
 
@@ -28,6 +30,13 @@ def artifact_options(f):
     for o in reversed(opts):
         f = o(f)
     return f
+
+
+def _to_meta(ctx: click.Context, param: click.Parameter, value):
+    """Options that only set a pass field travel in the click context (no command signature change)."""
+    if value is not None:
+        ctx.meta[f"tfcompile.{param.name}"] = value
+    return value
 
 
 def recipe_options(f):
@@ -50,6 +59,9 @@ def recipe_options(f):
         click.option("--calib-samples", type=int, help="Calibration sequences (default 16)."),
         click.option("--calib-seq-len", type=int, help="Tokens per calibration sequence (default 128)."),
         click.option("--calib-seed", type=int, help="Seed for shuffling/sampling calibration data (default 0)."),
+        click.option("--calib-all-experts", is_flag=True, default=None, expose_value=False, callback=_to_meta,
+                     help="MoE: every calibration token also goes through every expert for the statistics "
+                     "(routing and outputs unchanged), so no expert is left uncalibrated (docs/models.md)."),
         click.option("--observer", type=click.Choice(["max", "percentile", "mse"]), help="Static activation "
                      "amax: max (default), percentile (99.99th of |x|; --set calibrate.percentile=P), mse "
                      "(clipping that minimises the format's quantization error)."),
@@ -153,10 +165,10 @@ def _rank_output(quiet: bool, as_json: bool):
 
 
 def _build(fmt, recipe_file, sets, ignore, exports, skip, until, calib=None, algorithm=None, evaluation=None,
-           targets=None, layout=None, distill=None, device=None):
+           targets=None, layout=None, distill=None, load=None, device=None):
     from tfcompile.recipe.build import build_recipe
 
-    overrides = {}
+    overrides = {"load": load} if load else {}
     if evaluation and (cutlass := evaluation.pop("emit_cutlass", None)):
         overrides["emit_cutlass"] = {"compile": cutlass}  # --cutlass: schedules emit_cutlass
     if distill is not None:
@@ -169,7 +181,9 @@ def _build(fmt, recipe_file, sets, ignore, exports, skip, until, calib=None, alg
         overrides["eval"] = eval_table
     if algorithm:
         overrides["quantize"] = {"algorithm": algorithm}
-    calib_opts = {k: v for k, v in (calib or {}).items() if v is not None}
+    all_experts = click.get_current_context(silent=True)
+    all_experts = all_experts.meta.get("tfcompile.calib_all_experts") if all_experts else None
+    calib_opts = {k: v for k, v in dict(calib or {}, all_experts=all_experts).items() if v is not None}
     if calib_opts:
         overrides["calibrate"] = calib_opts
     if ignore:
@@ -190,13 +204,15 @@ def cli() -> None:
 
 @cli.command()
 @artifact_options
+@sign_option
+@unknown_architecture_option
 @recipe_options
 @eval_options
 @emit_options
 @layout_options
-def quantize(model, out, overwrite, as_json, quiet, fmt, recipe_file, sets, ignore, exports, calib,
-             calib_samples, calib_seq_len, calib_seed, observer, algorithm, kv_cache, kv_per_head, device, skip, until,
-             targets, **eval_opts):
+def quantize(model, out, overwrite, as_json, quiet, sign_key, allow_unknown_architecture, fmt, recipe_file, sets,
+             ignore, exports, calib, calib_samples, calib_seq_len, calib_seed, observer, algorithm, kv_cache,
+             kv_per_head, device, skip, until, targets, **eval_opts):
     """Quantize the Hugging Face checkpoint MODEL into an artifact at OUT."""
     from tfcompile.api import run_pipeline
     from tfcompile.cli.eval_cmd import quantize_eval_failed, quantize_eval_table
@@ -207,10 +223,10 @@ def quantize(model, out, overwrite, as_json, quiet, fmt, recipe_file, sets, igno
     recipe = _build(fmt, recipe_file, sets, ignore, exports, skip, until,
                     dict(data=calib, samples=calib_samples, seq_len=calib_seq_len, seed=calib_seed,
                          observer=observer, kv_cache=kv_cache, kv_per_head=kv_per_head), algorithm, eval_opts,
-                    targets, layout, device=device)
+                    targets, layout, load=load_overrides(allow_unknown_architecture), device=device)
     reporter = RichReporter(console, quiet=quiet)
     try:
-        ctx = run_pipeline(model, out, recipe, overwrite=overwrite, reporter=reporter)
+        ctx = run_pipeline(model, out, recipe, overwrite=overwrite, reporter=reporter, sign_key=sign_key)
     except TfcompileError as e:  # a missed --eval gate: its figures on stderr / in --json, then exit 1
         quantize_eval_failed(e, console=console, quiet=quiet, as_json=as_json, recipe=recipe,
                              warnings=reporter.warnings)
@@ -258,11 +274,13 @@ def distill_options(f):
 
 @cli.command()
 @artifact_options
+@sign_option
+@unknown_architecture_option
 @recipe_options
 @distill_options
-def distill(model, out, overwrite, as_json, quiet, fmt, recipe_file, sets, ignore, exports, calib,
-            calib_samples, calib_seq_len, calib_seed, observer, algorithm, kv_cache, kv_per_head, device, skip, until,
-            **opts):
+def distill(model, out, overwrite, as_json, quiet, sign_key, allow_unknown_architecture, fmt, recipe_file, sets,
+            ignore, exports, calib, calib_samples, calib_seq_len, calib_seed, observer, algorithm, kv_cache,
+            kv_per_head, device, skip, until, **opts):
     """Quantize MODEL with quantization-aware distillation against the original; write OUT."""
     from tfcompile.api import run_pipeline
     from tfcompile.cli.output import live_progress_allowed
@@ -274,12 +292,12 @@ def distill(model, out, overwrite, as_json, quiet, fmt, recipe_file, sets, ignor
     recipe = _build(fmt, recipe_file, sets, ignore, exports, skip, until,
                     dict(data=calib, samples=calib_samples, seq_len=calib_seq_len, seed=calib_seed,
                          observer=observer, kv_cache=kv_cache, kv_per_head=kv_per_head), algorithm,
-                    distill=table, device=device)
+                    distill=table, load=load_overrides(allow_unknown_architecture), device=device)
     reporter = RichReporter(console, quiet=quiet)
     if not quiet and not live_progress_allowed(console):  # plain progress lines (loss, ETA) off a TTY
         reporter.note = console.print
     try:
-        ctx = run_pipeline(model, out, recipe, overwrite=overwrite, reporter=reporter)
+        ctx = run_pipeline(model, out, recipe, overwrite=overwrite, reporter=reporter, sign_key=sign_key)
     except KeyboardInterrupt:
         if opts.get("resume_dir"):
             sys.stderr.write(f"checkpoint kept in {opts['resume_dir']}; rerun the same command to resume\n")
@@ -367,12 +385,14 @@ def inspect(artifact, as_json, layers):
 @cli.command()
 @click.argument("artifact", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the report on stdout.")
-def verify(artifact, as_json):
-    """Check checksums, layers, shapes, scales and shared global scales (exit 1 on failure)."""
+@public_key_option
+def verify(artifact, as_json, public_key):
+    """Check paths, files, checksums, signature, layers, shapes, scales and shared global scales (exit 1 on failure)."""
+    from tfcompile.artifact.signing import load_public_key
     from tfcompile.artifact.verify import verify_artifact
     from tfcompile.cli.tables import verify_table
 
-    report = verify_artifact(artifact)
+    report = verify_artifact(artifact, public_key=load_public_key(public_key) if public_key else None)
     if as_json:
         emit_json({"ok": report.ok, "path": report.path, "checks": report.checks})
     else:
@@ -456,11 +476,18 @@ def export_onnx(artifact, out, opset, external_data, overwrite, as_json, quiet):
 
 
 from tfcompile.cli.eval_cmd import eval_cmd  # noqa: E402
+from tfcompile.cli.sign_cmd import sign_cmd  # noqa: E402
 cli.add_command(eval_cmd)
+cli.add_command(sign_cmd)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: maps errors to exit codes and `error:` / `hint:` lines."""
+    with handle_signals():  # SIGINT / SIGTERM: clean unwinding, exit 130 / 143 (tfcompile/io/signals.py)
+        return _main(argv)
+
+
+def _main(argv: list[str] | None) -> int:
     try:
         cli.main(args=argv, prog_name="tfcompile", standalone_mode=False)
         return 0
@@ -469,7 +496,9 @@ def main(argv: list[str] | None = None) -> int:
     except click.ClickException as e:
         e.show(file=sys.stderr)
         return 2
-    except click.exceptions.Abort:
+    except click.exceptions.Abort as e:  # click turns KeyboardInterrupt (and Terminated) into Abort
+        if isinstance(e.__cause__, KeyboardInterrupt):
+            return _interrupted(e.__cause__)
         sys.stderr.write("aborted\n")
         return 130
     except TfcompileError as e:
@@ -477,14 +506,22 @@ def main(argv: list[str] | None = None) -> int:
         return e.exit_code
     except SystemExit as e:
         return int(e.code or 0)
-    except KeyboardInterrupt:
-        sys.stderr.write("interrupted; no output was written\n")
-        return 130
+    except KeyboardInterrupt as e:
+        return _interrupted(e)
     except Exception as e:  # noqa: BLE001 - internal error: exit 2 with the trace
         traceback.print_exc(file=sys.stderr)
         _print_error(f"internal error: {type(e).__name__}: {e}",
                      "this is a tfcompile bug; please report it with the command you ran")
         return 2
+
+
+def _interrupted(e: KeyboardInterrupt) -> int:
+    """Exit 128 + signal (130 for Ctrl-C, 143 for SIGTERM) with one line, never a traceback."""
+    name = e.name if isinstance(e, Terminated) else "SIGINT"
+    published = getattr(e, "published", None)
+    what = f"{published} was written before it arrived" if published else "nothing was written"
+    sys.stderr.write(f"interrupted by {name}; {what}, temporary files were removed\n")
+    return e.exit_code if isinstance(e, Terminated) else 130
 
 
 def _print_error(message: str, hint: str | None) -> None:

@@ -15,6 +15,7 @@ import sys
 from typing import Any, Mapping
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 
@@ -72,7 +73,7 @@ class RichReporter:
 
     def warn(self, message: str) -> None:
         self.warnings.append(message)
-        self.console.print(f"[yellow]warning:[/] {message}")
+        self.console.print(f"[yellow]warning:[/] {escape(message)}")  # paths and names are not markup
 
     def _stop(self) -> None:
         if self._progress is not None:

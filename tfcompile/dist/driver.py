@@ -50,9 +50,10 @@ def run_pass(world, spec, ctx, cfg, reporter):
     return result
 
 
-def run_distributed(world, model_dir: Path, out_dir: Path | None, recipe, *, overwrite: bool, reporter):
-    """`api.run_pipeline` on rank `world.rank` of `world.size`."""
-    from tfcompile.io.atomic import atomic_output_dir
+def run_distributed(world, model_dir: Path, out_dir: Path | None, recipe, *, reporter, open_output, finish=None):
+    """`api.run_pipeline` on rank `world.rank` of `world.size`. `open_output()`: the atomic output
+    directory context (rank 0 only); `finish(staging)`: rank 0's last step before it is published
+    (signing)."""
     from tfcompile.pipeline import manager
     from tfcompile.pipeline.context import Context
 
@@ -65,9 +66,11 @@ def run_distributed(world, model_dir: Path, out_dir: Path | None, recipe, *, ove
                                recipe, reporter)
         try:
             if world.is_root:
-                with atomic_output_dir(out_dir, overwrite=overwrite) as staging:
+                with open_output() as staging:
                     world.share("staging", str(staging))
                     ctx = _run(world, manager, Context, model_dir, staging, recipe, reporter)
+                    if finish is not None:
+                        finish(staging)
             else:
                 staging = Path(world.fetch("staging"))
                 ctx = _run(world, manager, Context, model_dir, staging, recipe, reporter)

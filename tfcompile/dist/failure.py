@@ -17,7 +17,6 @@ import contextlib
 import json
 import os
 import signal
-import threading
 import time
 
 from tfcompile.errors import TfcompileError, UserError
@@ -35,10 +34,6 @@ class RankFailed(TfcompileError):
     def __init__(self, message: str, hint: str | None, exit_code: int):
         super().__init__(message, hint)
         self.exit_code = exit_code
-
-
-class Terminated(BaseException):
-    """SIGTERM (torchrun stops the remaining workers when one fails)."""
 
 
 def note_pass(world, name: str) -> None:
@@ -73,21 +68,17 @@ def peer_failure(world) -> str | None:
 
 @contextlib.contextmanager
 def supervise(world):
-    """Run a distributed invocation: SIGTERM becomes `Terminated`; any failure is re-raised as
-    RankFailed (this rank's own) or PeerFailed (another rank's), both naming rank and pass.
+    """Run a distributed invocation: any failure is re-raised as RankFailed (this rank's own) or
+    PeerFailed (another rank's, or torchrun's SIGTERM after one), both naming rank and pass.
     One process: nothing changes."""
     if not world.distributed:
         yield
         return
-    old = _on_sigterm()
     try:
         yield
         _set_state(world, "finished")
     except BaseException as e:  # noqa: BLE001 - classified and re-raised
         cause = _root_cause(e)
-        if isinstance(cause, KeyboardInterrupt):
-            _report(world, "interrupted (Ctrl-C)")
-            raise
         if isinstance(cause, PeerFailed) or _peer_caused(cause):
             _set_state(world, "stopped")
             raise PeerFailed(f"rank {world.rank} of {world.size} stopped in pass '{world.current_pass}': "
@@ -96,11 +87,10 @@ def supervise(world):
                                   "path") from e
         message = getattr(e, "message", None) or f"{type(cause).__name__}: {cause}"
         _report(world, getattr(cause, "message", None) or f"{type(cause).__name__}: {cause}")
+        if isinstance(cause, KeyboardInterrupt):  # Ctrl-C / SIGHUP here: recorded, then the CLI's exit
+            raise
         raise RankFailed(f"rank {world.rank} of {world.size}: {message}", getattr(e, "hint", None),
                          getattr(e, "exit_code", 2)) from e
-    finally:
-        if old is not None:
-            signal.signal(signal.SIGTERM, old)
 
 
 def _report(world, message: str) -> None:
@@ -155,21 +145,14 @@ def _root_cause(e: BaseException) -> BaseException:
 
 
 def _peer_caused(e: BaseException) -> bool:
-    """Errors that mean a peer went away: SIGTERM, collective/store failures."""
+    """Errors that mean a peer went away: torchrun's SIGTERM, collective/store failures."""
     import torch.distributed as dist
 
-    if isinstance(e, (Terminated, dist.DistError)):
+    from tfcompile.io.signals import Terminated
+
+    if isinstance(e, Terminated) and e.signum == signal.SIGTERM or isinstance(e, dist.DistError):
         return True
     text = str(e)
     return isinstance(e, RuntimeError) and any(s in text for s in ("Gloo", "gloo", "NCCL", "Connection closed",
                                                                    "Connection reset", "Broken pipe"))
 
-
-def _on_sigterm():
-    if threading.current_thread() is not threading.main_thread():
-        return None
-
-    def handler(signum, frame):
-        raise Terminated("SIGTERM")
-
-    return signal.signal(signal.SIGTERM, handler)

@@ -45,12 +45,14 @@ def preset_pipeline(fmt: str, kv_cache: bool = False, evaluate: bool = False, em
 def load_recipe_file(path: Path) -> dict:
     """Parse a TOML or JSON recipe file into a plain mapping (no code is run)."""
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise RecipeError(f"cannot read recipe {path}: {e.strerror}", hint="check the path") from None
+    except UnicodeDecodeError:
+        raise RecipeError(f"recipe {path} is not UTF-8 text", hint="recipes are TOML (.toml) or JSON (.json)") from None
     try:
         data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
-    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as e:
+    except (json.JSONDecodeError, tomllib.TOMLDecodeError, RecursionError) as e:
         raise RecipeError(f"recipe {path} is not valid {path.suffix.lstrip('.') or 'TOML'}: {e}",
                           hint="recipes are TOML (.toml) or JSON (.json)") from None
     if not isinstance(data, dict):
@@ -63,7 +65,24 @@ def load_recipe_file(path: Path) -> dict:
     if unknown:
         raise RecipeError(f"recipe {path}: unknown key(s) {sorted(unknown)}",
                           hint="top-level keys: version, format, pipeline, passes")
+    _check_types(data, path)
     return data
+
+
+def _check_types(data: dict, path: Path) -> None:
+    """format: a string; pipeline: a list of pass names; passes: a table of tables."""
+    problems = {
+        "format": "format" in data and not isinstance(data["format"], str),
+        "pipeline": "pipeline" in data and not (isinstance(data["pipeline"], list)
+                                                and all(isinstance(p, str) for p in data["pipeline"])),
+        "passes": "passes" in data and not isinstance(data["passes"], dict),
+    }
+    for key, bad in problems.items():
+        if bad:
+            raise RecipeError(f"recipe {path}: {key} = {str(data[key])[:40]!r} is not "
+                              + {"format": "a format name", "pipeline": "a list of pass names",
+                                 "passes": "a table of [passes.NAME] tables"}[key],
+                              hint='e.g. format = "nvfp4", pipeline = ["load", "select", ...], [passes.pack]')
 
 
 def build_recipe(
@@ -117,11 +136,20 @@ def build_recipe(
         values["calibrate"]["awq"] = True  # AWQ needs each norm-fed group's input statistics
     for name, table, where in edits:
         _merge(values, name, table, where)
+    _check_format_agrees(fmt, values)
     _inherit_emit(values)
     pipeline = _cut(pipeline, skip, until)
     entries = tuple(PassEntry(n, build_config(get_pass(n).config, values[n], f"pass {n}"))
                     for n in pipeline)
     return Recipe(RECIPE_VERSION, fmt or "custom", entries)
+
+
+def _check_format_agrees(fmt: str | None, values: dict) -> None:
+    """select.format must be the format the pipeline was built for (its passes follow the format)."""
+    chosen = (values.get("select") or {}).get("format")
+    if fmt and chosen is not None and chosen != fmt:
+        raise RecipeError(f"select.format={chosen!r} contradicts --format / recipe format {fmt!r}",
+                          hint=f"give the format once: --format {chosen}")
 
 
 def _inherit_emit(values: dict) -> None:
