@@ -142,15 +142,18 @@ class PagedKV:
 
 def paged_attention(q: torch.Tensor, k_cache: PagedKV, v_cache: PagedKV, seq: int,
                     positions: torch.Tensor) -> torch.Tensor:
-    """q [T, Hq, D] at absolute `positions` [T] of `seq` -> out [T, Hq, D] (float32).
+    """q [T, Hq, D] at absolute `positions` [T] of `seq` -> out [T, Hq, D] (float32; float64 for a float64 q).
 
     Reads the whole cached sequence (including the tokens just appended) through its
     block table; query t attends to cached positions <= positions[t]. q is zero-padded to
     the cache's head_dim_padded (so q.k is unchanged), the softmax scale is 1/sqrt(D) of
     the real head dim, and the padded output columns (zeros) are dropped."""
     d, dp = q.shape[-1], k_cache.fmt.head_dim_padded
-    q = torch.nn.functional.pad(q.float(), (0, dp - d)) if dp > d else q.float()
-    k, v = k_cache.read(seq), v_cache.read(seq)  # [S, Hkv, Dp] float32
+    # float32, or float64 for a float64 q: the exactness checks of tests/layout run in float64 so
+    # that summation-order noise cannot move a K/V value across an FP8 rounding boundary
+    cdt = torch.float64 if q.dtype == torch.float64 else torch.float32
+    q = torch.nn.functional.pad(q.to(cdt), (0, dp - d)) if dp > d else q.to(cdt)
+    k, v = k_cache.read(seq).to(cdt), v_cache.read(seq).to(cdt)  # [S, Hkv, Dp], read as float32
     hq, hkv = q.shape[1], k.shape[1]
     rep = hq // hkv
     k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)  # [S, Hq, D]
