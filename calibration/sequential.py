@@ -42,6 +42,7 @@ from tfcompile.calibration.datasets import effective_source
 from tfcompile.calibration.forward import calibration_ids, model_class
 from tfcompile.calibration.recorders import Recorders
 from tfcompile.calibration.stats import CalibStats
+from tfcompile.pipeline.report import NullReporter
 
 
 class Unsupported(Exception):
@@ -52,10 +53,11 @@ def observe_sequential(model_dir: Path, ckpt, modules: set[str], *, data: str, s
                        seq_len: int, seed: int, dtype: torch.dtype, kv: bool = False,
                        observer: str = "max", observer_params: dict | None = None,
                        hessian_groups: dict[str, str] | None = None,
-                       batch: int = 4, on_layer=None) -> CalibStats:
+                       batch: int = 4, on_layer=None, progress=None) -> CalibStats:
     """Same statistics as `forward.observe_input_amax`, computed one decoder layer at a time.
 
-    `ckpt` is the open `Checkpoint`; `on_layer(i, n, seconds)` reports progress.
+    `ckpt` is the open `Checkpoint`; `on_layer(i, n, seconds)` reports each layer's time and
+    `progress` (a pipeline reporter: task/advance) every batch of every layer.
     Raises `Unsupported` before running anything if a parameter has no tensor."""
     import time
 
@@ -64,12 +66,14 @@ def observe_sequential(model_dir: Path, ckpt, modules: set[str], *, data: str, s
     data = effective_source(data, model)  # `self` on a model that cannot generate: random ids
     path, layers = find_layers(model)
     _check_layers(model, ckpt, path)
+    progress = progress or NullReporter()
     ids = _tokens(model_dir, model, ckpt, dtype, path, layers,
-                  dict(data=data, samples=samples, seq_len=seq_len, seed=seed))
+                  dict(data=data, samples=samples, seq_len=seq_len, seed=seed, progress=progress))
     inputs = _catch_inputs(model, layers, ids, batch)
     rec = Recorders(model, modules, observer=observer, observer_params=observer_params,
                     hessian_groups=hessian_groups, kv=kv)
     spill = _Spill()
+    progress.task(f"calibrate {len(layers)} layers x {len(inputs)} batches", len(layers) * len(inputs))
     try:
         with torch.inference_mode():
             for i, layer in enumerate(layers):
@@ -77,6 +81,7 @@ def observe_sequential(model_dir: Path, ckpt, modules: set[str], *, data: str, s
                 _bind(layer, ckpt, dtype, prefix=f"{path}.{i}.")
                 for b, (hidden, kwargs) in enumerate(inputs):
                     inputs[b] = (_first(layer(hidden, **kwargs)), kwargs)
+                    progress.advance(1, f"layer {i + 1}/{len(layers)}")
                 _unbind(layer)
                 ckpt.release()
                 spill.put(i, rec.hessians.take())

@@ -55,7 +55,7 @@ def calibrate(ctx, cfg: CalibrateConfig, reporter) -> PassResult:
                   dtype=torch_dtype(ctx.model.dtype), kv=bool(cfg.kv_cache),
                   hessian_groups={g.members[0].module: g.key for g in ctx.plan.groups}
                   if cfg.hessian else None)
-    common.update(observer=cfg.observer, observer_params=observer_params(cfg, ctx.plan.scheme))
+    common.update(observer=cfg.observer, observer_params=observer_params(cfg, ctx.plan.scheme), progress=reporter)
     if cfg.awq:  # AWQ statistics and their fold check run the whole model (calibration/awq_stats.py)
         if cfg.mode == "sequential":
             raise RecipeError("calibrate.awq needs the whole-model loop, not calibrate.mode sequential",

@@ -14,6 +14,7 @@ from importlib import metadata
 from pathlib import Path
 
 from tfcompile import __version__
+from tfcompile.io.hub import hub_source
 from tfcompile.pipeline.passes import PassResult, register_pass
 
 SCHEMA_VERSION = 1
@@ -59,7 +60,7 @@ def manifest(ctx, cfg: ManifestConfig, reporter) -> PassResult:
         "dependencies": dependency_versions(),
         "recipe": ctx.recipe.to_dict(),
         "source": {"name": Path(ctx.source_path).name, "architecture": ctx.model.architecture,
-                   "dtype": ctx.model.dtype, "files": art.sources},
+                   "dtype": ctx.model.dtype, "files": art.sources, **hub_source(ctx.source_path)},
         "scheme": {"name": plan.scheme.name, "weight": plan.scheme.weight,
                    "granularity": plan.scheme.granularity, "block": list(plan.scheme.block),
                    "activations": plan.scheme.act, "mx_rule": ctx.program.mx_rule

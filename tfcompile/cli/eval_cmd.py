@@ -54,7 +54,9 @@ def layers_table(layers: list[dict]) -> Table:
 @click.command("eval")
 @click.argument("model", type=click.Path(path_type=Path))
 @click.option("--reference", required=True, type=click.Path(path_type=Path),
-              help="The original checkpoint to compare against (its tokenizer is used).")
+              help="The original checkpoint to compare against (its tokenizer is used): a directory "
+              "or a Hugging Face Hub id ORG/NAME.")
+@click.option("--revision", metavar="REV", help="Branch, tag or commit of a Hub --reference (default main).")
 @click.option("--text", type=click.Path(path_type=Path),
               help="Evaluation text (UTF-8 file), or python-doc (the default): the held-out split "
               "of tfcompile.calibration.corpus.")
@@ -71,12 +73,17 @@ def layers_table(layers: list[dict]) -> Table:
 @click.option("--layers/--no-layers", default=True, help="Show the per-layer table.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress on stderr.")
-def eval_cmd(model, reference, text, max_tokens, seq_len, batch_size, dtype, kv_cache, max_kl,
+def eval_cmd(model, reference, revision, text, max_tokens, seq_len, batch_size, dtype, kv_cache, max_kl,
              max_ppl_increase, min_top1, layers, as_json, quiet):
     """Evaluate MODEL (artifact or checkpoint) against --reference: perplexity, KL, top-1, layer SQNR.
 
     Exit 1 when a gate (--max-kl, --max-ppl-increase, --min-top1) is missed."""
+    from tfcompile.cli.model_ref import resolve_params
     from tfcompile.evaluate import evaluate, gate_error
+
+    paths = {"reference": reference, "model": model, "quiet": quiet}
+    resolve_params(paths, ("reference", "model"), revision)  # Hub ids -> the Hugging Face cache
+    model, reference = paths["model"], paths["reference"]
 
     console = stderr_console()
     reporter = RichReporter(console, quiet=quiet)

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from tfcompile import __version__
+from tfcompile.cli.model_ref import model_argument
 from tfcompile.cli.output import RichReporter, emit_json, stderr_console
 from tfcompile.errors import TfcompileError
 
@@ -16,9 +17,10 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "TFCOMPI
 
 
 def artifact_options(f):
-    """MODEL, -o OUT, --overwrite, --json, -q: what `quantize` and `distill` share."""
+    """MODEL (a directory or a Hub id, --revision), -o OUT, --overwrite, --json, -q: what `quantize`
+    and `distill` share."""
     opts = [
-        click.argument("model", type=click.Path(path_type=Path)),
+        model_argument,
         click.option("-o", "--output", "out", required=True, type=click.Path(path_type=Path),
                      help="Artifact directory to create (atomic)."),
         click.option("--overwrite", is_flag=True, help="Replace OUT if it exists."),
