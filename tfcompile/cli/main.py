@@ -76,8 +76,9 @@ def eval_options(f):
         click.option("--eval", "eval_", is_flag=True, default=None, help="After verify, evaluate the "
                      "staged artifact against MODEL and store the figures in its manifest."),
         click.option("--eval-text", metavar="python-doc|FILE", help="Evaluation text: python-doc (the "
-                     "held-out corpus split, default) or a UTF-8 file."),
-        click.option("--eval-tokens", type=int, help="Tokens of text to evaluate (default 16384)."),
+                     "held-out corpus split, default) or a UTF-8 file (`eval --text`)."),
+        click.option("--eval-max-tokens", "--eval-tokens", "eval_tokens", type=int,
+                     help="Tokens of text to evaluate (default 16384; `eval --max-tokens`)."),
         click.option("--max-kl", type=float, help="Gate (--eval): mean KL(ref || model) in nats <= this."),
         click.option("--max-ppl-increase", type=float, help="Gate (--eval): relative perplexity increase <= this."),
         click.option("--min-top1", type=float, help="Gate (--eval): top-1 agreement >= this."),
@@ -432,6 +433,7 @@ def main(argv: list[str] | None = None) -> int:
         return e.exit_code
     except click.ClickException as e:
         e.show(file=sys.stderr)
+        sys.stderr.write(f"hint: {_usage_hint(e)}\n")
         return 2
     except click.exceptions.Abort:
         sys.stderr.write("aborted\n")
@@ -449,6 +451,13 @@ def main(argv: list[str] | None = None) -> int:
         _print_error(f"internal error: {type(e).__name__}: {e}",
                      "this is a tfcompile bug; please report it with the command you ran")
         return 2
+
+
+def _usage_hint(e: click.ClickException) -> str:
+    """The `hint:` line after click's own usage error (which may already say "Did you mean")."""
+    ctx = getattr(e, "ctx", None)
+    path = ctx.command_path if ctx is not None else "tfcompile"
+    return f"run `{path} --help` for the options and arguments"
 
 
 def _print_error(message: str, hint: str | None) -> None:

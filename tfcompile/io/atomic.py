@@ -1,7 +1,8 @@
 """Build an output directory so that it appears complete or not at all.
 
 `atomic_output_dir(out)` yields a hidden temporary sibling `.{name}.tmp-XXXX`
-(same parent, hence same file system, so the final rename is atomic). When
+(same parent, hence same file system, so the final rename is atomic), with the
+mode a plain `mkdir` gives under the current umask (not mkdtemp's 0700). When
 the block finishes, the temp dir is renamed to `out`; when it raises anything,
 KeyboardInterrupt included, the temp dir is deleted and the error re-raised.
 With `overwrite`, the old `out` is first renamed aside, the new one renamed in,
@@ -27,6 +28,7 @@ def atomic_output_dir(out: str | os.PathLike, overwrite: bool = False) -> Iterat
     out = Path(out).absolute()
     _check_target(out, overwrite)
     tmp = _mkdtemp(out.parent, f".{out.name}.tmp-")
+    _chmod_like_mkdir(tmp)  # mkdtemp makes it 0700; the published directory follows the umask
     try:
         yield tmp
         _publish(tmp, out)
@@ -81,6 +83,32 @@ def _mkdtemp(parent: Path, prefix: str) -> Path:
         return Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
     except OSError as e:
         raise write_error(parent, e, "create a directory in") from e
+
+
+def _chmod_like_mkdir(path: Path) -> None:
+    """Give `path` the mode `mkdir` would (0777 minus the umask, e.g. 0755): a server running as
+    another user must be able to read the artifact. Files inside are created with open() and
+    already follow the umask."""
+    mask = _umask()
+    try:
+        os.chmod(path, 0o777 & ~mask)
+    except OSError as e:
+        shutil.rmtree(path, ignore_errors=True)
+        raise write_error(path, e, "set the permissions of") from e
+
+
+def _umask() -> int:
+    """The process umask, read without changing it (Linux /proc) when possible: os.umask's
+    set-and-restore would briefly apply umask 0 to files other threads create."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _rename(src: Path, dst: Path) -> None:

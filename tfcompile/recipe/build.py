@@ -109,12 +109,28 @@ def build_recipe(
     if awq and "calibrate" in values:
         values["calibrate"]["awq"] = True  # AWQ needs each norm-fed group's input statistics
     for name, table, where in edits:
+        if name == "calibrate" and name not in values and fmt:
+            raise _needs_no_calibration(fmt, where, values)
         _merge(values, name, table, where)
     _inherit_emit(values)
     pipeline = _cut(pipeline, skip, until)
     entries = tuple(PassEntry(n, build_config(get_pass(n).config, values[n], f"pass {n}"))
                     for n in pipeline)
     return Recipe(RECIPE_VERSION, fmt or "custom", entries)
+
+
+def _needs_no_calibration(fmt: str, where: str, values: dict) -> RecipeError:
+    """A calibration option on a pipeline without the calibrate pass: say why it has none."""
+    from tfcompile.schemes import get_scheme
+
+    scheme = get_scheme(fmt)
+    why = ("its activations stay in bf16 (weight-only)" if scheme.act is None else
+           "its activation scales are computed at run time (dynamic)" if not scheme.act_static else
+           "this pipeline leaves the calibrate pass out")
+    return RecipeError(f"{where}: --format {fmt} needs no calibration data: {why}, and nothing else in "
+                       f"this run calibrates (pipeline: {', '.join(values)})",
+                       hint="drop the --calib* options; they apply to nvfp4 / fp8 (static activation "
+                            "scales), --kv-cache fp8, and --algorithm gptq / awq")
 
 
 def _inherit_emit(values: dict) -> None:
