@@ -71,10 +71,12 @@ def layers_table(layers: list[dict]) -> Table:
 @click.option("--max-ppl-increase", type=float, help="Gate: relative perplexity increase, e.g. 0.05 = 5%.")
 @click.option("--min-top1", type=float, help="Gate: top-1 agreement with the reference must be >= this.")
 @click.option("--layers/--no-layers", default=True, help="Show the per-layer table.")
+@click.option("--layer-kl", is_flag=True, help="Also KL per decoder layer (logit lens: each layer's hidden "
+              "states through the final norm and lm_head), as `layer_kl` in --json; tfcompile report plots it.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress on stderr.")
 def eval_cmd(model, reference, revision, text, max_tokens, seq_len, batch_size, dtype, kv_cache, max_kl,
-             max_ppl_increase, min_top1, layers, as_json, quiet):
+             max_ppl_increase, min_top1, layers, layer_kl, as_json, quiet):
     """Evaluate MODEL (artifact or checkpoint) against --reference: perplexity, KL, top-1, layer SQNR.
 
     Exit 1 when a gate (--max-kl, --max-ppl-increase, --min-top1) is missed."""
@@ -88,7 +90,7 @@ def eval_cmd(model, reference, revision, text, max_tokens, seq_len, batch_size, 
     console = stderr_console()
     reporter = RichReporter(console, quiet=quiet)
     doc = evaluate(model, reference, text=text, max_tokens=max_tokens, seq_len=seq_len,
-                   batch_size=batch_size, dtype=dtype, kv_cache=kv_cache, progress=reporter,
+                   batch_size=batch_size, dtype=dtype, kv_cache=kv_cache, progress=reporter, layer_kl=layer_kl,
                    thresholds={"max-kl": max_kl, "max-ppl-increase": max_ppl_increase, "min-top1": min_top1})
     reporter._stop()
     for w in doc["warnings"]:

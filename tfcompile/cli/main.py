@@ -82,6 +82,9 @@ def eval_options(f):
         click.option("--max-kl", type=float, help="Gate (--eval): mean KL(ref || model) in nats <= this."),
         click.option("--max-ppl-increase", type=float, help="Gate (--eval): relative perplexity increase <= this."),
         click.option("--min-top1", type=float, help="Gate (--eval): top-1 agreement >= this."),
+        click.option("--report", "report", is_flag=True, default=None, help="Also write the HTML report "
+                     "(tfcompile report) into OUT/tfcompile/report.html; with --eval it plots the per-layer "
+                     "eval figures too."),
     ]
     for o in reversed(opts):
         f = o(f)
@@ -143,6 +146,8 @@ def _build(fmt, recipe_file, sets, ignore, exports, skip, until, calib=None, alg
     from tfcompile.recipe.build import build_recipe
 
     overrides = {}
+    if evaluation and evaluation.pop("report", None):
+        overrides["report"] = {}  # schedules the report pass (passes/report.py)
     if evaluation and (cutlass := evaluation.pop("emit_cutlass", None)):
         overrides["emit_cutlass"] = {"compile": cutlass}  # --cutlass: schedules emit_cutlass
     if distill is not None:
@@ -421,7 +426,9 @@ def export_onnx(artifact, out, opset, external_data, overwrite, as_json, quiet):
 
 
 from tfcompile.cli.eval_cmd import eval_cmd  # noqa: E402
+from tfcompile.cli.report_cmd import report_cmd  # noqa: E402
 cli.add_command(eval_cmd)
+cli.add_command(report_cmd)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -89,7 +89,7 @@ def _chmod_like_mkdir(path: Path) -> None:
     """Give `path` the mode `mkdir` would (0777 minus the umask, e.g. 0755): a server running as
     another user must be able to read the artifact. Files inside are created with open() and
     already follow the umask."""
-    mask = _umask()
+    mask = current_umask()
     try:
         os.chmod(path, 0o777 & ~mask)
     except OSError as e:
@@ -97,7 +97,7 @@ def _chmod_like_mkdir(path: Path) -> None:
         raise write_error(path, e, "set the permissions of") from e
 
 
-def _umask() -> int:
+def current_umask() -> int:
     """The process umask, read without changing it (Linux /proc) when possible: os.umask's
     set-and-restore would briefly apply umask 0 to files other threads create."""
     try:
