@@ -18,7 +18,14 @@ from tfcompile.calibration.datasets import effective_source
 from tfcompile.calibration.recorders import Recorders
 from tfcompile.calibration.stats import CalibStats
 from tfcompile.errors import CheckpointError
-from tfcompile.pipeline.report import NullReporter
+
+
+class Silent:
+    """The progress protocol of a pipeline reporter (task / advance), doing nothing."""
+
+    def task(self, description: str, total: int | None) -> None: ...
+
+    def advance(self, n: int = 1, detail: str | None = None) -> None: ...
 
 
 def model_class(model_dir: Path, cfg):
@@ -82,7 +89,7 @@ def observe_input_amax(model_dir: Path, modules: set[str], *, data: str, samples
     model = load_hf_model(model_dir, dtype)
     data = effective_source(data, model)  # `self` on a model that cannot generate: random ids
     # Tokens first: sampling them from the model (`self`) runs it, and no hook may see that.
-    progress = progress or NullReporter()
+    progress = progress or Silent()
     ids = calibration_ids(model_dir, model, data=data, samples=samples, seq_len=seq_len, seed=seed,
                           progress=progress)
     rec = Recorders(model, modules, observer=observer, observer_params=observer_params,

@@ -39,10 +39,9 @@ from safetensors.torch import save_file
 from torch import nn
 
 from tfcompile.calibration.datasets import effective_source
-from tfcompile.calibration.forward import calibration_ids, model_class
+from tfcompile.calibration.forward import Silent, calibration_ids, model_class
 from tfcompile.calibration.recorders import Recorders
 from tfcompile.calibration.stats import CalibStats
-from tfcompile.pipeline.report import NullReporter
 
 
 class Unsupported(Exception):
@@ -66,7 +65,7 @@ def observe_sequential(model_dir: Path, ckpt, modules: set[str], *, data: str, s
     data = effective_source(data, model)  # `self` on a model that cannot generate: random ids
     path, layers = find_layers(model)
     _check_layers(model, ckpt, path)
-    progress = progress or NullReporter()
+    progress = progress or Silent()
     ids = _tokens(model_dir, model, ckpt, dtype, path, layers,
                   dict(data=data, samples=samples, seq_len=seq_len, seed=seed, progress=progress))
     inputs = _catch_inputs(model, layers, ids, batch)

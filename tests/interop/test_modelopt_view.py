@@ -18,7 +18,7 @@ import torch
 
 from interop_util import read_tensors
 
-pytest.importorskip("modelopt.torch.quantization")
+import modelopt.torch.quantization  # noqa: E402,F401  (needs `requests`: the test extra has it)
 
 # tfcompile format -> modelopt config that produces the same scheme
 MODELOPT_CFG = {
