@@ -33,13 +33,14 @@ def test_artifact_modes_follow_the_umask(mask, dirs, files, tiny_llama, tmp_path
 
 
 @pytest.mark.parametrize("argv,needle", [
-    (("quantize", "x", "-o", "y", "--fromat", "nvfp4"), "Did you mean '--format'?"),
+    (("quantize", "x", "-o", "y", "--fromat", "nvfp4"), "Did you mean"),  # '--format' (and maybe others)
     (("quantiz",), "Did you mean 'quantize'?"),
     (("eval", "x"), "Missing option '--reference'"),
 ])
 def test_usage_errors_end_with_a_hint(argv, needle, run_cli):
     res = run_cli(*argv)
     assert res.code == 2 and needle in res.err and res.out == ""
+    assert "--fromat" not in argv or "'--format'" in res.err
     assert res.err.rstrip().splitlines()[-1].startswith("hint: run `tfcompile")
 
 

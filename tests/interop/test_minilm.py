@@ -71,7 +71,8 @@ def base_embeddings(minilm_dir):
     return tok, _embed(model, tok, TEXTS)
 
 
-@pytest.mark.parametrize("fmt", sorted(MIN_COS))
+@pytest.mark.parametrize("fmt", [pytest.param(f, marks=pytest.mark.slow) if f == "fp8" else f
+                                 for f in sorted(MIN_COS)])  # fp8 calibrates: the slow job
 def test_minilm_quantizes_verifies_and_loads(fmt, minilm_dir, minilm_artifact, base_embeddings):
     from transformers import AutoModel, CompressedTensorsConfig
 
