@@ -6,7 +6,7 @@
   NO_COLOR, a non-TTY stderr, CI=true or TERM=dumb turn off colour and
   live progress: a long step then prints one plain line every
   $TFCOMPILE_PROGRESS_INTERVAL seconds (default 10; 0 = every step), e.g.
-  `calibrate: 12/32 (38%) 41s elapsed, eta 67s  layer 3/4`.
+  `calibrate 4 layers x 8 batches: 12/32 (38%) 41s elapsed, eta 1m07s  layer 2/4`.
 """
 
 from __future__ import annotations
