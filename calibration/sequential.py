@@ -39,7 +39,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from tfcompile.calibration.datasets import effective_source
-from tfcompile.calibration.forward import calibration_ids, model_class
+from tfcompile.calibration.forward import Silent, calibration_ids, model_class
 from tfcompile.calibration.recorders import Recorders
 from tfcompile.calibration.stats import CalibStats
 from tfcompile.families import V5
@@ -59,10 +59,11 @@ def observe_sequential(model_dir: Path, ckpt, modules: set[str], *, data: str, s
                        observer: str = "max", observer_params: dict | None = None,
                        hessian_groups: dict[str, str] | None = None,
                        batch: int = 4, on_layer=None, all_experts: bool = False,
-                       moe_min_tokens: int = 16) -> CalibStats:
+                       moe_min_tokens: int = 16, progress=None) -> CalibStats:
     """Same statistics as `forward.observe_input_amax`, computed one decoder layer at a time.
 
-    `ckpt` is the open `Checkpoint`; `on_layer(i, n, seconds)` reports progress.
+    `ckpt` is the open `Checkpoint`; `on_layer(i, n, seconds)` reports each layer's time and
+    `progress` (a pipeline reporter: task/advance) every batch of every layer.
     Raises `Unsupported` before running anything if a parameter has no tensor."""
     import time
 
@@ -72,12 +73,14 @@ def observe_sequential(model_dir: Path, ckpt, modules: set[str], *, data: str, s
     path, layers = find_layers(model)
     ckpt = RenamedView(ckpt, model)  # the checkpoint under the model's names (Qwen2.5-VL: language_model.)
     _check_layers(model, ckpt, path)
+    progress = progress or Silent()
     ids = _tokens(model_dir, model, ckpt, dtype, path, layers,
-                  dict(data=data, samples=samples, seq_len=seq_len, seed=seed))
+                  dict(data=data, samples=samples, seq_len=seq_len, seed=seed, progress=progress))
     inputs = _catch_inputs(model, layers, ids, batch)
     rec = Recorders(model, modules, observer=observer, observer_params=observer_params,
                     hessian_groups=hessian_groups, kv=kv, all_experts=all_experts, moe_min_tokens=moe_min_tokens)
     spill = _Spill()
+    progress.task(f"calibrate {len(layers)} layers x {len(inputs)} batches", len(layers) * len(inputs))
     try:
         with torch.inference_mode():
             for i, layer in enumerate(layers):
@@ -85,6 +88,7 @@ def observe_sequential(model_dir: Path, ckpt, modules: set[str], *, data: str, s
                 _bind(layer, ckpt, dtype, prefix=f"{path}.{i}.")
                 for b, (hidden, kwargs) in enumerate(inputs):
                     inputs[b] = (_first(layer(hidden, **kwargs)), kwargs)
+                    progress.advance(1, f"layer {i + 1}/{len(layers)}")
                 _unbind(layer)
                 ckpt.release()
                 spill.put(i, rec.hessians.take())

@@ -73,7 +73,7 @@ def calibrate(ctx, cfg: CalibrateConfig, reporter) -> PassResult:
                   hessian_groups={g.members[0].module: g.key for g in ctx.plan.groups}
                   if cfg.hessian else None)
     common.update(observer=cfg.observer, observer_params=observer_params(cfg, ctx.plan.scheme),
-                  all_experts=cfg.all_experts, moe_min_tokens=cfg.moe_min_tokens)
+                  all_experts=cfg.all_experts, moe_min_tokens=cfg.moe_min_tokens, progress=reporter)
     if cfg.awq:  # AWQ statistics and their fold check run the whole model (calibration/awq_stats.py)
         if cfg.mode == "sequential":
             raise RecipeError("calibrate.awq needs the whole-model loop, not calibrate.mode sequential",
