@@ -36,7 +36,7 @@ SPECIAL = ("self", "random", "python-doc")
 
 
 def calibration_tokens(source: str, tokenizer: Any, *, samples: int, seq_len: int, seed: int,
-                       model: Any = None, vocab: int | None = None) -> torch.Tensor:
+                       model: Any = None, vocab: int | None = None, progress: Any = None) -> torch.Tensor:
     """int64 [samples, seq_len] token ids for calibration (see the module doc for `source`)."""
     if samples <= 0 or seq_len <= 0:
         raise UserError(f"calibration needs positive --calib-samples and --calib-seq-len "
@@ -46,7 +46,8 @@ def calibration_tokens(source: str, tokenizer: Any, *, samples: int, seq_len: in
         gen = torch.Generator().manual_seed(seed)
         return torch.randint(0, int(vocab), (samples, seq_len), generator=gen)
     if source == "self":
-        return sample_from_model(model, tokenizer, samples=samples, seq_len=seq_len, seed=seed)
+        return sample_from_model(model, tokenizer, samples=samples, seq_len=seq_len, seed=seed,
+                                 progress=progress)
     texts = load_texts(source, tokenizer, seed)
     return pack_blocks(texts, tokenizer, samples=samples, seq_len=seq_len, source=source)
 
@@ -142,11 +143,13 @@ def pack_blocks(texts: list[str], tokenizer: Any, *, samples: int, seq_len: int,
     return torch.tensor(ids[:need], dtype=torch.int64).reshape(samples, seq_len)
 
 
-def sample_from_model(model: Any, tokenizer: Any, *, samples: int, seq_len: int, seed: int) -> torch.Tensor:
+def sample_from_model(model: Any, tokenizer: Any, *, samples: int, seq_len: int, seed: int,
+                      progress: Any = None) -> torch.Tensor:
     """Sequences the model writes itself from BOS (temperature 1, top-k 50), seeded.
 
     Needs no data and follows the model's own token statistics, which random
-    ids do not; costs one generation of samples x seq_len tokens."""
+    ids do not; costs one generation of samples x seq_len tokens (`progress`, a pipeline
+    reporter, advances once per generated token position)."""
     start = tokenizer.bos_token_id if tokenizer is not None and tokenizer.bos_token_id is not None else 0
     prompt = torch.full((samples, 1), int(start), dtype=torch.int64)
     from transformers.utils import logging as hf_logging
@@ -154,15 +157,27 @@ def sample_from_model(model: Any, tokenizer: Any, *, samples: int, seq_len: int,
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # generation-config notices are not ours to print
     try:
-        out = _generate(model, prompt, seq_len, seed, start)
+        out = _generate(model, prompt, seq_len, seed, start, progress)
     finally:
         hf_logging.set_verbosity(verbosity)
     return out[:, :seq_len]
 
 
-def _generate(model: Any, prompt: torch.Tensor, seq_len: int, seed: int, start: int) -> torch.Tensor:
+def _generate(model: Any, prompt: torch.Tensor, seq_len: int, seed: int, start: int,
+              progress: Any = None) -> torch.Tensor:
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    class _Progress(StoppingCriteria):  # never stops generation: counts its steps
+        def __call__(self, input_ids, scores, **kwargs):
+            progress.advance(1)
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
+    extra = {}
+    if progress is not None:
+        progress.task(f"sample {prompt.shape[0]} x {seq_len} calibration tokens from the model", seq_len - 1)
+        extra["stopping_criteria"] = StoppingCriteriaList([_Progress()])
     with torch.random.fork_rng(), torch.inference_mode():  # seeded without touching the caller's RNG
         torch.manual_seed(seed)
         return model.generate(prompt, do_sample=True, top_k=50, temperature=1.0, max_new_tokens=seq_len - 1,
                              min_new_tokens=seq_len - 1, pad_token_id=int(start),
-                             attention_mask=torch.ones_like(prompt))
+                             attention_mask=torch.ones_like(prompt), **extra)

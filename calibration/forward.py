@@ -23,6 +23,14 @@ from tfcompile.dist.partition import rounds
 from tfcompile.errors import CheckpointError
 
 
+class Silent:
+    """The progress protocol of a pipeline reporter (task / advance), doing nothing."""
+
+    def task(self, description: str, total: int | None) -> None: ...
+
+    def advance(self, n: int = 1, detail: str | None = None) -> None: ...
+
+
 def model_class(model_dir: Path, cfg):
     """The transformers class named by config.json's architectures (never remote code)."""
     import transformers
@@ -65,7 +73,7 @@ def load_tokenizer(model_dir: Path):
 
 
 def calibration_ids(model_dir: Path, model, *, data: str, samples: int, seq_len: int,
-                    seed: int) -> torch.Tensor:
+                    seed: int, progress=None) -> torch.Tensor:
     """The calibration token ids, int64 [samples, seq_len] (see calibration.datasets)."""
     from tfcompile.calibration.datasets import calibration_tokens
 
@@ -75,7 +83,7 @@ def calibration_ids(model_dir: Path, model, *, data: str, samples: int, seq_len:
                               hint="add the tokenizer to the checkpoint, or use --calib self / random")
     vocab = int(getattr(model.config, "vocab_size", None) or model.get_input_embeddings().num_embeddings)
     return calibration_tokens(data, tokenizer, samples=samples, seq_len=seq_len, seed=seed,
-                              model=model, vocab=vocab)
+                              model=model, vocab=vocab, progress=progress)
 
 
 def observe_input_amax(model_dir: Path, modules: set[str], *, data: str, samples: int, seq_len: int,
@@ -84,7 +92,7 @@ def observe_input_amax(model_dir: Path, modules: set[str], *, data: str, samples
                        hessian_groups: dict[str, str] | None = None,
                        awq_groups: dict[str, str] | None = None, all_experts: bool = False,
                        moe_min_tokens: int = 16, world=LOCAL, device: torch.device | str = "cpu",
-                       hessian_owner: dict[str, int] | None = None) -> CalibStats:
+                       hessian_owner: dict[str, int] | None = None, progress=None) -> CalibStats:
     """Statistics of every module in `modules` (see `Recorders`) over `samples` x `seq_len`
     calibration tokens, running the whole model at once (the model must fit in RAM, and on
     `device`). `awq_groups` (member Linear -> group key) adds AWQ statistics
@@ -92,21 +100,25 @@ def observe_input_amax(model_dir: Path, modules: set[str], *, data: str, samples
     model = load_hf_model(model_dir, dtype)
     data = effective_source(data, model)  # `self` on a model that cannot generate: random ids
     # Tokens first: sampling them from the model (`self`) runs it, and no hook may see that.
-    ids = calibration_ids(model_dir, model, data=data, samples=samples, seq_len=seq_len, seed=seed) \
-        if world.is_root else None
+    progress = progress or Silent()
+    ids = calibration_ids(model_dir, model, data=data, samples=samples, seq_len=seq_len, seed=seed,
+                          progress=progress) if world.is_root else None
     ids = broadcast(world, ids)
     model.to(device)
     rec = Recorders(model, modules, observer=observer, observer_params=observer_params,
                     hessian_groups=hessian_groups, kv=kv, awq_groups=awq_groups,
                     all_experts=all_experts, moe_min_tokens=moe_min_tokens, world=world,
                     hessian_owner=hessian_owner)
+    n_rounds = rounds(len(ids), world.size)
+    progress.task(f"calibrate {len(ids)} sequences (whole model)", n_rounds)
     try:
         with torch.inference_mode():
-            for r in range(rounds(len(ids), world.size)):  # round r: sequences r*N .. r*N+N-1
+            for r in range(n_rounds):  # round r: sequences r*N .. r*N+N-1
                 i = r * world.size + world.rank
                 if i < len(ids):
                     model(input_ids=ids[i][None].to(device))
                 rec.flush()
+                progress.advance(1)
     finally:
         rec.remove()
     stats = rec.stats(int(ids.numel()), f"{data}(seed={seed})", model_dir)

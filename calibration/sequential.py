@@ -39,7 +39,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from tfcompile.calibration.datasets import effective_source
-from tfcompile.calibration.forward import calibration_ids, model_class
+from tfcompile.calibration.forward import Silent, calibration_ids, model_class
 from tfcompile.calibration.recorders import Recorders
 from tfcompile.calibration.stats import CalibStats
 from tfcompile.dist import LOCAL
@@ -63,10 +63,11 @@ def observe_sequential(model_dir: Path, ckpt, modules: set[str], *, data: str, s
                        hessian_groups: dict[str, str] | None = None,
                        batch: int = 4, on_layer=None, all_experts: bool = False,
                        moe_min_tokens: int = 16, world=LOCAL, device: torch.device | str = "cpu",
-                       hessian_owner: dict[str, int] | None = None) -> CalibStats:
+                       hessian_owner: dict[str, int] | None = None, progress=None) -> CalibStats:
     """Same statistics as `forward.observe_input_amax`, computed one decoder layer at a time.
 
-    `ckpt` is the open `Checkpoint`; `on_layer(i, n, seconds)` reports progress.
+    `ckpt` is the open `Checkpoint`; `on_layer(i, n, seconds)` reports each layer's time and
+    `progress` (a pipeline reporter: task/advance) every batch of every layer.
     Raises `Unsupported` before running anything if a parameter has no tensor.
     `device`: where the layer and the activations live (one layer's weights are copied there
     at a time; on the CPU they are the mapped pages themselves). Under torchrun (`world`),
@@ -79,7 +80,8 @@ def observe_sequential(model_dir: Path, ckpt, modules: set[str], *, data: str, s
     path, layers = find_layers(model)
     ckpt = RenamedView(ckpt, model)  # the checkpoint under the model's names (Qwen2.5-VL: language_model.)
     _check_layers(model, ckpt, path)
-    spec = dict(data=data, samples=samples, seq_len=seq_len, seed=seed)
+    progress = progress or Silent()
+    spec = dict(data=data, samples=samples, seq_len=seq_len, seed=seed, progress=progress)
     if world.is_root:
         ids = _tokens(model_dir, model, ckpt, dtype, path, layers, spec)
     else:  # rank 0 samples or reads the tokens once; the others bind what precedes layer 0
@@ -94,16 +96,19 @@ def observe_sequential(model_dir: Path, ckpt, modules: set[str], *, data: str, s
                     hessian_groups=hessian_groups, kv=kv, all_experts=all_experts, moe_min_tokens=moe_min_tokens,
                     world=world, hessian_owner=hessian_owner)
     spill = _Spill()
+    n_rounds = rounds(len(starts), world.size)
+    progress.task(f"calibrate {len(layers)} layers x {len(starts)} batches", len(layers) * n_rounds)
     try:
         with torch.inference_mode():
             for i, layer in enumerate(layers):
                 t0 = time.perf_counter()
                 _bind(layer, ckpt, dtype, prefix=f"{path}.{i}.", device=device)
-                for r in range(rounds(len(starts), world.size)):  # round r: batches r*N .. r*N+N-1
+                for r in range(n_rounds):  # round r: batches r*N .. r*N+N-1
                     if r < len(inputs):
                         hidden, kwargs = inputs[r]
                         inputs[r] = (_first(layer(hidden, **kwargs)), kwargs)
                     rec.flush()
+                    progress.advance(1, f"layer {i + 1}/{len(layers)}")
                 _unbind(layer)
                 ckpt.release()
                 spill.put(i, rec.hessians.take())

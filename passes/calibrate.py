@@ -81,7 +81,7 @@ def calibrate(ctx, cfg: CalibrateConfig, reporter) -> PassResult:
                   hessian_groups={g.members[0].module: g.key for g in ctx.plan.groups}
                   if cfg.hessian else None)
     common.update(observer=cfg.observer, observer_params=observer_params(cfg, ctx.plan.scheme),
-                  all_experts=cfg.all_experts, moe_min_tokens=cfg.moe_min_tokens,
+                  all_experts=cfg.all_experts, moe_min_tokens=cfg.moe_min_tokens, progress=reporter,
                   world=world, device=resolve_device(cfg.device, world))
     if cfg.hessian and world.distributed:  # the rank that accumulates a group's H also solves its GPTQ
         common["hessian_owner"] = hessian_owners(ctx.plan.groups, world.size)

@@ -16,6 +16,7 @@ from pathlib import Path
 from tfcompile import __version__
 from tfcompile.artifact.integrity import seal
 from tfcompile.calibration.moe import manifest_record as moe_record
+from tfcompile.io.hub import hub_source
 from tfcompile.io.oserrors import write_error
 from tfcompile.io.sources import source_format
 from tfcompile.pipeline.passes import PassResult, register_pass
@@ -63,7 +64,8 @@ def manifest(ctx, cfg: ManifestConfig, reporter) -> PassResult:
         "dependencies": dependency_versions(),
         "recipe": ctx.recipe.to_dict(),
         "source": {"name": Path(ctx.source_path).name, "architecture": ctx.model.architecture,
-                   "dtype": ctx.model.dtype, "files": art.sources, "format": source_format(ctx.source)},
+                   "dtype": ctx.model.dtype, "files": art.sources, "format": source_format(ctx.source),
+                   **hub_source(ctx.source_path)},
         "family": plan.family,
         "scheme": {"name": plan.scheme.name, "weight": plan.scheme.weight,
                    "granularity": plan.scheme.granularity, "block": list(plan.scheme.block),

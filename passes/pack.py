@@ -148,7 +148,7 @@ def _torch_threads(program):
 def _stream(ctx, program, sinks, reporter, view=None) -> tuple[list[dict], int]:
     """Execute every job in order, handing its outputs to the sinks."""
     layers, bytes_in = [], 0
-    reporter.task("quantize + write", len(program.jobs))
+    reporter.task(f"quantize ({program.algorithm}) + write", len(program.jobs))
     for job in program.jobs:
         tensors, stats = _job_tensors(job, program, ctx.source)
         bytes_in += _job_source_bytes(job, ctx.source)

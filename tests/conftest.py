@@ -15,6 +15,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests_helpers, fixtures
 
+# a CPU test may not be skipped (tests/skip_guard.py: exit 1 unless marked gpu / cpu_only)
+from skip_guard import (pytest_collectreport, pytest_runtest_logreport, pytest_sessionfinish,  # noqa: E402,F401
+                        pytest_terminal_summary)
+
 _MODELS = Path(__file__).resolve().parent / "fixtures" / "models.py"
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

@@ -181,7 +181,7 @@ def check_checkpoint(config: dict, tensors: dict[str, tuple[torch.dtype, tuple[i
         return (f"architecture {arch!r} is not in transformers: the checkpoint's completeness, shapes and "
                 "dtypes were not checked (--allow-unknown-architecture); calibration-based formats and verify's "
                 "config checks need a transformers architecture, and engines may not load the result")
-    problems = find_problems(model, _fuse_unmapped_experts(model, config, tensors))
+    problems = find_problems(model, fuse_unmapped_experts(model, config, tensors))
     if problems:
         raise CheckpointError(f"{where}: the checkpoint does not match the {arch} that config.json describes: "
                               f"{problems.summary()}",
@@ -193,7 +193,7 @@ def check_checkpoint(config: dict, tensors: dict[str, tuple[torch.dtype, tuple[i
 _EXPERT = re.compile(r"^(?P<base>.*\.experts)\.(?P<e>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.(?P<leaf>weight|bias)$")
 
 
-def _fuse_unmapped_experts(model, config: dict, tensors: dict) -> dict:
+def fuse_unmapped_experts(model, config: dict, tensors: dict) -> dict:
     """Per-expert tensors fused (as meta tensors) for families whose expert layout transformers' loader
     has no conversion for (GPT-OSS: interleaved, transposed, with biases; tfcompile/families/experts.py),
     so the check sees what our calibration binds and engines re-fuse. Other layouts are left to

@@ -6,7 +6,8 @@ against its one-process artifact. Calibration
 uses 5 sequences in batches of 1, so 2 and 3 ranks both get uneven shares (a rank sits out
 the last round). Small shards (pack.max_shard_mb) make every rank write some files; the
 default single shard makes rank 0 write all and receive the other ranks' GPTQ solves.
-`tfcompile eval` of one artifact gives the one-process figures to the last bit; `tfcompile
+`tfcompile eval` of one artifact gives the one-process figures to the last bit (the KL per layer
+too: its first 2048 positions end inside batch 10, rank 1's of 3); `tfcompile
 distill` on 2 processes (DDP, whole micro-batches per rank) writes the one-process artifact
 too: averaging two gradients, (a + b) / 2, is exact and equals a/2 + b/2 (not so for 3).
 All runs of a world size share one torchrun launch (tests/dist/run_matrix.py).
@@ -41,8 +42,9 @@ def models(model_factory, tmp_path_factory) -> dict[str, Path]:
 def _jobs(models: dict[str, Path], out: Path, nproc: int) -> list[tuple[list[str], Path | None]]:
     jobs = [(["quantize", src, "-o", out / f"{m}-{r}", "-q", *args], None)
             for m, src in models.items() for r, args in RECIPES.items()]
-    jobs.append((["eval", out / "demo-calibrated", "--reference", models["demo"], "--max-tokens", "512", "--seq-len", "64",
-                  "--text", ROOT / "README.md", "--json", "-q"], out / "eval.json"))
+    jobs.append((["eval", out / "demo-calibrated", "--reference", models["demo"], "--max-tokens", "2560",
+                  "--seq-len", "64", "--batch-size", "3", "--layer-kl", "--text", ROOT / "README.md", "--json", "-q"],
+                 out / "eval.json"))
     if nproc <= 2:
         jobs.append((["distill", models["demo"], "-o", out / "demo-distill", "-q", *DISTILL], None))
     return jobs
@@ -79,4 +81,5 @@ def test_n_processes_write_the_one_process_artifact(nproc, models, reference, tm
     for doc in (one, many):
         for key in ("seconds", "model"):  # wall time; the path of each run's own output
             doc.pop(key)
+    assert len(one["layer_kl"]) == 4 and one["layer_kl"][-1]["kl_mean"] > 0
     assert many == one  # every figure, as floats: bit for bit

@@ -50,7 +50,8 @@ def _interrupt_at(monkeypatch, k: int, how: str):
     monkeypatch.setattr(train.Loop, "after_step", after_step)
 
 
-@pytest.mark.parametrize("how,k,saved", [("ctrl-c", 3, 3), ("sigterm", 3, 3), ("kill", 3, 2)])
+@pytest.mark.parametrize("how,k,saved", [pytest.param("ctrl-c", 3, 3, marks=pytest.mark.slow), ("sigterm", 3, 3),
+                                         ("kill", 3, 2)])
 def test_resume_is_bit_identical(how, k, saved, args, uninterrupted, tmp_path, run_cli, monkeypatch):
     out, resume = tmp_path / "out", tmp_path / "resume"
     cmd = [*args, "-o", out, "--resume-dir", resume, "--json"]
@@ -83,6 +84,7 @@ def test_resume_dir_of_another_run_is_refused(args, tmp_path, run_cli):
     assert res.code == 1 and "another run" in res.err and "hint:" in res.err
 
 
+@pytest.mark.slow
 def test_layerwise_resume_is_bit_identical(tiny_llama_src, fast, tmp_path, run_cli, monkeypatch):
     """Block-wise, one model made the student layer by layer: interrupted in layer 1 (step 3 of
     2 x 2), the resumed run rebuilds layer 0 from the checkpoint and the streams from it."""

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from families_util import CALIB, manifest, quantize
+from families_util import CALIB, manifest, quantize, run_cli
 
 
 def _files(d: Path) -> dict[str, str]:
@@ -101,3 +101,26 @@ def test_sampling_calibration_from_a_decoded_source_is_refused(family_src, publi
     src = published.to_fp8_block(family_src("deepseek_v3"), tmp_path / "fp8")
     code, _, err = run_cli("quantize", src, "-o", tmp_path / "out", "--format", "nvfp4")
     assert code == 1 and "--calib self" in err and "hint:" in err
+
+
+def test_per_expert_gpt_oss_checkpoint_checked_for_completeness(family_artifact, tmp_path):
+    """GPT-OSS experts stored one Linear per expert (what engines and our artifacts hold) are fused
+    through the family's layout for the completeness check, which transformers' loader cannot do:
+    the whole checkpoint passes, one expert's projection removed is refused by name."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    art = family_artifact("gpt_oss", "fp8-dynamic")
+    ok = quantize(art, tmp_path / "ok", "nvfp4a16")
+    assert manifest(ok)["source"]["format"]["format"] == "compressed-tensors"
+    broken = tmp_path / "broken"
+    shutil.copytree(art, broken)
+    shard = next(broken.glob("*.safetensors"))
+    state = load_file(shard)
+    gone = sorted(k for k in state if ".experts.3.up_proj." in k)
+    assert gone
+    save_file({k: v for k, v in state.items() if k not in gone}, shard, metadata={"format": "pt"})
+    code, _, err = run_cli("quantize", broken, "-o", tmp_path / "out", "--format", "nvfp4a16")
+    assert code == 1 and "does not match" in err and "experts" in err
+    assert not (tmp_path / "out").exists()

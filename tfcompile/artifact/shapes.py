@@ -21,7 +21,7 @@ import torch
 
 
 def check_against_config(path: Path, doc: dict, scheme, headers: dict, rep) -> None:
-    from tfcompile.checkpoint_check import build_meta_model, find_problems
+    from tfcompile.checkpoint_check import build_meta_model, find_problems, fuse_unmapped_experts
     from tfcompile.errors import UserError
     from tfcompile.io.checkpoint import read_config
 
@@ -47,7 +47,7 @@ def check_against_config(path: Path, doc: dict, scheme, headers: dict, rep) -> N
         if tuple(layer["shape"]) != want:
             bad.append(f"{layer['module']}: {layer['shape']} vs config {list(want)}")
     rep.add("shapes vs config", not bad, "; ".join(bad[:5]) or f"{checked} layers match config.json")
-    problems = find_problems(model, artifact_tensors(doc, scheme, headers))
+    problems = find_problems(model, fuse_unmapped_experts(model, config, artifact_tensors(doc, scheme, headers)))
     rep.add("complete vs config", not problems,
             problems.summary() or "every parameter of the architecture is present")
 

@@ -19,7 +19,10 @@ from pathlib import Path
 
 from tfcompile.io.hashing import sha256_file
 
-ALWAYS_ALLOWED = ("tfcompile/manifest.json", "tfcompile/manifest.sig")
+# Files verify accepts without a manifest entry: the manifest itself, its detached signature (over
+# the manifest), and the human-readable report page (quantize --report), which quotes the
+# manifest's own sha256 and so cannot be listed in it. No engine reads any of them as weights.
+ALWAYS_ALLOWED = ("tfcompile/manifest.json", "tfcompile/manifest.sig", "tfcompile/report.html")
 
 
 def _plain(rel: object) -> bool:

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from tfcompile.cli.output import RichReporter, emit_json, stderr_console
+from tfcompile.cli.output import RichReporter, emit_json
 from tfcompile.evaluate.kvcache import KV_MODES, describe
 
 
@@ -54,7 +54,9 @@ def layers_table(layers: list[dict]) -> Table:
 @click.command("eval")
 @click.argument("model", type=click.Path(path_type=Path))
 @click.option("--reference", required=True, type=click.Path(path_type=Path),
-              help="The original checkpoint to compare against (its tokenizer is used).")
+              help="The original checkpoint to compare against (its tokenizer is used): a directory "
+              "or a Hugging Face Hub id ORG/NAME.")
+@click.option("--revision", metavar="REV", help="Branch, tag or commit of a Hub --reference (default main).")
 @click.option("--text", type=click.Path(path_type=Path),
               help="Evaluation text (UTF-8 file), or python-doc (the default): the held-out split "
               "of tfcompile.calibration.corpus.")
@@ -72,21 +74,27 @@ def layers_table(layers: list[dict]) -> Table:
               help="Where both models run (auto: the GPU when torch sees one). Under torchrun each rank "
               "evaluates every N-th batch and the figures equal one process's.")
 @click.option("--layers/--no-layers", default=True, help="Show the per-layer table.")
+@click.option("--layer-kl", is_flag=True, help="Also KL per decoder layer (logit lens: each layer's hidden "
+              "states through the final norm and lm_head), as `layer_kl` in --json; tfcompile report plots it.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress on stderr.")
 @click.option("--no-verify", "no_verify", is_flag=True, help="Skip the integrity checks of an artifact MODEL "
               "(verify's manifest integrity, paths, extra files and checksums) run before evaluating it.")
-def eval_cmd(model, reference, text, max_tokens, seq_len, batch_size, dtype, kv_cache, max_kl,
-             max_ppl_increase, min_top1, device, layers, as_json, quiet, no_verify):
+def eval_cmd(model, reference, revision, text, max_tokens, seq_len, batch_size, dtype, kv_cache, max_kl,
+             max_ppl_increase, min_top1, device, layers, layer_kl, as_json, quiet, no_verify):
     """Evaluate MODEL (artifact or checkpoint) against --reference: perplexity, KL, top-1, layer SQNR.
 
     An artifact is checked first as `verify` checks its files (--no-verify skips it).
     Exit 1 when a gate (--max-kl, --max-ppl-increase, --min-top1) is missed."""
     from tfcompile.cli.main import _rank_output
+    from tfcompile.cli.model_ref import resolve_params
     from tfcompile.dist import current
     from tfcompile.dist.failure import supervise
     from tfcompile.evaluate import evaluate, gate_error
 
+    paths = {"reference": reference, "model": model, "quiet": quiet}
+    resolve_params(paths, ("reference", "model"), revision)  # Hub ids -> the Hugging Face cache
+    model, reference = paths["model"], paths["reference"]
     if not no_verify:
         check_artifact_files(Path(model))
     console, quiet, as_json = _rank_output(quiet, as_json)
@@ -95,7 +103,7 @@ def eval_cmd(model, reference, text, max_tokens, seq_len, batch_size, dtype, kv_
     world.begin_run()
     with supervise(world):
         doc = evaluate(model, reference, text=text, max_tokens=max_tokens, seq_len=seq_len,
-                       batch_size=batch_size, dtype=dtype, kv_cache=kv_cache, progress=reporter,
+                       batch_size=batch_size, dtype=dtype, kv_cache=kv_cache, progress=reporter, layer_kl=layer_kl,
                        thresholds={"max-kl": max_kl, "max-ppl-increase": max_ppl_increase, "min-top1": min_top1},
                        device=device, world=world)
     reporter._stop()

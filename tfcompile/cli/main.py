@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from tfcompile import __version__
+from tfcompile.cli.model_ref import model_argument
 from tfcompile.cli.output import RichReporter, emit_json, stderr_console
 from tfcompile.cli.sign_cmd import load_overrides, public_key_option, sign_option, unknown_architecture_option
 from tfcompile.errors import TfcompileError
@@ -18,9 +19,10 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "TFCOMPI
 
 
 def artifact_options(f):
-    """MODEL, -o OUT, --overwrite, --json, -q: what `quantize` and `distill` share."""
+    """MODEL (a directory or a Hub id, --revision), -o OUT, --overwrite, --json, -q: what `quantize`
+    and `distill` share."""
     opts = [
-        click.argument("model", type=click.Path(path_type=Path)),
+        model_argument,
         click.option("-o", "--output", "out", required=True, type=click.Path(path_type=Path),
                      help="Artifact directory to create (atomic)."),
         click.option("--overwrite", is_flag=True, help="Replace OUT if it exists."),
@@ -90,11 +92,15 @@ def eval_options(f):
         click.option("--eval", "eval_", is_flag=True, default=None, help="After verify, evaluate the "
                      "staged artifact against MODEL and store the figures in its manifest."),
         click.option("--eval-text", metavar="python-doc|FILE", help="Evaluation text: python-doc (the "
-                     "held-out corpus split, default) or a UTF-8 file."),
-        click.option("--eval-tokens", type=int, help="Tokens of text to evaluate (default 16384)."),
+                     "held-out corpus split, default) or a UTF-8 file (`eval --text`)."),
+        click.option("--eval-max-tokens", "--eval-tokens", "eval_tokens", type=int,
+                     help="Tokens of text to evaluate (default 16384; `eval --max-tokens`)."),
         click.option("--max-kl", type=float, help="Gate (--eval): mean KL(ref || model) in nats <= this."),
         click.option("--max-ppl-increase", type=float, help="Gate (--eval): relative perplexity increase <= this."),
         click.option("--min-top1", type=float, help="Gate (--eval): top-1 agreement >= this."),
+        click.option("--report", "report", is_flag=True, default=None, help="Also write the HTML report "
+                     "(tfcompile report) into OUT/tfcompile/report.html; with --eval it plots the per-layer "
+                     "eval figures too."),
     ]
     for o in reversed(opts):
         f = o(f)
@@ -169,6 +175,8 @@ def _build(fmt, recipe_file, sets, ignore, exports, skip, until, calib=None, alg
     from tfcompile.recipe.build import build_recipe
 
     overrides = {"load": load} if load else {}
+    if evaluation and evaluation.pop("report", None):
+        overrides["report"] = {}  # schedules the report pass (passes/report.py)
     if evaluation and (cutlass := evaluation.pop("emit_cutlass", None)):
         overrides["emit_cutlass"] = {"compile": cutlass}  # --cutlass: schedules emit_cutlass
     if distill is not None:
@@ -476,8 +484,10 @@ def export_onnx(artifact, out, opset, external_data, overwrite, as_json, quiet):
 
 
 from tfcompile.cli.eval_cmd import eval_cmd  # noqa: E402
+from tfcompile.cli.report_cmd import report_cmd  # noqa: E402
 from tfcompile.cli.sign_cmd import sign_cmd  # noqa: E402
 cli.add_command(eval_cmd)
+cli.add_command(report_cmd)
 cli.add_command(sign_cmd)
 
 
@@ -495,6 +505,7 @@ def _main(argv: list[str] | None) -> int:
         return e.exit_code
     except click.ClickException as e:
         e.show(file=sys.stderr)
+        sys.stderr.write(f"hint: {_usage_hint(e)}\n")
         return 2
     except click.exceptions.Abort as e:  # click turns KeyboardInterrupt (and Terminated) into Abort
         if isinstance(e.__cause__, KeyboardInterrupt):
@@ -522,6 +533,13 @@ def _interrupted(e: KeyboardInterrupt) -> int:
     what = f"{published} was written before it arrived" if published else "nothing was written"
     sys.stderr.write(f"interrupted by {name}; {what}, temporary files were removed\n")
     return e.exit_code if isinstance(e, Terminated) else 130
+
+
+def _usage_hint(e: click.ClickException) -> str:
+    """The `hint:` line after click's own usage error (which may already say "Did you mean")."""
+    ctx = getattr(e, "ctx", None)
+    path = ctx.command_path if ctx is not None else "tfcompile"
+    return f"run `{path} --help` for the options and arguments"
 
 
 def _print_error(message: str, hint: str | None) -> None:

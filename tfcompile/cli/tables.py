@@ -22,8 +22,25 @@ def summary_table(manifest: dict) -> Table:
     t.add_row("bytes after", _mb(s["bytes_out"]))
     t.add_row("compression", f"{s['compression_ratio']}x" if s["compression_ratio"] else "-")
     t.add_row("worst weight SQNR", "-" if s["worst_sqnr_db"] is None else f"{s['worst_sqnr_db']:.2f} dB")
+    t.add_row("KV cache", kv_cache_text(manifest))
     t.add_row("views", escape(", ".join(manifest.get("views", []))))
+    if (hub := manifest.get("source", {}).get("hub")):
+        t.add_row("source", escape(f"{hub['repo_id']} @ {hub['commit'][:12]} (Hugging Face Hub)"))
     return t
+
+
+def kv_cache_text(manifest: dict) -> str:
+    """The KV cache an engine runs with this artifact: dtype, scale granularity, engine layout."""
+    kv = manifest["scheme"].get("kv_cache")
+    if not kv:
+        return "not quantized (the engine's default dtype)"
+    per = {"tensor": "per tensor", "attn_head": "per KV head"}.get(kv.get("strategy"), kv.get("strategy"))
+    text = (f"{kv['dtype']}, {per} k_scale/v_scale in {len(manifest.get('kv_modules', []))} attention modules")
+    spec = (manifest.get("layout") or {}).get("spec") or {}
+    if spec:
+        text += (f"; {spec.get('target')} layout {spec.get('kv_layout')}, {spec.get('block_size')} tokens "
+                 f"per page (tfcompile/kv_cache.json)")
+    return text
 
 
 def layers_table(manifest: dict, limit: int | None = None) -> Table:

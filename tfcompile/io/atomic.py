@@ -8,7 +8,9 @@
    deletes temp dirs that dead runs left beside OUT;
 3. refuses an existing OUT unless `overwrite`, recording which directory it is;
 4. yields a hidden temp sibling `.{name}.tmp-<owner>-XXXX` (same parent, so the
-   same file system: the final rename is atomic) to fill;
+   same file system: the final rename is atomic) to fill, with the mode a plain
+   `mkdir` gives under the current umask (not mkdtemp's 0700: a server running
+   as another user must read the artifact);
 5. when the block succeeds, publishes it with one rename (no-replace, or an
    exchange with the OUT recorded in step 3), failing with exit 1 and touching
    nothing if another OUT appeared meanwhile; when the block raises anything,
@@ -43,6 +45,7 @@ def atomic_output_dir(out: str | os.PathLike, overwrite: bool = False, *, protec
                 (warn or (lambda m: None))(note)
             expected = _check_target(out, overwrite)
             tmp = _mkdtemp(out.parent, f".{out.name}.tmp-{locks.owner_token()}-")
+            _chmod_like_mkdir(tmp)  # mkdtemp makes it 0700; the published directory follows the umask
             try:
                 yield tmp
                 _publish(tmp, out, expected)
@@ -108,3 +111,29 @@ def _mkdtemp(parent: Path, prefix: str) -> Path:
         return Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
     except OSError as e:
         raise write_error(parent, e, "create a directory in") from e
+
+
+def _chmod_like_mkdir(path: Path) -> None:
+    """Give `path` the mode `mkdir` would (0777 minus the umask, e.g. 0755): a server running as
+    another user must be able to read the artifact. Files inside are created with open() and
+    already follow the umask."""
+    mask = current_umask()
+    try:
+        os.chmod(path, 0o777 & ~mask)
+    except OSError as e:
+        shutil.rmtree(path, ignore_errors=True)
+        raise write_error(path, e, "set the permissions of") from e
+
+
+def current_umask() -> int:
+    """The process umask, read without changing it (Linux /proc) when possible: os.umask's
+    set-and-restore would briefly apply umask 0 to files other threads create."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask

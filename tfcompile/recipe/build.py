@@ -16,7 +16,7 @@ from tfcompile.schemes import get_scheme
 
 def preset_pipeline(fmt: str, kv_cache: bool = False, evaluate: bool = False, emit: bool = False,
                     layout: bool = False, onnx: bool = False, distill: bool = False,
-                    cutlass: bool = False) -> list[str]:
+                    cutlass: bool = False, report: bool = False) -> list[str]:
     """The pass list `tfcompile quantize --format FMT [--kv-cache fp8] [--eval] [--target T] [--layout E]
     [--export onnx]` runs (`tfcompile distill`: distill=True; any emit_cutlass setting: cutlass=True)."""
     scheme = get_scheme(fmt)
@@ -39,6 +39,8 @@ def preset_pipeline(fmt: str, kv_cache: bool = False, evaluate: bool = False, em
     names.append("verify")
     if evaluate:
         names.append("eval")  # measured on the staged, verified artifact, before it is published
+    if report:
+        names.append("report")  # OUT/tfcompile/report.html from the final manifest (passes/report.py)
     return names
 
 
@@ -118,8 +120,9 @@ def build_recipe(
     onnx = any(n == "onnx" for n, _, _ in edits)  # --export onnx, or any onnx.* setting
     distill = any(n == "distill" for n, _, _ in edits)  # tfcompile distill, or any distill.* setting
     cutlass = any(n == "emit_cutlass" for n, _, _ in edits)  # any emit_cutlass.* setting (passes/emit_cutlass.py)
+    report = any(n == "report" for n, _, _ in edits)  # quantize --report (passes/report.py)
     pipeline = list(data.get("pipeline") or (preset_pipeline(fmt, kv or gptq or awq, evaluate, emit, layout, onnx,
-                                                             distill, cutlass) if fmt else []))
+                                                             distill, cutlass, report) if fmt else []))
     if not pipeline:
         raise RecipeError("no pipeline: give --format or a recipe with `format` or `pipeline`",
                           hint="e.g. tfcompile quantize --format nvfp4 MODEL -o OUT")
@@ -134,7 +137,11 @@ def build_recipe(
         values["calibrate"]["hessian"] = True  # GPTQ needs each group's input Hessian
     if awq and "calibrate" in values:
         values["calibrate"]["awq"] = True  # AWQ needs each norm-fed group's input statistics
+    if report and "eval" in values:
+        values["eval"]["details"] = True  # the report plots the per-layer eval figures
     for name, table, where in edits:
+        if name == "calibrate" and name not in values and fmt:
+            raise _needs_no_calibration(fmt, where, values)
         _merge(values, name, table, where)
     _check_format_agrees(fmt, values)
     _inherit_emit(values)
@@ -150,6 +157,20 @@ def _check_format_agrees(fmt: str | None, values: dict) -> None:
     if fmt and chosen is not None and chosen != fmt:
         raise RecipeError(f"select.format={chosen!r} contradicts --format / recipe format {fmt!r}",
                           hint=f"give the format once: --format {chosen}")
+
+
+def _needs_no_calibration(fmt: str, where: str, values: dict) -> RecipeError:
+    """A calibration option on a pipeline without the calibrate pass: say why it has none."""
+    from tfcompile.schemes import get_scheme
+
+    scheme = get_scheme(fmt)
+    why = ("its activations stay in bf16 (weight-only)" if scheme.act is None else
+           "its activation scales are computed at run time (dynamic)" if not scheme.act_static else
+           "this pipeline leaves the calibrate pass out")
+    return RecipeError(f"{where}: --format {fmt} needs no calibration data: {why}, and nothing else in "
+                       f"this run calibrates (pipeline: {', '.join(values)})",
+                       hint="drop the --calib* options; they apply to nvfp4 / fp8 (static activation "
+                            "scales), --kv-cache fp8, and --algorithm gptq / awq")
 
 
 def _inherit_emit(values: dict) -> None:
