@@ -11,7 +11,7 @@ from tfcompile.calibration.observers import OBSERVERS
 from tfcompile.calibration.sequential import Unsupported, observe_sequential, with_owners
 from tfcompile.dist import LOCAL
 from tfcompile.dist.devices import check_device, resolve_device
-from tfcompile.dist.partition import gptq_cost, lpt
+from tfcompile.dist.partition import hessian_owners
 from tfcompile.passes.quantize.program import torch_dtype
 from tfcompile.errors import RecipeError
 from tfcompile.pipeline.passes import PassResult, register_pass
@@ -110,20 +110,6 @@ def calibrate(ctx, cfg: CalibrateConfig, reporter) -> PassResult:
                                                "awq_groups": len(stats.awq),
                                                "awq_skipped_groups": len(stats.awq_skipped),
                                                **_timings(stats)})
-
-
-def hessian_owners(groups, size: int) -> dict[str, int]:
-    """Group key -> the rank that sums its Hessian and solves its GPTQ: longest processing time
-    first over the solves' cost. A routed expert's groups go with every expert of the same
-    experts module and projection, which GPTQ solves in batches (passes/quantize/gptq_moe.py)."""
-    from tfcompile.passes.quantize.gptq_moe import expert_unit
-
-    costs: dict[str, float] = {}
-    for g in groups:
-        unit = expert_unit(g.key) or g.key
-        costs[unit] = costs.get(unit, 0.0) + gptq_cost(sum(t.shape[0] for t in g.members), g.members[0].shape[1])
-    owner = lpt(costs, size)
-    return {g.key: owner[expert_unit(g.key) or g.key] for g in groups}
 
 
 MODES = ("auto", "sequential", "whole")

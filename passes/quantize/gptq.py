@@ -21,9 +21,10 @@ import time
 
 import torch
 
+from tfcompile.families.experts import is_expert_group
 from tfcompile.kernels import formats as F
 from tfcompile.passes.quantize.program import register_algorithm
-from tfcompile.passes.quantize.gptq_moe import is_expert_group, run_gptq_experts
+from tfcompile.passes.quantize.gptq_moe import run_gptq_experts
 from tfcompile.passes.quantize.rtn import quantize_weight, run_rtn
 
 DAMP = 0.01

@@ -18,26 +18,13 @@ their Hessians, held in the program's scratch until their jobs are written.
 
 from __future__ import annotations
 
-import re
 import time
 
 import torch
 
+from tfcompile.families.experts import EXPERT_GROUP as _EXPERT_GROUP
 from tfcompile.passes.quantize.program import load_target
 from tfcompile.passes.quantize.rtn import group_global_scale, quantize_weight, run_rtn
-
-_EXPERT_GROUP = re.compile(r"^(?P<parent>.*\.experts)\.(?P<e>\d+)\.(?P<role>[^.]+)$")
-
-
-def is_expert_group(key: str) -> bool:
-    return _EXPERT_GROUP.match(key) is not None
-
-
-def expert_unit(key: str) -> str | None:
-    """The solve unit of an expert group, "{experts module}:{role}" (its batches never leave it;
-    under torchrun one rank holds the unit's Hessians), or None for other groups."""
-    m = _EXPERT_GROUP.match(key)
-    return f"{m['parent']}:{m['role']}" if m else None
 
 
 def run_gptq_experts(job, program, source, gptq_quantize, grid):

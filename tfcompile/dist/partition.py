@@ -42,3 +42,18 @@ def gptq_cost(rows: int, cols: int) -> float:
     """Work of one GPTQ solve of an [rows, cols] weight: the Cholesky factorisations (~cols^3)
     plus the column sweep and lazy updates (~2 rows cols^2) -- both in multiply-adds."""
     return cols ** 3 + 2.0 * rows * cols * cols
+
+
+def hessian_owners(groups, size: int) -> dict[str, int]:
+    """Group key -> the rank that sums its Hessian and solves its GPTQ: longest processing time
+    first over the solves' cost. A routed expert's groups go with every expert of the same
+    experts module and projection, which GPTQ solves in batches (passes/quantize/gptq_moe.py).
+    `groups`: the quantization plan's groups (key, members with shape [N, K])."""
+    from tfcompile.families.experts import expert_unit
+
+    costs: dict[str, float] = {}
+    for g in groups:
+        unit = expert_unit(g.key) or g.key
+        costs[unit] = costs.get(unit, 0.0) + gptq_cost(sum(t.shape[0] for t in g.members), g.members[0].shape[1])
+    owner = lpt(costs, size)
+    return {g.key: owner[expert_unit(g.key) or g.key] for g in groups}

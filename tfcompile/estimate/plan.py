@@ -23,8 +23,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from tfcompile.dist.partition import gptq_cost, lpt, shard_owner
+from tfcompile.dist.partition import hessian_owners, shard_owner
 from tfcompile.errors import RecipeError
+from tfcompile.families.experts import is_expert_group
 from tfcompile.estimate.shapes import ModelShape, model_shape
 from tfcompile.estimate.throughputs import ACCELERATORS, ASSUMED, NODES, this_machine
 
@@ -70,11 +71,12 @@ def estimate(model: Path, recipe, devices: str = "cpu", nodes: int = 1) -> dict:
     out_bytes = sum(math.prod(s.shape) * s.dtype.itemsize for s in out_specs)
     shard_mb = recipe.config("pack").max_shard_mb if "pack" in names else 4096
     hess = _hessian_groups(plan, shape) if calib is not None and calib.hessian else {}
-    owners = lpt({k: gptq_cost(sum(n), kk) for k, (n, kk) in hess.items()}, cluster.ranks)  # as calibrate
+    owners = hessian_owners([g for g in plan.groups if g.key in hess], cluster.ranks)  # as calibrate assigns them
+    batch = recipe.config("quantize").gptq_expert_batch if "quantize" in names else 8
     passes = {}
     if calib is not None:
         passes["calibrate"] = _calibrate(shape, calib, cluster, hess, owners)
-    passes["pack"] = _pack(shape, out_specs, shard_mb, cluster, algo, hess, owners)
+    passes["pack"] = _pack(shape, out_specs, shard_mb, cluster, algo, hess, owners, batch)
     mem_host = max(p["host_gb"] for p in passes.values())
     mem_dev = max((p.get("device_gb", 0.0) for p in passes.values()), default=0.0)
     spill = max((sum(4 * hess[k][1] ** 2 for k in hess if owners[k] == r) for r in range(cluster.ranks)),
@@ -151,11 +153,18 @@ class _MetaSource:
                                  "nbytes": t.nbytes})()
 
 
-def _hessian_groups(plan, shape: ModelShape) -> dict[str, tuple[tuple[int, ...], int]]:
-    """Group key -> (rows of each member, K) for the groups calibration records a Hessian for:
-    those led by a Linear module (fused MoE experts are not modules: RTN, docs/design.md)."""
-    return {g.key: (tuple(t.shape[0] for t in g.members), g.members[0].shape[1]) for g in plan.groups
-            if all(t.expert is None for t in g.members)}
+def _hessian_groups(plan, shape: ModelShape) -> dict[str, tuple[tuple[int, ...], int, float]]:
+    """Group key -> (rows of each member, K, share of the layer's tokens it sees) for every group
+    calibration records a Hessian for: every Linear group, and each routed expert's own (gate/up
+    and down_proj: calibration/moe.py), which sees top-k / E of the tokens on average (the
+    estimate assumes balanced routing, so every expert has enough tokens for its Hessian)."""
+    routed = {layer.index: layer.routed for layer in shape.layers}
+    out = {}
+    for g in plan.groups:
+        m = re.search(r"\.layers\.(\d+)\.", g.key)
+        share = routed.get(int(m.group(1)), 1.0) if m and is_expert_group(g.key) else 1.0
+        out[g.key] = (tuple(t.shape[0] for t in g.members), g.members[0].shape[1], share)
+    return out
 
 
 def _calibrate(shape: ModelShape, cfg, cl: Cluster, hess: dict, owners: dict) -> dict:
@@ -174,7 +183,7 @@ def _calibrate(shape: ModelShape, cfg, cl: Cluster, hess: dict, owners: dict) ->
         fwd = tokens_rank * (2 * layer.active + 2 * attn_ctx * heads * (qk + v))
         groups = [k for k in hess if re.search(rf"\.layers\.{layer.index}\.", k)]
         kk = sum(hess[k][1] ** 2 for k in groups)
-        hflops = 2 * tokens_rank * kk  # X_b^T X_b of this rank's batches
+        hflops = 2 * tokens_rank * sum(hess[k][2] * hess[k][1] ** 2 for k in groups)  # X_b^T X_b, routed rows
         replay = rounds * kk * 4 * (cl.ranks > 1)  # one fp32 partial per group per round to its owner
         bf16 = layer.params * 2
         load = layer.source_bytes / node["read"] / GB
@@ -210,7 +219,8 @@ def _calibrate(shape: ModelShape, cfg, cl: Cluster, hess: dict, owners: dict) ->
     return out
 
 
-def _pack(shape: ModelShape, specs, shard_mb: float, cl: Cluster, algo: str, hess: dict, owners: dict) -> dict:
+def _pack(shape: ModelShape, specs, shard_mb: float, cl: Cluster, algo: str, hess: dict, owners: dict,
+          expert_batch: int = 8) -> dict:
     from tfcompile.io.writer import TensorSpec, plan_shards
 
     node = _node(cl)
@@ -224,39 +234,52 @@ def _pack(shape: ModelShape, specs, shard_mb: float, cl: Cluster, algo: str, hes
     # the rank's pack as measured here end to end (quantize, write, hash), on its share of the
     # node's cores, unless its share of the node's disks is slower
     busy_per_node = min(cl.per_node, len(shards))
-    stream = max(src / (node["read"] / busy_per_node), out_share / (node["write"] / busy_per_node),
-                 src / (m["pack_gbps"] * cores / m["cpu_cores"])) / GB
-    solve, solve_dev = 0.0, 0.0
+    # the pass's fixed cost (thread pools, writer, files; measured) + streaming its bytes
+    stream = m["pack_setup_s"] + max(src / (node["read"] / busy_per_node), out_share / (node["write"] / busy_per_node),
+                                     src / (m["pack_gbps"] * cores / m["cpu_cores"])) / GB
+    solve, solve_mem = 0.0, 0.0
     if algo == "gptq" and hess:
         per = {}
-        for k, (rows, kk) in hess.items():  # each member is solved on its own (passes/quantize/gptq.py)
+        for k, (rows, kk, _) in hess.items():  # each member on its own (passes/quantize/gptq.py); routed
+            together = expert_batch * len(rows) if is_expert_group(k) else 1  # experts in batches (gptq_moe.py)
             for n in rows:
-                per[owners[k]] = per.get(owners[k], 0.0) + _solve_seconds(n, kk, cl, m)
+                per[owners[k]] = per.get(owners[k], 0.0) + _solve_seconds(n, kk, cl, m, together)
         solve = max(per.values())
-        rows, kk = max(hess.values(), key=lambda v: v[1])
-        solve_dev = (3 * max(rows) * kk * 4 + 3 * kk * kk * 4) / GB
+        solve_mem = max(_solve_bytes(n, kk) * (expert_batch * len(rows) if is_expert_group(k) else 1)
+                        for k, (rows, kk, _) in hess.items() for n in rows) / GB
     # a job's mapped source (the largest tensor), its outputs and temporaries; the writer keeps up
-    # with the quantizers (O_DIRECT at several times their rate), so its queue stays short
+    # with the quantizers (O_DIRECT at several times their rate), so its queue stays short. A GPTQ
+    # solve runs inside one job (a Linear of the layer, not the embedding): the larger of the two.
     largest = max(t.nbytes for t in shape.tensors)
-    host = m["base_rss_gb"] + 2.5 * largest / GB + (solve_dev if not cl.gpu else 0.0)
+    host = m["base_rss_gb"] + max(2.5 * largest / GB, 0.0 if cl.gpu else solve_mem)
     out = {"seconds": round(stream + solve, 2), "host_gb": round(host, 3),
            "shards": len(shards), "busiest_rank_output_gb": round(out_share / GB, 3),
            "stream_s": round(stream, 2)}
     if algo == "gptq":
         out["gptq_solve_s"] = round(solve, 2)
         if cl.gpu:
-            out["device_gb"] = round(solve_dev, 3)
+            out["device_gb"] = round(solve_mem, 3)
     return out
 
 
+def _solve_bytes(n: int, k: int) -> int:
+    """Peak working set of one GPTQ solve of an [n, k] weight (passes/quantize/gptq.py, fp32):
+    five K x K (the Hessian handed in, its act-order permutation, `_inverse_hessian`'s clone,
+    the damping's eye and its scaled copy; later the Cholesky factor and inverse, no more than
+    five at once) and six N x K (the weight handed in, its fp32 copy and permutation, the fixed
+    multipliers and their permutation, the output). Checked: a [1024, 4096] solve allocates 310 MB
+    beyond the Hessian, weight and multipliers it is given; this count says 335."""
+    return 4 * (5 * k * k + 6 * n * k)
 
 
-def _solve_seconds(n: int, k: int, cl: Cluster, m: dict) -> float:
+def _solve_seconds(n: int, k: int, cl: Cluster, m: dict, together: int = 1) -> float:
     """One GPTQ solve of an [n, k] weight: the three factorisations (4/3 k^3 flops) and the
-    column sweep with its lazy block updates (fitted per column, element and n k^2)."""
+    column sweep with its lazy block updates (fitted per column, element and n k^2). `together`
+    solves share one sweep (a batch of routed experts): each pays 1/together of its per-column
+    cost, the launch- or interpreter-bound part."""
     if cl.gpu:
         rate = cl.gpu.fp32_tflops * 1e12 * ASSUMED["gpu_fp32_efficiency"]
-        return k * ASSUMED["gpu_gptq_column_us"] / 1e6 + (4 / 3 * k ** 3 + 2 * n * k * k) / rate
+        return k * ASSUMED["gpu_gptq_column_us"] / 1e6 / together + (4 / 3 * k ** 3 + 2 * n * k * k) / rate
     sw = m["gptq_sweep"]  # one thread (gptq.py `_sweep`)
-    return 4 / 3 * k ** 3 / (m["chol_gflops"] * 1e9) + \
-        k * sw["column_us"] / 1e6 + n * k * sw["element_ns"] / 1e9 + n * k * k * sw["lazy_ps"] / 1e12
+    return 4 / 3 * k ** 3 / (m["chol_gflops"] * 1e9) + k * sw["column_us"] / 1e6 / together + \
+        n * k * sw["element_ns"] / 1e9 + n * k * k * sw["lazy_ps"] / 1e12

@@ -43,6 +43,7 @@ class Layer:
     hidden: int
     attn: tuple[int, int, int]  # (heads, q.k dim per head, v dim per head)
     inter: int  # widest intermediate activation per token (MLP, or top-k x expert width)
+    routed: float = 1.0  # share of the layer's tokens one routed expert sees on average (top-k / E)
 
 
 @dataclass(frozen=True)
@@ -116,7 +117,7 @@ def _layers(model, tensors, text) -> tuple[Layer, ...]:
     out = []
     for i, ts in sorted(by_layer.items()):
         params = sum(math.prod(t.shape) for t in ts)
-        linears, active, inter = [], 0, 0
+        linears, active, inter, routed = [], 0, 0, 1.0
         for t in ts:
             module = t.name.removesuffix(".weight")
             if len(t.shape) == 3 and "experts" in t.name:  # fused experts [E, N, K]
@@ -124,6 +125,7 @@ def _layers(model, tensors, text) -> tuple[Layer, ...]:
                 linears.append((module, n, k, e))
                 active += min(top_k or e, e) * n * k
                 inter = max(inter, min(top_k or e, e) * n)
+                routed = min(top_k or e, e) / e
             elif len(t.shape) == 2 and module in linear_names:
                 linears.append((module, t.shape[0], t.shape[1], 1))
                 active += t.shape[0] * t.shape[1]
@@ -131,5 +133,5 @@ def _layers(model, tensors, text) -> tuple[Layer, ...]:
             else:
                 active += math.prod(t.shape) if len(t.shape) == 1 else 0
         out.append(Layer(i, params, active, sum(t.nbytes for t in ts), tuple(linears), int(text.hidden_size),
-                         (heads, qk, v), inter))
+                         (heads, qk, v), inter, routed))
     return tuple(out)

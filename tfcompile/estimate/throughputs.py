@@ -75,9 +75,10 @@ THIS_MACHINE = {
     # all threads: a real decoder layer's time beyond GEMMs and attention (norms, RoPE, SiLU,
     # residuals), per token per (4 x hidden + 3 x intermediate) elements
     "elementwise_ns": 0.5,
-    # GB of bf16 source per second through a whole RTN pack (fused quantizers, writer thread,
-    # source sha256), measured on a 0.35 GB model
-    "pack_gbps": 0.5,
+    # a whole RTN pack pass (fused quantizers, writer thread, source sha256) as fixed seconds +
+    # GB of bf16 source per second, fitted on a 0.25 and a 0.62 GB model
+    "pack_setup_s": 0.2,
+    "pack_gbps": 0.7,
     "calibrate_setup_s": 4.0,  # the layer loop's fixed cost (transformers, model on meta, tokens, hooks)
     "calibrate_rss_gb": 0.45,  # that process's RSS: the calibrate pass's baseline
     "sha256_gbps": 0.63,  # one thread
