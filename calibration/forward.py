@@ -109,6 +109,7 @@ def observe_input_amax(model_dir: Path, modules: set[str], *, data: str, samples
                     hessian_groups=hessian_groups, kv=kv, awq_groups=awq_groups,
                     all_experts=all_experts, moe_min_tokens=moe_min_tokens, world=world,
                     hessian_owner=hessian_owner)
+    rec.awq.first_sequence(ids)  # the fold check's tokens, on every rank
     n_rounds = rounds(len(ids), world.size)
     progress.task(f"calibrate {len(ids)} sequences (whole model)", n_rounds)
     try:

@@ -51,6 +51,8 @@ class Recorders:
         self.replayed = set() if observer == "max" else set(self.observers)
         owners = {f"obs/{n}": i % world.size for i, n in enumerate(sorted(self.replayed))}
         owners.update({f"hess/{k}": r for k, r in (hessian_owner or {}).items()})
+        awq_keys = sorted(set((awq_groups or {}).values()))  # AWQ statistics: round robin, like observers
+        owners.update({f"awq/{k}": i % world.size for i, k in enumerate(awq_keys)})
         self.replay = OrderedReplay(world, owners)
         self._update = {m: self.replay.wrap(f"obs/{m}", o.update) if m in self.replayed else o.update
                         for m, o in self.observers.items()}
@@ -62,7 +64,7 @@ class Recorders:
         self.hessians = HessianRecorder(model, hessian_groups or {}, names, self.replay)
         self.hooks += self.hessians.hooks
         self.moe = MoERecorder(model, self._expert_input, all_experts=all_experts)
-        self.awq = AWQRecorder(model, awq_groups or {})  # member -> group key; {} installs nothing
+        self.awq = AWQRecorder(model, awq_groups or {}, replay=self.replay)  # member -> group key; {}: no hooks
         self.hooks += self.awq.hooks
         self.kv = None
         if kv:

@@ -86,9 +86,6 @@ def calibrate(ctx, cfg: CalibrateConfig, reporter) -> PassResult:
     if cfg.hessian and world.distributed:  # the rank that accumulates a group's H also solves its GPTQ
         common["hessian_owner"] = hessian_owners(ctx.plan.groups, world.size)
     if cfg.awq:  # AWQ statistics and their fold check run the whole model (calibration/awq_stats.py)
-        if world.distributed:
-            raise RecipeError("AWQ statistics are not collected by more than one process yet",
-                              hint="run --algorithm awq without torchrun (or use gptq / rtn under torchrun)")
         if cfg.mode == "sequential":
             raise RecipeError("calibrate.awq needs the whole-model loop, not calibrate.mode sequential",
                               hint="use --set calibrate.mode=auto (or whole) with --algorithm awq")

@@ -73,6 +73,22 @@ def broadcast(world, tensor: torch.Tensor | None) -> torch.Tensor:
     return buf
 
 
+def share_tensors(world, mine: Mapping[str, torch.Tensor], name: str) -> dict[str, torch.Tensor]:
+    """Every rank's CPU tensors on every rank (names unique across ranks): each broadcast from
+    the rank that has it, in rank and name order."""
+    if not world.distributed:
+        return dict(mine)
+    metas = world.all_objects(name, {k: (tuple(t.shape), str(t.dtype)) for k, t in mine.items()})
+    out = {}
+    for r, meta in enumerate(metas):
+        for k in sorted(meta):
+            shape, dtype = meta[k]
+            buf = mine[k].contiguous() if r == world.rank else torch.empty(shape, dtype=_dtype(dtype))
+            _dist().broadcast(as_bytes(buf), src=r)
+            out[k] = buf
+    return out
+
+
 def as_bytes(t: torch.Tensor) -> torch.Tensor:
     """A contiguous tensor's storage as a flat uint8 tensor (a view, no copy)."""
     return t.contiguous().reshape(-1).view(torch.uint8)
