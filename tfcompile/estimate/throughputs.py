@@ -64,30 +64,32 @@ NODES = {
 }
 
 # Measured on this machine (2 vCPUs, no GPU) by `python bench/estimate.py --measure`, medians of
-# 5, on 2026-12-01 while other jobs kept the load average near 20 (so these are what a busy
-# 2-core CI box gives; an idle one is faster). One thread unless it says "all threads".
+# 5, on 2026-12-01 16:44 UTC while other jobs kept the load average near 12 (two other processes
+# busy on the two cores: these are what a busy 2-core CI box gives; an idle one is faster). One
+# thread unless it says "all threads".
 THIS_MACHINE = {
     "cpu_cores": 2,
     "ram_gb": 24,
-    "bf16_gemm_gflops": 125.0,  # all threads: bf16 [2048 x 2048] @ [2048 x 8192] (a layer's forward GEMM)
-    "fp32_gemm_gflops": 31.6,  # all threads: fp32 X^T X, X [2048 x 2048] (a Hessian update)
-    "attn_gflops": 19.9,  # all threads: torch SDPA, bf16, causal, 4 x 32 heads x 256 x 64
-    # all threads: a real decoder layer's time beyond GEMMs and attention (norms, RoPE, SiLU,
-    # residuals), per token per (4 x hidden + 3 x intermediate) elements
-    "elementwise_ns": 0.5,
+    "bf16_gemm_gflops": 234.0,  # all threads: bf16 [2048 x 2048] @ [2048 x 8192] (a layer's forward GEMM)
+    "fp32_gemm_gflops": 61.1,  # all threads: fp32 X^T X, X [2048 x 2048] (a Hessian update)
+    "attn_gflops": 33.4,  # all threads: torch SDPA, bf16, causal, 4 x 32 heads x 256 x 64
+    # all threads: a decoder layer's other calibration work (two RMSNorms, RoPE, SiLU * up, residual
+    # adds, the 7 max observers), timed on its own, per token per (4 x hidden + 3 x intermediate)
+    # elements; many small ops, each an OpenMP region: under load they wait on a busy core
+    "elementwise_ns": 16.4,
     # a whole RTN pack pass (fused quantizers, writer thread, source sha256) as fixed seconds +
     # GB of bf16 source per second, fitted on a 0.25 and a 0.62 GB model
-    "pack_setup_s": 0.2,
-    "pack_gbps": 0.7,
-    "calibrate_setup_s": 4.0,  # the layer loop's fixed cost (transformers, model on meta, tokens, hooks)
-    "calibrate_rss_gb": 0.45,  # that process's RSS: the calibrate pass's baseline
-    "sha256_gbps": 0.63,  # one thread
-    "read_gbps": 2.68,  # a cold read (posix_fadvise DONTNEED first), 8 MiB reads
+    "pack_setup_s": 0.42,
+    "pack_gbps": 0.91,
+    "calibrate_setup_s": 4.1,  # the layer loop's fixed cost (transformers, model on meta, tokens, hooks)
+    "calibrate_rss_gb": 0.56,  # that process's RSS: the calibrate pass's baseline
+    "sha256_gbps": 1.33,  # one thread
+    "read_gbps": 2.99,  # a cold read (posix_fadvise DONTNEED first), 8 MiB reads
     "write_gbps": 2.2,  # O_DIRECT through the 8 MiB staging buffer (docs/design.md "Streaming")
-    "chol_gflops": 77.0,  # one thread: cholesky, cholesky_inverse, cholesky of a 2048 x 2048 (4/3 K^3)
+    "chol_gflops": 33.5,  # one thread: cholesky, cholesky_inverse, cholesky of a 2048 x 2048 (4/3 K^3)
     # one thread: the GPTQ sweep of an [n, K] weight without its factorisations, K a + n K b + n K^2 c
     # fitted on three shapes: a per column (~25 small ops), b per element, c the lazy block updates
-    "gptq_sweep": {"column_us": 120.0, "element_ns": 150.0, "lazy_ps": 30.0},
+    "gptq_sweep": {"column_us": 88.0, "element_ns": 244.0, "lazy_ps": 33.0},
     "base_rss_gb": 0.29,  # python + torch + transformers + tfcompile imported, before the first pass
     "gloo_gbps": 1.0,  # loopback gloo p2p between two processes (assumed, not measured)
 }
