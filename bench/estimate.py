@@ -306,8 +306,10 @@ def plans_markdown() -> str:
                       "bytes. DeepSeek-V3's source is its published FP8 checkpoint (config.json's quantization_config: "
                       "read at 1 byte per weight); tfcompile reads bf16 sources today, i.e. after DeepSeek's "
                       "fp8_cast_bf16.py (1.34 TB: twice the reading). "
-                      "Calibration in batches of 4; GPTQ solves every Linear group except the fused MoE experts "
-                      "(RTN, docs/design.md); `--calib self` would add sampling the tokens.", "", *rows, ""])
+                      "Calibration in batches of 4; GPTQ solves every Linear group, each routed expert with its own "
+                      "Hessians (in batches of 8 experts: passes/quantize/gptq_moe.py); `--calib self` would add "
+                      "sampling the tokens. Times under 2 minutes are rounded to 0.1 min each, so a total may "
+                      "differ from its parts by 0.1.", "", *rows, ""])
 
 
 def main() -> None:
