@@ -103,16 +103,22 @@ def _markdown(results: list[dict], repeat: int) -> str:
         e = r["estimate_s"]
         lines.append(f"| {r['case']} | {r['pass']} | {e['cpu']:.1f} | {e['2xcpu']:.1f} | {e['1xH200']:.2f} | "
                      f"{e['8xH200']:.2f} |")
-    lines += ["", "Why two processes gain little here: this machine has 2 vCPUs, and one process already uses both "
-              "(two torch threads for calibration's GEMMs; a quantizing thread, the writer and the source hash in "
-              "pack). Two processes get one thread each, so the same CPU work is split two ways on the same two "
-              "cores, plus a second interpreter start (torch, transformers), the store's barriers and gloo "
-              "traffic; with one output shard rank 1 has nothing to write. The cost model says where the work "
-              "goes on real hardware: calibration is FLOPs and a layer's weights per rank, so 8 GPUs split the "
-              "batches 8 ways at a fraction of each GPU's bf16 peak (the layer is read once per node and copied to "
-              "each GPU, a fixed cost per layer that does not shrink); pack is CPU and disk per rank, so 8 ranks "
-              "share a node's 112 cores and its NVMe, and a 1.1B model's single shard keeps one rank busy "
-              "(largest models have hundreds of shards)."]
+    calib = next((r["pass_s"][1] / r["pass_s"][2] for r in results if r["pass"] == "calibrate"), 1.0)
+    lines += ["", "Why RTN gains nothing and calibration gained here: this machine has 2 vCPUs, and one process "
+              "already uses both (two torch threads for calibration's GEMMs; a quantizing thread, the writer and "
+              "the source hash in pack). Two processes get one thread each, so the same CPU work is split two ways "
+              "on the same two cores, plus a second interpreter start (torch, transformers: the 5-8 s of extra wall "
+              "time above), the store's barriers and gloo traffic; with one output shard rank 1 has nothing to "
+              "write, and with 128 MiB shards each rank writes half on the same disk. Calibration ran "
+              f"{calib:.1f}x faster on two processes in these runs; above 1x only because the machine was "
+              f"overloaded (other jobs kept {max(busy):.1f} cores busy): a "
+              "one-process layer forward is many small ops, each an OpenMP region whose two threads wait for each "
+              "other on oversubscribed cores (measured: a layer's norms, RoPE and observers take 7-150x their "
+              "one-thread time under this load, docs \"Resource estimates\"); one thread per process has no such "
+              "waits. On an idle 2-core machine expect about 1x. The cost model (second table) predicts no gain for "
+              "either on this machine ('2xcpu' = 'cpu': the same cores) and a loss for RTN with one shard (it "
+              "models one rank on one core writing everything; the measured pass took the same time: one "
+              "process's pack does not keep two cores busy either). What it says for GPUs is the next section."]
     return "\n".join(lines) + "\n"
 
 
