@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from tfcompile.calibration.forward import observe_input_amax
 from tfcompile.calibration.observers import OBSERVERS
 from tfcompile.calibration.sequential import Unsupported, observe_sequential
-from tfcompile.passes.quantize.program import torch_dtype
+from tfcompile.ir import torch_dtype
 from tfcompile.errors import RecipeError
 from tfcompile.pipeline.passes import PassResult, register_pass
 

@@ -218,7 +218,7 @@ def _geometry(heads: dict) -> dict:
 def open_view(ctx):
     """The engine view pack streams beside the compressed-tensors view (None: no weight changes)."""
     from tfcompile.layout.view import open_view as _open
-    from tfcompile.passes.quantize.program import torch_dtype
+    from tfcompile.ir import torch_dtype
 
     return _open(ctx.plan.layout, ctx.program, ctx.source, torch_dtype(ctx.model.dtype))
 

@@ -25,8 +25,8 @@ import torch
 
 from tfcompile.io.aux_files import copy_aux_files
 from tfcompile.io.hash_cache import sha256_files_cached
-from tfcompile.passes.quantize.naming import OutSpec, modelopt_kv_name, modelopt_outputs, to_modelopt
-from tfcompile.passes.quantize.program import execute
+from tfcompile.artifact.naming import OutSpec, modelopt_kv_name, modelopt_outputs, to_modelopt
+from tfcompile.ir import execute
 from tfcompile.artifact.sink import ShardSink
 from tfcompile.artifact.verify import SCALE_SUFFIXES, check_scale_tensor
 from tfcompile.artifact.configs import ct_quantization_config, modelopt_quant_config

@@ -8,7 +8,7 @@ from typing import Any
 from tfcompile.io.atomic import atomic_output_dir
 from tfcompile.pipeline import manager
 from tfcompile.pipeline.context import Context
-from tfcompile.recipe.schema import Recipe
+from tfcompile.pipeline.recipe import Recipe
 
 
 def run_pipeline(model_dir: Path, out_dir: Path | None, recipe: Recipe, *,

@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from tfcompile.passes.quantize.naming import OutSpec  # noqa: F401  (re-export)
+from tfcompile.artifact.naming import OutSpec  # noqa: F401  (re-export)
 
 from tfcompile.schemes import Scheme
 

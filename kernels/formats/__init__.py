@@ -10,7 +10,7 @@ from .elements import (E2M1_MAX, E2M1_VALUES, E4M3_MAX, cast_e4m3, decode_e2m1, 
                        encode_e2m1, encode_e8m0)
 from .fp8 import dequantize_fp8_act, fp8_weight_scale, quantize_fp8, quantize_fp8_act, weight_amax
 from ._native import kernel_threads
-from .layout import from_blackwell_scale_layout, to_blackwell_scale_layout
+from .swizzle import from_blackwell_scale_layout, to_blackwell_scale_layout
 from .mx import DEFAULT_MX_RULE, DEFAULT_MXFP8_RULE, mx_shared_exponent, quantize_mx_act, quantize_mxfp4, quantize_mxfp8
 from .nvfp4 import (global_scale_from_modelopt, global_scale_to_modelopt, nvfp4_global_scale,
                     quantize_nvfp4, quantize_nvfp4_act)

@@ -36,7 +36,7 @@ import torch
 
 from tfcompile.errors import RecipeError
 from tfcompile.kernels import formats as F
-from tfcompile.passes.quantize.program import Program, load_target, register_algorithm
+from tfcompile.ir import Program, load_target, register_algorithm
 from tfcompile.passes.quantize.rtn import _round_up, group_global_scale, quantize_weight, run_rtn
 
 SUPPORTED_WEIGHTS = ("nvfp4", "mxfp4", "mxfp8", "fp8")  # Scheme.weight values AWQ can search

@@ -21,7 +21,7 @@ import time
 import torch
 
 from tfcompile.kernels import formats as F
-from tfcompile.passes.quantize.program import register_algorithm
+from tfcompile.ir import register_algorithm
 from tfcompile.passes.quantize.rtn import quantize_weight, run_rtn
 
 DAMP = 0.01

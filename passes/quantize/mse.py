@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from tfcompile.kernels import formats as F
-from tfcompile.passes.quantize.program import register_algorithm
+from tfcompile.ir import register_algorithm
 from tfcompile.passes.quantize.rtn import run_rtn
 
 NVFP4_TARGETS = (6.0, 6.5, 7.0, 5.5, 5.0, 4.5, 4.0)  # where the block max maps on the E2M1 grid

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from tfcompile.passes.quantize.naming import OutSpec, ct_outputs
-from tfcompile.passes.quantize.program import (
+from tfcompile.artifact.naming import OutSpec, ct_outputs
+from tfcompile.ir import (
     ALGORITHMS, PREPARE, SUPPORTS, Job, Program, load_target, register_algorithm, torch_dtype)
 from tfcompile.io.dtypes import torch_dtype_of
 from tfcompile.kernels import formats as F

@@ -18,8 +18,8 @@ from tfcompile.errors import RecipeError
 from tfcompile.kernels import formats as F
 from tfcompile.passes.quantize.awq import (GRID, awq_scales, check_scheme, fake_act, fold_norm,
                                            folded_amax, search)
-from tfcompile.passes.quantize.naming import OutSpec
-from tfcompile.passes.quantize.program import Job, Program
+from tfcompile.artifact.naming import OutSpec
+from tfcompile.ir import Job, Program
 from tfcompile.passes.quantize.rtn import group_global_scale, quantize_weight
 from tfcompile.passes.select import QuantTarget
 from tfcompile.schemes import SCHEMES, get_scheme

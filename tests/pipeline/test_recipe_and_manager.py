@@ -12,7 +12,7 @@ from tfcompile.pipeline import manager
 from tfcompile.pipeline.context import Context
 from tfcompile.pipeline.passes import REGISTRY, PassResult, PassSpec
 from tfcompile.recipe.build import build_recipe, preset_pipeline
-from tfcompile.recipe.schema import PassEntry, Recipe
+from tfcompile.pipeline.recipe import PassEntry, Recipe
 
 
 def test_presets_schedule_calibration_only_for_static_activations():

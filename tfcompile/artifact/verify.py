@@ -21,7 +21,7 @@ from tfcompile.errors import VerifyError
 from tfcompile.io.dtypes import torch_dtype_of
 from tfcompile.io.hashing import sha256_file
 from tfcompile.io.safetensors_header import read_header
-from tfcompile.passes.quantize.naming import ct_outputs
+from tfcompile.artifact.naming import ct_outputs
 from tfcompile.schemes import get_scheme
 
 MANIFEST = "tfcompile/manifest.json"

@@ -182,7 +182,7 @@ def quantize(model, out, overwrite, as_json, quiet, fmt, recipe_file, sets, igno
              targets, **eval_opts):
     """Quantize the Hugging Face checkpoint MODEL into an artifact at OUT."""
     from tfcompile.api import run_pipeline
-    from tfcompile.cli.eval_cmd import quantize_eval_failed, quantize_eval_table
+    from tfcompile.cli.eval import quantize_eval_failed, quantize_eval_table
     from tfcompile.cli.tables import summary_table
 
     console = stderr_console()
@@ -417,7 +417,7 @@ def export_onnx(artifact, out, opset, external_data, overwrite, as_json, quiet):
             sys.stdout.write(f"{sha}  {paths[name]}\n")
 
 
-from tfcompile.cli.eval_cmd import eval_cmd  # noqa: E402
+from tfcompile.cli.eval import eval_cmd  # noqa: E402
 cli.add_command(eval_cmd)
 
 

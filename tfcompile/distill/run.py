@@ -29,7 +29,7 @@ from tfcompile.distill.student import Student, build_student
 from tfcompile.distill.teacher import CachedTeacher, OnlineTeacher
 from tfcompile.distill.train import Loop, Segment, deterministic
 from tfcompile.io.overlay import overlay_specs, write_overlay
-from tfcompile.passes.quantize.program import torch_dtype
+from tfcompile.ir import torch_dtype
 
 HELDOUT_SEQ_LEN = 256  # rows of tfcompile eval's default length (or the model's maximum)
 

@@ -27,7 +27,7 @@ from tfcompile.evaluate.errors import EvalError
 from tfcompile.evaluate.kvcache import KINDS, KV_MODES, KVEmulator, KVScales, install, read_kv_scales
 from tfcompile.io.checkpoint import Checkpoint, open_checkpoint
 from tfcompile.kernels.formats import QTensor, dequantize
-from tfcompile.passes.quantize.naming import ct_outputs
+from tfcompile.artifact.naming import ct_outputs
 from tfcompile.schemes import Scheme, get_scheme
 
 MANIFEST = Path("tfcompile") / "manifest.json"

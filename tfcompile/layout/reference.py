@@ -61,7 +61,7 @@ def load_view(artifact: Path, view: str | None = None) -> View:
     from tfcompile.artifact.verify import load_manifest
     from tfcompile.evaluate.models import qtensor_of
     from tfcompile.kernels.formats import dequantize
-    from tfcompile.passes.quantize.naming import ct_outputs
+    from tfcompile.artifact.naming import ct_outputs
 
     artifact = Path(artifact)
     manifest = load_manifest(artifact)

@@ -34,8 +34,8 @@ from tfcompile.artifact.configs import ct_quantization_config
 from tfcompile.artifact.verify import SCALE_SUFFIXES, check_scale_tensor
 from tfcompile.io.dtypes import torch_dtype_of
 from tfcompile.layout.plan import LayoutPlan, ViewLinear
-from tfcompile.passes.quantize.naming import OutSpec, ct_outputs
-from tfcompile.passes.quantize.program import Job, execute
+from tfcompile.artifact.naming import OutSpec, ct_outputs
+from tfcompile.ir import Job, execute
 
 LAYOUT_JSON = "layout.json"
 SCHEMA = 1

@@ -9,7 +9,7 @@ from typing import Any, Iterable, Mapping
 
 from tfcompile.errors import RecipeError
 from tfcompile.pipeline.passes import get_pass
-from tfcompile.recipe.schema import RECIPE_VERSION, PassEntry, Recipe, build_config
+from tfcompile.pipeline.recipe import RECIPE_VERSION, PassEntry, Recipe, build_config
 from tfcompile.schemes import get_scheme
 
 

@@ -46,7 +46,7 @@ def choose(probs: Iterable[Problem], kernels: Mapping, triton: str, *, measure_t
         kdef = kernels[p.kernel]
         c: Choice = (measured if p.target == measure_target else ranker).rank(kdef, p)
         if p.target == measure_target and c.ranked:
-            from tfcompile.tune.measure import measure_choice
+            from tfcompile.runtime.measure import measure_choice
 
             times, device = measure_choice(kdef, c)
             out[entry_key(p, triton)] = measured_entry(c, triton, times, device) if times \
@@ -101,7 +101,7 @@ def _measure_target(measure: bool | None, targets: tuple[str, ...], warnings: li
     """The target to measure on: the local GPU's, when asked (True) or by default (None)."""
     if measure is False:
         return None
-    from tfcompile.tune.measure import local_target
+    from tfcompile.runtime.measure import local_target
 
     target, why = local_target()
     if target is None or target not in targets:
