@@ -7,7 +7,7 @@
 - a directory written by `Dataset.save_to_disk` (it holds state.json /
   dataset_info.json), read with `datasets.load_from_disk`;
 - any other string: a data set name already in the local Hugging Face cache
-  (`datasets.load_dataset(name, split="train")` with HF_DATASETS_OFFLINE=1:
+  (`datasets.load_dataset(name, split="train")` in offline mode, for that call only:
   nothing is downloaded);
 - "python-doc": the calibration split of Debian's python3.11-doc prose
   (`calibration.corpus`; disjoint from the held-out split `tfcompile eval` uses);
@@ -22,9 +22,10 @@ between them, and cut into `samples` blocks of `seq_len` tokens.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -102,14 +103,30 @@ def _open(source: str):
         if path.exists() or os.sep in source or source.startswith("."):
             raise UserError(f"calibration data {source}: not a file or a saved data set",
                             hint="give a .txt/.jsonl/.json/.csv/.parquet file or a save_to_disk folder")
-        os.environ["HF_DATASETS_OFFLINE"] = "1"  # the cache only: never download at run time
-        return datasets.load_dataset(source, split="train")
+        with hub_offline(datasets):  # the cache only: never download at run time
+            return datasets.load_dataset(source, split="train")
     except UserError:
         raise
     except Exception as e:  # noqa: BLE001 - datasets raises many types; name the source
         raise UserError(f"calibration data {source}: cannot load it ({type(e).__name__}: {e})",
                         hint="local files, save_to_disk folders and data sets already in the "
                              "Hugging Face cache work offline; or use --calib self") from None
+
+
+@contextlib.contextmanager
+def hub_offline(datasets) -> Iterator[None]:
+    """Offline mode for this call only: `datasets` and huggingface_hub read HF_HUB_OFFLINE /
+    HF_DATASETS_OFFLINE once, at import, into module constants; those are set for the block and
+    restored after it (an environment variable set now would change nothing, and setting it
+    would leak into the rest of the process)."""
+    import huggingface_hub.constants as hub  # lazy: only a data set name reaches here (datasets' dependency)
+
+    saved = (datasets.config.HF_HUB_OFFLINE, datasets.config.HF_DATASETS_OFFLINE, hub.HF_HUB_OFFLINE)
+    datasets.config.HF_HUB_OFFLINE = datasets.config.HF_DATASETS_OFFLINE = hub.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        datasets.config.HF_HUB_OFFLINE, datasets.config.HF_DATASETS_OFFLINE, hub.HF_HUB_OFFLINE = saved
 
 
 def _text_column(ds, source: str) -> str:

@@ -102,3 +102,23 @@ def _fsync_dir(path: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def write_atomic(path: str | os.PathLike, data: bytes, *, fsync: bool = True) -> None:
+    """Replace the file at `path` with `data` whole or not at all: a temp sibling is written
+    (and fsynced), then renamed over it; on any failure the temp file is removed. For files
+    rewritten in place (a tuning table in a published artifact, a resume checkpoint); files of
+    a staging directory need no such care (the directory is published atomically)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -15,7 +15,7 @@ from typing import Any
 from tfcompile.errors import RecipeError, TfcompileError
 from tfcompile.pipeline.context import INITIAL_FIELDS, Context
 from tfcompile.pipeline.passes import PassSpec, get_pass
-from tfcompile.pipeline.report import NullReporter
+from tfcompile.report import NullReporter
 
 
 class PassFailed(TfcompileError):
