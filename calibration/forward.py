@@ -16,7 +16,7 @@ import torch
 
 from tfcompile.calibration.datasets import effective_source
 from tfcompile.calibration.recorders import Recorders
-from tfcompile.calibration.stats import CalibStats
+from tfcompile.ir import CalibStats
 from tfcompile.errors import CheckpointError
 
 

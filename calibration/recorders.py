@@ -15,7 +15,7 @@ from torch import nn
 
 from tfcompile.calibration.awq_stats import AWQRecorder
 from tfcompile.calibration.observers import Observer, make_observer
-from tfcompile.calibration.stats import CalibStats
+from tfcompile.ir import CalibStats
 from tfcompile.errors import CheckpointError
 
 

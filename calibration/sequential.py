@@ -41,7 +41,7 @@ from torch import nn
 from tfcompile.calibration.datasets import effective_source
 from tfcompile.calibration.forward import calibration_ids, model_class
 from tfcompile.calibration.recorders import Recorders
-from tfcompile.calibration.stats import CalibStats
+from tfcompile.ir import CalibStats
 
 
 class Unsupported(Exception):

@@ -19,10 +19,12 @@ from __future__ import annotations
 import fnmatch
 import re
 from dataclasses import dataclass
-from typing import Any
 
 from tfcompile.errors import CheckpointError, FormatError, RecipeError
-from tfcompile.pipeline.passes import PassResult, register_pass
+from tfcompile.io.safetensors_header import TensorInfo
+from tfcompile.ir import ModelInfo, QuantGroup, QuantPlan, QuantTarget
+from tfcompile.pipeline.passes import PassResult, Unsupported, check, register_pass
+from tfcompile.pipeline.recipe import Recipe
 from tfcompile.schemes import Scheme, get_scheme
 
 DEFAULT_IGNORE = (
@@ -45,38 +47,6 @@ _FUSE = {
 
 
 @dataclass(frozen=True)
-class QuantTarget:
-    module: str  # output module name, e.g. model.layers.0.self_attn.q_proj
-    source: str  # source tensor name
-    expert: int | None  # index along dim 0 of a fused 3-D expert tensor
-    rows: tuple[int, int] | None  # [start, stop) rows of that slice (gate vs up halves)
-    shape: tuple[int, int]  # (N out_features, K in_features)
-    # A layout view Linear (tfcompile/layout): ((member target, source rows), ...) gathered and
-    # concatenated in this order; empty for an ordinary Linear.
-    parts: tuple = ()
-
-
-@dataclass(frozen=True)
-class QuantGroup:
-    key: str  # e.g. model.layers.0.self_attn.qkv
-    members: tuple[QuantTarget, ...]
-
-
-@dataclass(frozen=True)
-class QuantPlan:
-    scheme: Scheme
-    groups: tuple[QuantGroup, ...]
-    passthrough: tuple[str, ...]  # source tensors copied verbatim
-    ignore: tuple[str, ...]  # Linear module names left unquantized (config.json `ignore`)
-    embeddings: tuple[str, ...]  # embedding modules (modelopt lists them in exclude_modules)
-    sources: frozenset[str]  # source tensors consumed by quantized groups
-    layout: Any = None  # tfcompile.layout.plan.LayoutPlan, attached by the `layout` pass
-
-    def targets(self) -> list[QuantTarget]:
-        return [t for g in self.groups for t in g.members]
-
-
-@dataclass(frozen=True)
 class SelectConfig:
     format: str = "nvfp4"
     ignore: tuple[str, ...] = ()  # extra patterns: globs over module names, or "re:<regex>"
@@ -84,15 +54,15 @@ class SelectConfig:
     fuse_groups: bool = True  # group q/k/v and gate/up (shared NVFP4 global scale)
 
 
-def _supports(recipe, cfg: SelectConfig) -> str | None:
-    get_scheme(cfg.format)  # raises RecipeError naming the valid formats
+def _supports(recipe: Recipe, cfg: SelectConfig) -> list[Unsupported]:
+    reasons = check(get_scheme, cfg.format)  # names the valid formats
     for p in cfg.ignore:
-        _compile(p)
-    return None
+        reasons += check(_compile, p)
+    return reasons
 
 
 @register_pass("select", config=SelectConfig, requires=("source", "model"), produces=("plan",),
-               supports=_supports)
+               supports=_supports, slot=10)
 def select(ctx, cfg: SelectConfig, reporter) -> PassResult:
     """Choose the Linear weights to quantize and group the ones engines fuse."""
     scheme = get_scheme(cfg.format)
@@ -138,7 +108,7 @@ def _is_embedding(module: str) -> bool:
     return re.search(r"(embed|wte|wpe)", module) is not None
 
 
-def _candidates(name: str, module: str, info, model) -> list[QuantTarget] | None:
+def _candidates(name: str, module: str, info: TensorInfo, model: ModelInfo) -> list[QuantTarget] | None:
     """The Linear weight(s) this tensor holds, or None if it holds none."""
     if not _LAYER.search(name):
         return None
@@ -150,7 +120,7 @@ def _candidates(name: str, module: str, info, model) -> list[QuantTarget] | None
     return None
 
 
-def _split_experts(name: str, shape: tuple, model) -> list[QuantTarget]:
+def _split_experts(name: str, shape: tuple, model: ModelInfo) -> list[QuantTarget]:
     """Per-expert Linear weights of a fused [E, N, K] tensor (transformers v5 layout)."""
     prefix = name[: name.index("experts.") + len("experts")]
     n_exp, n, k = shape
@@ -167,7 +137,7 @@ def _split_experts(name: str, shape: tuple, model) -> list[QuantTarget]:
     return [QuantTarget(f"{prefix}.{e}.down_proj", name, e, None, (n, k)) for e in range(n_exp)]
 
 
-def _check_target(name: str, info, scheme: Scheme) -> None:
+def _check_target(name: str, info: TensorInfo, scheme: Scheme) -> None:
     if info.dtype not in _FLOAT:
         hint = ("the checkpoint looks already quantized; start from the bf16 original"
                 if info.dtype.startswith(("F8", "U8", "I8")) else "convert it to bf16/fp16/fp32")

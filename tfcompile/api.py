@@ -1,18 +1,24 @@
-"""Library entry points; the CLI is a thin layer over these."""
+"""Library entry points; the CLI is a thin layer over these.
+
+Importing this module registers the built-in passes (tfcompile.passes.builtin): the
+pipeline core imports no pass, its entry points do (docs/design.md "Layers").
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
+import tfcompile.passes.builtin  # noqa: F401  (registers the built-in passes)
 from tfcompile.io.atomic import atomic_output_dir
 from tfcompile.pipeline import manager
 from tfcompile.pipeline.context import Context
 from tfcompile.pipeline.recipe import Recipe
+from tfcompile.recipe.build import build_recipe
+from tfcompile.report import Reporter
 
 
 def run_pipeline(model_dir: Path, out_dir: Path | None, recipe: Recipe, *,
-                 overwrite: bool = False, reporter: Any = None) -> Context:
+                 overwrite: bool = False, reporter: Reporter | None = None) -> Context:
     """Validate and run `recipe` on `model_dir`.
 
     When the recipe packs an artifact, it is built in a temporary sibling of
@@ -31,8 +37,6 @@ def run_pipeline(model_dir: Path, out_dir: Path | None, recipe: Recipe, *,
 
 def quantize(model_dir, out_dir, fmt: str = "nvfp4", **recipe_options) -> Context:
     """`tfcompile quantize` as a function: `quantize("model/", "out/", "nvfp4a16")`."""
-    from tfcompile.recipe.build import build_recipe
-
     overwrite = recipe_options.pop("overwrite", False)
     recipe = build_recipe(fmt=fmt, **recipe_options)
     return run_pipeline(Path(model_dir), Path(out_dir), recipe, overwrite=overwrite)

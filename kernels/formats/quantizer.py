@@ -26,8 +26,9 @@ Rules and sources: docs/formats.md.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -85,6 +86,11 @@ class WeightQuantizer:
     def scale_shape(self, n: int, k: int) -> tuple[int, ...]:
         return (n, k // self.block[0])
 
+    def from_stored(self, data: torch.Tensor, scale: torch.Tensor, global_scale: torch.Tensor | None,
+                    shape: tuple[int, int]) -> QTensor:
+        """The QTensor of a Linear from its stored tensors (`quantize`'s data, `stored_scale`)."""
+        return QTensor(self.format, data, scale, None, shape, self.granularity, None, self.block)
+
     def multipliers(self, q: QTensor) -> torch.Tensor:
         """Each element's dequant multiplier [N, K] (float32) under q's fixed scales."""
         raise NotImplementedError
@@ -119,6 +125,9 @@ class NVFP4Weights(WeightQuantizer):
     def scale_dtype(self, model_dtype):
         return torch.float8_e4m3fn
 
+    def from_stored(self, data, scale, global_scale, shape):
+        return QTensor(self.format, data, scale, global_scale.float().reshape(1), shape, "group", None, self.block)
+
     def multipliers(self, q):
         return (q.scale.float() / q.global_scale.float().reshape(-1, 1)).repeat_interleave(self.block[0], 1)
 
@@ -149,6 +158,12 @@ class FP8Weights(WeightQuantizer):
 
     def scale_dtype(self, model_dtype):
         return model_dtype
+
+    def from_stored(self, data, scale, global_scale, shape):
+        s = scale.float()
+        s = s.reshape(1) if self.granularity == "tensor" else s
+        block = self.block if self.granularity == "block" else ()
+        return QTensor(self.format, data, s, None, shape, self.granularity, None, block)
 
     def scale_shape(self, n, k):
         if self.granularity == "tensor":
@@ -189,12 +204,18 @@ def _fp8(granularity: str, block: tuple[int, ...]) -> WeightQuantizer:
 WEIGHT_FORMATS = {"nvfp4": _nvfp4, "mxfp4": _mxfp4, "mxfp8": _mxfp8, "fp8": _fp8}
 
 
+@functools.lru_cache(maxsize=None)
 def weight_quantizer(fmt: str, granularity: str = "group", block: tuple[int, ...] = ()) -> WeightQuantizer:
     """The quantizer of weight format `fmt` (fp8: per `granularity`, with `block` for "block")."""
     try:
         return WEIGHT_FORMATS[fmt](granularity, block)
     except KeyError:
         raise ValueError(f"unknown weight format {fmt!r}; expected one of {sorted(WEIGHT_FORMATS)}") from None
+
+
+def quantizer_of(q: QTensor) -> WeightQuantizer:
+    """The weight quantizer that made `q` (its format, granularity and block)."""
+    return weight_quantizer(q.format, q.granularity, tuple(q.block) if q.granularity == "block" else ())
 
 
 @dataclass(frozen=True)
@@ -217,6 +238,13 @@ class ActQuantizer:
                    impl: str = "auto") -> torch.Tensor:
         """dequantize(quantize(x)) in x's dtype; `scale` is the stored static scale (static kinds)."""
         raise NotImplementedError
+
+    def emulate(self, amax: float | None, dtype: torch.dtype, *, name: str | None = None,
+                impl: str = "auto") -> Callable[[torch.Tensor], torch.Tensor]:
+        """x -> fake_quant(x) with the static scale the artifact stores for a calibrated `amax`
+        (in the model dtype `dtype`); dynamic kinds ignore `amax`."""
+        scale = self.static_scale(amax, dtype) if self.static else None
+        return lambda x: self.fake_quant(x, scale, name=name, impl=impl)
 
 
 @dataclass(frozen=True)

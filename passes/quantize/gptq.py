@@ -28,31 +28,6 @@ DAMP = 0.01
 BLOCK = 128
 
 
-def _grid(q: F.QTensor) -> tuple[torch.Tensor, str]:
-    """Per-element dequant multiplier [N, K] (float32) of q's fixed scales, and the element grid."""
-    n, k = q.shape
-    if q.format == "nvfp4":
-        m = (q.scale.float() / q.global_scale.float().reshape(-1, 1)).repeat_interleave(16, 1)
-        return m, "e2m1"
-    if q.format in ("mxfp4", "mxfp8"):
-        m = F.decode_e8m0(q.scale).repeat_interleave(32, 1)
-        return m, "e2m1" if q.format == "mxfp4" else "e4m3"
-    s = q.scale.float()
-    if q.granularity == "tensor":
-        return s.reshape(1, 1).expand(n, k), "e4m3"
-    if q.granularity == "channel":
-        return s.reshape(n, 1).expand(n, k), "e4m3"
-    bn, bk = q.block
-    return s.repeat_interleave(bn, 0)[:n].repeat_interleave(bk, 1)[:, :k], "e4m3"
-
-
-def _round(x: torch.Tensor, grid: str) -> torch.Tensor:
-    """Values on the element grid (RNE, saturating), as float32."""
-    if grid == "e2m1":
-        return F.decode_e2m1(F.encode_e2m1(x))
-    return F.cast_e4m3(x).float()
-
-
 def _inverse_hessian(h: torch.Tensor, w: torch.Tensor, damp: float) -> torch.Tensor:
     """Upper Cholesky factor of (H + damp*mean(diag) I)^-1; dead inputs pinned to 1."""
     h = h.clone()
@@ -63,9 +38,10 @@ def _inverse_hessian(h: torch.Tensor, w: torch.Tensor, damp: float) -> torch.Ten
     return torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
 
 
-def gptq_values(w: torch.Tensor, h: torch.Tensor, m: torch.Tensor, grid: str, *,
+def gptq_values(w: torch.Tensor, h: torch.Tensor, m: torch.Tensor, grid: F.WeightQuantizer, *,
                 damp: float = DAMP, act_order: bool = True, block: int = BLOCK) -> torch.Tensor:
-    """Quantized values (dequantized, float32 [N, K]) of w under fixed multipliers m."""
+    """Quantized values (dequantized, float32 [N, K]) of w under fixed multipliers m, rounded
+    on `grid`'s element grid (its `round_to_grid`)."""
     w = w.float().clone()
     perm = torch.argsort(torch.diag(h), descending=True) if act_order else torch.arange(w.shape[1])
     inv = torch.argsort(perm)
@@ -79,7 +55,7 @@ def gptq_values(w: torch.Tensor, h: torch.Tensor, m: torch.Tensor, grid: str, *,
         hb = hinv[c0:c1, c0:c1]
         for j in range(c1 - c0):
             col, mj = wb[:, j], m[:, c0 + j]
-            q = _round(col / mj, grid) * mj
+            q = grid.round_to_grid(col / mj) * mj
             out[:, c0 + j] = q
             e = (col - q) / hb[j, j]
             wb[:, j + 1:] -= e[:, None] * hb[j, j + 1:][None, :]
@@ -90,14 +66,11 @@ def gptq_values(w: torch.Tensor, h: torch.Tensor, m: torch.Tensor, grid: str, *,
 
 def gptq_quantize(w: torch.Tensor, h: torch.Tensor, q_rtn: F.QTensor, **opts) -> F.QTensor:
     """Re-encode w by GPTQ under q_rtn's fixed scales; returns a QTensor of the same format."""
-    m, grid = _grid(q_rtn)
-    vals = gptq_values(w, h, m, grid, **opts)  # exactly code * multiplier for every element
+    wq = F.quantizer_of(q_rtn)
+    m = wq.multipliers(q_rtn)  # each element's dequant multiplier under the fixed RTN scales
+    vals = gptq_values(w, h, m, wq, **opts)  # exactly code * multiplier for every element
     elems = vals / m  # exact element values on the grid (division by the same multiplier)
-    if q_rtn.format in ("nvfp4", "mxfp4"):
-        data = F.pack_fp4(F.encode_e2m1(elems))
-    else:
-        data = F.cast_e4m3(elems)
-    return dataclasses.replace(q_rtn, data=data)
+    return dataclasses.replace(q_rtn, data=wq.encode(elems))
 
 
 @register_algorithm("gptq")
@@ -110,9 +83,9 @@ def run_gptq(job, program, source):
 
     solve: list[float] = []  # seconds per member, in member order
 
-    def quantizer(w, scheme, prog, gscale, name, model_dtype):
+    def quantizer(w, prog, gscale, name, model_dtype):
         t0 = time.perf_counter()
-        q = quantize_weight(w, scheme, prog, gscale, name, model_dtype)
+        q = quantize_weight(w, prog, gscale, name, model_dtype)
         q = gptq_quantize(w, h, q, act_order=prog.gptq_act_order, damp=prog.gptq_damp)
         solve.append(time.perf_counter() - t0)
         return q

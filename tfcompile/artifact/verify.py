@@ -17,15 +17,15 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from tfcompile.artifact.manifest import load_manifest
+from tfcompile.artifact.naming import ct_outputs
 from tfcompile.errors import VerifyError
 from tfcompile.io.dtypes import torch_dtype_of
 from tfcompile.io.hashing import sha256_file
+from tfcompile.io.jsonfile import JsonDict
 from tfcompile.io.safetensors_header import read_header
-from tfcompile.artifact.naming import ct_outputs
 from tfcompile.schemes import get_scheme
 
-MANIFEST = "tfcompile/manifest.json"
-SCHEMA_VERSIONS = (1,)
 
 
 @dataclass
@@ -44,31 +44,17 @@ class VerifyReport:
         return [c for c in self.checks if not c["ok"]]
 
 
-def load_manifest(path: Path) -> dict:
-    mpath = Path(path) / MANIFEST
-    if not mpath.is_file():
-        raise VerifyError(f"{mpath}: no manifest; {path} is not a tfcompile artifact",
-                          hint="point at the directory `tfcompile quantize -o` wrote")
-    try:
-        doc = json.loads(mpath.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise VerifyError(f"{mpath}: manifest is not valid JSON ({e})",
-                          hint="the artifact is corrupt; rebuild it") from None
-    if not isinstance(doc, dict) or doc.get("schema_version") not in SCHEMA_VERSIONS:
-        raise VerifyError(f"{mpath}: unsupported schema_version {doc.get('schema_version')!r}",
-                          hint="upgrade tfcompile or rebuild the artifact")
-    return doc
-
-
 def verify_artifact(path: Path, *, checksums: bool = True, config_shapes: bool = True,
-                    block_scales: bool = True) -> VerifyReport:
+                    block_scales: bool = True, manifest: JsonDict | None = None) -> VerifyReport:
     """Run the checks. The pipeline's own verify pass turns off the costly ones
     whose evidence it already has: re-hashing files it hashed while writing
     them, reading back per-block scales it checked in memory before writing
     them (`check_scale_tensor` in pack), and building the architecture with
-    transformers (2-3 s of imports) for config shapes."""
+    transformers (2-3 s of imports) for config shapes. It also passes the
+    `manifest` the run will write (the file is written after the last pass);
+    None reads OUT/tfcompile/manifest.json."""
     path = Path(path)
-    doc = load_manifest(path)
+    doc = load_manifest(path) if manifest is None else manifest
     rep = VerifyReport(str(path))
     rep.add("manifest", True, f"schema {doc['schema_version']}")
     if checksums:

@@ -137,7 +137,7 @@ def _layout_overrides(opts: dict) -> dict | None:
 
 def _build(fmt, recipe_file, sets, ignore, exports, skip, until, calib=None, algorithm=None, evaluation=None,
            targets=None, layout=None, distill=None):
-    from tfcompile.recipe.build import build_recipe
+    from tfcompile.api import build_recipe
 
     overrides = {}
     if evaluation and (cutlass := evaluation.pop("emit_cutlass", None)):
@@ -313,7 +313,7 @@ def plan(model, fmt, recipe_file, sets, ignore, exports, calib, calib_samples, c
 @click.option("--layers/--no-layers", default=True, help="Show the per-layer table.")
 def inspect(artifact, as_json, layers):
     """Show an artifact's manifest: format, sizes, per-layer SQNR."""
-    from tfcompile.artifact.verify import load_manifest
+    from tfcompile.artifact.manifest import load_manifest
     from tfcompile.cli.tables import layers_table, summary_table
 
     doc = load_manifest(artifact)
@@ -368,8 +368,11 @@ def tune(artifact, targets, buckets, kernels, measure, as_json, quiet):
         raise RecipeError(f"--buckets {buckets!r} is not a list of integers", hint="e.g. --buckets 1,16,256") from None
     console = stderr_console()
     reporter = RichReporter(console, quiet=quiet)
-    result = tune_artifact(artifact, parse_targets(targets), buckets=bucket_list, only=kernels, measure=measure,
-                           reporter=reporter)
+    from tfcompile.runtime.measure import gpu_measurer
+
+    target_list = parse_targets(targets)
+    result = tune_artifact(artifact, target_list, buckets=bucket_list, only=kernels,
+                           measurer=gpu_measurer(target_list, measure), reporter=reporter)
     reporter.task("", None)  # stop the progress bar
     for w in result.warnings:
         reporter.warn(w)

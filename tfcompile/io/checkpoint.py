@@ -48,6 +48,8 @@ class Checkpoint:
         self.config = config
         self.files = sorted(files)
         self._infos = dict(sorted(infos.items()))
+        # what replaced tensors of the original (OverlayCheckpoint: distillation), recorded in the manifest
+        self.provenance: dict[str, Any] = {}
         self._maps: dict[Path, tuple[mmap.mmap, int]] = {}  # file -> (mapping, data section start)
         self._touched: list[tuple[Path, int, int]] = []  # (file, byte offset, bytes) handed out since release()
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from tfcompile.runtime.bindings import ACT_BINDERS, FOLLOWUP_BINDERS, GEMM_BINDERS, has_binder, prepare
+from tfcompile.runtime.linear import Kernels
 from tfcompile.tune.shapes import bucket_for
 
 
@@ -131,7 +132,7 @@ def attach(art, target: str, device: torch.device) -> str | None:
         runners[name] = r
     ensure_allocator()
     for name, ql in art.linears.items():
-        ql.runner, ql.backend = runners[name], "cuda"
+        ql.runner, ql.kernels = runners[name], Kernels.TRITON
     return None
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from tfcompile.errors import TfcompileError
+from tfcompile.runtime.linear import Kernels
 from tfcompile.tune.shapes import bucket_for
 
 
@@ -189,5 +190,5 @@ def attach(art, target: str, device: torch.device) -> str | None:
         runners[name] = r
     ensure_allocator()
     for name, ql in art.linears.items():
-        ql.runner, ql.backend = runners[name], "cutlass"
+        ql.runner, ql.kernels = runners[name], Kernels.CUTLASS
     return None
