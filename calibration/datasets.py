@@ -29,6 +29,7 @@ from typing import Any, Iterator
 
 import torch
 
+from tfcompile.calibration.corpus import python_doc_texts
 from tfcompile.errors import UserError
 
 BUILDERS = {".txt": "text", ".text": "text", ".jsonl": "json", ".json": "json", ".csv": "csv",
@@ -65,8 +66,6 @@ def effective_source(source: str, model: Any) -> str:
 def load_texts(source: str, tokenizer: Any, seed: int) -> list[str]:
     """Documents of the data set, shuffled deterministically."""
     if source == "python-doc":
-        from tfcompile.calibration.corpus import python_doc_texts
-
         texts = python_doc_texts("calib")
         order = torch.randperm(len(texts), generator=torch.Generator().manual_seed(seed)).tolist()
         return [texts[i] for i in order]
@@ -86,7 +85,7 @@ def load_texts(source: str, tokenizer: Any, seed: int) -> list[str]:
 
 
 def _open(source: str):
-    import datasets
+    import datasets  # lazy: the datasets library (~1 s); only for a file or data-set source
 
     datasets.disable_progress_bars()
     path = Path(source)
@@ -166,7 +165,9 @@ def sample_from_model(model: Any, tokenizer: Any, *, samples: int, seq_len: int,
     ids do not; costs one generation of samples x seq_len tokens."""
     start = tokenizer.bos_token_id if tokenizer is not None and tokenizer.bos_token_id is not None else 0
     prompt = torch.full((samples, 1), int(start), dtype=torch.int64)
-    from transformers.utils import logging as hf_logging
+    from transformers.utils import \
+        logging as \
+        hf_logging  # lazy: transformers (~2 s to import); only when a model is built
 
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # generation-config notices are not ours to print

@@ -38,7 +38,7 @@ class KVObserver:
 
 def install(observer: KVObserver) -> str:
     """Register the observing attention function; returns its attn_implementation name."""
-    from transformers import AttentionInterface
+    from transformers import AttentionInterface  # lazy: transformers (~2 s to import); only when a model is built
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     def observing(module, query, key, value, attention_mask, **kwargs):

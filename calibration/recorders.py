@@ -14,9 +14,10 @@ import torch
 from torch import nn
 
 from tfcompile.calibration.awq_stats import AWQRecorder
+from tfcompile.calibration.kv import KVObserver, install
 from tfcompile.calibration.observers import Observer, make_observer
-from tfcompile.ir import CalibStats
 from tfcompile.errors import CheckpointError
+from tfcompile.ir import CalibStats
 
 
 class Recorders:
@@ -39,8 +40,6 @@ class Recorders:
         self.hooks += self.awq.hooks
         self.kv = None
         if kv:
-            from tfcompile.calibration.kv import KVObserver, install
-
             self.kv = KVObserver(model)
             model.set_attn_implementation(install(self.kv))
 

@@ -30,8 +30,8 @@ from tfcompile.settings import settings
 
 MIN_CUDA = (12, 8)  # first nvcc with sm_100a
 # Per-job memory estimate of nvcc (cicc + ptxas + host compiler), GB, to bound parallel builds.
-# Measured peak RSS (docs/kernels.md): sm_90a FP8 3.8 GB, sm_100a NVFP4 4.0 GB (REFERENCE.md
-# sec. 5 saw ~5 GB for sm_100a); rounded up.
+# Measured peak RSS (docs/kernels.md): sm_90a FP8 3.8 GB, sm_100a NVFP4 4.0 GB (other runs saw
+# ~5 GB for sm_100a: docs/kernels.md "Hardware facts"); rounded up.
 MEM_GB = {"90a": 4.0, "100a": 5.0}
 
 

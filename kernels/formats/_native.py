@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -46,8 +47,6 @@ def _cpu_tag() -> str:
                 return line
     except OSError:
         pass
-    import platform
-
     return platform.processor() or platform.machine()
 
 

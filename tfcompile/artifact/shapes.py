@@ -11,13 +11,14 @@ import json
 import warnings
 from pathlib import Path
 
+import torch
+from torch import nn
+
 
 def expected_linear_shapes(config_path: Path) -> dict[str, tuple[int, int]] | None:
     """{module name: (N, K)} for the architecture in config.json; None if unknown."""
     try:
-        import torch
-        import transformers
-        from torch import nn
+        import transformers  # lazy: transformers (~2 s to import); only `tfcompile verify` builds the model
     except ImportError:
         return None
     cfg_dict = json.loads(Path(config_path).read_text())

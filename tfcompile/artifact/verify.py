@@ -19,13 +19,13 @@ from safetensors import safe_open
 
 from tfcompile.artifact.manifest import load_manifest
 from tfcompile.artifact.naming import ct_outputs
+from tfcompile.artifact.shapes import expected_linear_shapes
 from tfcompile.errors import VerifyError
 from tfcompile.io.dtypes import torch_dtype_of
 from tfcompile.io.hashing import sha256_file
 from tfcompile.io.jsonfile import JsonDict
 from tfcompile.io.safetensors_header import read_header
 from tfcompile.schemes import get_scheme
-
 
 
 @dataclass
@@ -122,8 +122,6 @@ def _check_layers(path, doc, scheme, headers, rep) -> None:
 
 def _check_config_shapes(path: Path, doc: dict, rep: VerifyReport) -> None:
     """Unpacked weight shapes must equal the Linear shapes the model config implies."""
-    from tfcompile.artifact.shapes import expected_linear_shapes
-
     expected = expected_linear_shapes(path / "config.json")
     if expected is None:
         rep.add("shapes vs config", True, "architecture not known to transformers: skipped")

@@ -8,6 +8,7 @@ import click
 from rich.table import Table
 
 from tfcompile.cli.output import RichReporter, emit_json, stderr_console
+from tfcompile.evaluate import evaluate, gate_error
 from tfcompile.evaluate.kvcache import KV_MODES, describe
 
 
@@ -76,8 +77,6 @@ def eval_cmd(model, reference, text, max_tokens, seq_len, batch_size, dtype, kv_
     """Evaluate MODEL (artifact or checkpoint) against --reference: perplexity, KL, top-1, layer SQNR.
 
     Exit 1 when a gate (--max-kl, --max-ppl-increase, --min-top1) is missed."""
-    from tfcompile.evaluate import evaluate, gate_error
-
     console = stderr_console()
     reporter = RichReporter(console, quiet=quiet)
     doc = evaluate(model, reference, text=text, max_tokens=max_tokens, seq_len=seq_len,

@@ -15,7 +15,8 @@ import sys
 from typing import Any, Mapping
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                           TimeElapsedColumn)
 
 
 def stderr_console() -> Console:
@@ -40,6 +41,7 @@ class RichReporter:
         self.console = console
         self.quiet = quiet
         self.warnings: list[str] = []
+        self.note = None  # plain progress lines (a callable), set by commands that print them off a TTY
         self._live = live_progress_allowed(console) and not quiet
         self._progress: Progress | None = None
         self._task = None

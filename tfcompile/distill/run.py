@@ -20,7 +20,9 @@ from pathlib import Path
 import torch
 
 from tfcompile.calibration.forward import load_hf_model, load_tokenizer
+from tfcompile.calibration.sequential import find_layers
 from tfcompile.distill.checkpoint import METRICS, ResumeDir
+from tfcompile.distill.config import DistillConfig
 from tfcompile.distill.data import BlockOrder, load_data
 from tfcompile.distill.heldout import heldout_metrics, sig
 from tfcompile.distill.layerwise import run_layerwise
@@ -28,7 +30,6 @@ from tfcompile.distill.loss import ce_loss, hidden_mse, kl_loss
 from tfcompile.distill.student import Student, build_student
 from tfcompile.distill.teacher import CachedTeacher, OnlineTeacher
 from tfcompile.distill.train import Loop, Segment, deterministic
-from tfcompile.distill.config import DistillConfig
 from tfcompile.io.checkpoint import Checkpoint
 from tfcompile.io.jsonfile import JsonDict
 from tfcompile.io.overlay import overlay_specs, write_overlay
@@ -172,8 +173,6 @@ def _model_segment(student: Student, target, train: torch.Tensor, cfg) -> Segmen
 
 
 def _num_layers(model) -> int:
-    from tfcompile.calibration.sequential import find_layers
-
     return len(find_layers(model)[1])
 
 

@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -100,6 +101,4 @@ def _build(directory: Path, model, train: torch.Tensor, k: int, batch: int, prog
 
 
 def _digest(t: torch.Tensor) -> str:
-    import hashlib
-
     return hashlib.sha256(t.contiguous().numpy().tobytes()).hexdigest()

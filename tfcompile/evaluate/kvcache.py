@@ -163,7 +163,7 @@ def install(model: nn.Module, kv: KVScales) -> KVEmulator:
 
 def _register() -> str:
     """Register the emulating attention function (idempotent); returns its name."""
-    from transformers import AttentionInterface
+    from transformers import AttentionInterface  # lazy: transformers (~2 s to import); only when a model is built
     from transformers.integrations import sdpa_attention
 
     def emulating(module, query, key, value, attention_mask, **kwargs):

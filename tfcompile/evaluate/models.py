@@ -54,7 +54,7 @@ class Candidate:
 
 
 def _transformers():
-    import transformers
+    import transformers  # lazy: transformers (~2 s to import); only when a model is built
 
     transformers.utils.logging.disable_progress_bar()  # stderr belongs to our reporter
     transformers.utils.logging.set_verbosity_error()

@@ -63,7 +63,7 @@ def _corpus_texts() -> str | None:
 
 def load_tokenizer(reference: Path):
     """The reference's tokenizer (its files only: no remote code, no network)."""
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # lazy: transformers (~2 s to import); only when a model is built
 
     try:
         return AutoTokenizer.from_pretrained(str(reference), trust_remote_code=False)

@@ -147,7 +147,7 @@ class FrontendCheck:
 
     @staticmethod
     def _run(kdef, n, k, config, consts, capability) -> str | None:
-        from triton._C.libtriton import ir
+        from triton._C.libtriton import ir  # lazy: triton's compiler (~1 s to import); only to check a config
         from triton.backends.compiler import GPUTarget
         from triton.compiler import ASTSource
         from triton.compiler.compiler import make_backend

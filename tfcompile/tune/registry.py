@@ -25,7 +25,7 @@ _SKIP = ("registry",)
 
 def load_kernels() -> tuple[dict, list[str]]:
     """Import the kernel modules; returns (name -> KernelDef, warnings)."""
-    from tfcompile.kernels.triton.registry import KERNELS
+    from tfcompile.kernels.triton.registry import KERNELS  # lazy: the kernels package imports triton and compiles every kernel's AST (~1 s); only emit/tune need it
 
     pkg = importlib.import_module(PACKAGE)
     warnings = []

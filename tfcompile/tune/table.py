@@ -39,7 +39,7 @@ RUNNERS_UP = 3
 
 
 def triton_version() -> str:
-    import triton
+    import triton  # lazy: for its version string only; triton's import costs ~1 s
 
     return triton.__version__
 
