@@ -15,7 +15,7 @@ import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import BinaryIO, Iterator
 
 from tfcompile.errors import UserError
 from tfcompile.io.oserrors import write_error
@@ -104,17 +104,19 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(path: str | os.PathLike, data: bytes, *, fsync: bool = True) -> None:
-    """Replace the file at `path` with `data` whole or not at all: a temp sibling is written
-    (and fsynced), then renamed over it; on any failure the temp file is removed. For files
-    rewritten in place (a tuning table in a published artifact, a resume checkpoint); files of
-    a staging directory need no such care (the directory is published atomically)."""
+@contextmanager
+def atomic_file(path: str | os.PathLike, *, fsync: bool = True) -> Iterator[BinaryIO]:
+    """A binary file to write that replaces `path` whole or not at all: a temp sibling is
+    written (and fsynced), then renamed over `path` when the block ends; if the block raises,
+    the temp file is removed and `path` is untouched. For files rewritten in place (a tuning
+    table in a published artifact, a resume checkpoint, a cache entry); files of a staging
+    directory need no such care (the directory is published atomically)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp-")
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            yield f
             if fsync:
                 f.flush()
                 os.fsync(f.fileno())
@@ -122,3 +124,9 @@ def write_atomic(path: str | os.PathLike, data: bytes, *, fsync: bool = True) ->
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_atomic(path: str | os.PathLike, data: bytes, *, fsync: bool = True) -> None:
+    """Replace the file at `path` with `data` whole or not at all (`atomic_file`)."""
+    with atomic_file(path, fsync=fsync) as f:
+        f.write(data)
