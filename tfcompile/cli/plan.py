@@ -20,8 +20,9 @@ from tfcompile.recipe.options import RunOptions
 @layout_options
 def plan(model: Path | None, run: RunOptions) -> None:
     """Print the resolved recipe (JSON on stdout) without running it."""
-    from tfcompile import \
-        api  # lazy: every pass and the libraries they import (onnx among them; ~3 s here): only the commands that run passes pay it
+    # lazy: every pass and the libraries they import (onnx among them, ~3 s here); importing it
+    # registers the passes the recipe names
+    from tfcompile import api
 
     recipe = run.to_recipe()
     specs = api.manager.validate(recipe)
