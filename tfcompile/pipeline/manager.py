@@ -48,7 +48,11 @@ def validate(recipe: Recipe) -> list[PassSpec]:
                 hint=f"schedule {makers} before '{spec.name}', or drop it from --skip/--until",
             )
         if spec.supports is not None:
-            problems += [(spec.name, u) for u in spec.supports(recipe, entry.config)]
+            reasons = spec.supports(recipe, entry.config)
+            if not isinstance(reasons, list):  # e.g. a pass written for the old API (a str or None)
+                raise TypeError(f"pass {spec.name!r}: supports() must return a list of Unsupported, "
+                                f"got {type(reasons).__name__}")
+            problems += [(spec.name, u) for u in reasons]
         available |= spec.produces
         specs.append(spec)
         seen.append(spec.name)
