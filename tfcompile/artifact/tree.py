@@ -7,8 +7,9 @@ file exists and what it holds). `safe_entries` keeps only plain relative paths
 whose every component inside the artifact is a real directory or file, never a
 symlink. Everything else is reported with the same words whether or not the
 target exists. `unlisted` walks the artifact without following symlinks and
-returns every file the manifest does not list (the manifest and its
-signature excepted) and every symlink.
+returns every file the manifest does not list (the manifest, its signature
+and the HTML report `quantize --report` writes beside it excepted: none can be
+in the list it hashes) and every symlink.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from pathlib import Path
 
 from tfcompile.io.hashing import sha256_file
 
-ALWAYS_ALLOWED = ("tfcompile/manifest.json", "tfcompile/manifest.sig")
+REPORT_HTML = "tfcompile/report.html"  # derived from the manifest (it shows its sha256): outside its checksums
+ALWAYS_ALLOWED = ("tfcompile/manifest.json", "tfcompile/manifest.sig", REPORT_HTML)
 
 
 def _plain(rel: object) -> bool:
