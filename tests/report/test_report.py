@@ -81,8 +81,8 @@ def test_without_report_the_artifact_is_unchanged(reported, report_text, tmp_pat
         Path("tfcompile/manifest.json"), Path("tfcompile/report.html")}
     assert all((plain / p).read_bytes() == (out / p).read_bytes() for p in same)
     manifest = json.loads((plain / "tfcompile/manifest.json").read_text())
-    assert {k: v for k, v in full.items() if k not in ("eval", "recipe")} == \
-        {k: v for k, v in manifest.items() if k not in ("eval", "recipe")}
+    assert {k: v for k, v in full.items() if k not in ("eval", "recipe", "integrity")} == \
+        {k: v for k, v in manifest.items() if k not in ("eval", "recipe", "integrity")}
 
 
 def test_report_command_default_path_stdout_and_json(reported, tmp_path, monkeypatch):

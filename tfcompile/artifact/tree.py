@@ -20,7 +20,10 @@ from pathlib import Path
 
 from tfcompile.io.hashing import sha256_file
 
-REPORT_HTML = "tfcompile/report.html"  # derived from the manifest (it shows its sha256): outside its checksums
+# Files verify accepts without a manifest entry: the manifest itself, its detached signature (over
+# the manifest), and the human-readable report page (quantize --report), which quotes the
+# manifest's own sha256 and so cannot be listed in it. No engine reads any of them as weights.
+REPORT_HTML = "tfcompile/report.html"
 ALWAYS_ALLOWED = ("tfcompile/manifest.json", "tfcompile/manifest.sig", REPORT_HTML)
 
 
