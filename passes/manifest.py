@@ -19,6 +19,7 @@ from importlib import metadata
 from pathlib import Path
 
 from tfcompile import __version__
+from tfcompile.artifact.integrity import seal
 from tfcompile.artifact.manifest import MANIFEST, SCHEMA_VERSION, write_manifest
 from tfcompile.calibration.moe import manifest_record as moe_record
 from tfcompile.io.hub import hub_source
@@ -61,7 +62,7 @@ def summarize(layers: list[LayerStats], bytes_in: int, bytes_out: int) -> JsonDi
 
 def manifest_doc(ctx: Context) -> JsonDict:
     """The manifest of the facts in `ctx` (versions, recipe, checksums, per-layer figures and
-    each pass's section)."""
+    each pass's section), sealed as it will be written (its integrity digest: verify checks it)."""
     art, plan, scheme = ctx.artifact, ctx.plan, ctx.plan.scheme
     doc = {
         "schema_version": SCHEMA_VERSION,
@@ -96,7 +97,7 @@ def manifest_doc(ctx: Context) -> JsonDict:
         doc["cutlass"] = ctx.cutlass
     if ctx.evaluation is not None:  # --eval: the figures and gates
         doc["eval"] = ctx.evaluation
-    return doc
+    return seal(doc)
 
 
 def _write(ctx: Context) -> Context:
