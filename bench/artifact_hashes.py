@@ -16,14 +16,24 @@ the whole matrix runs in a few minutes on two cores. Every run is the real CLI
 (the manifest records them; Triton's cubins follow Triton), so the baseline records the
 environment and `--check` refuses to compare across environments: re-record on the
 reference commit first. tests/test_artifact_hashes.py checks a subset (`CI_CASES`).
+
+Beside them, the model families and the safety and reporting outputs: tiny GPT-OSS and
+DeepSeek-V3 (tests/fixtures/families.py: per-expert calibration and `--calib-all-experts`, the
+per-expert GPTQ batches, sinks / MLA KV layouts, MoE eval emulation), the same models as they are
+published (DeepSeek's FP8 blocks, GPT-OSS's MXFP4 experts: tests/fixtures/published.py) re-quantized,
+a signed artifact (`--sign`, with a fixed ed25519 key; Ed25519 signatures are deterministic, and
+`verify --public-key` must accept it), the HTML report (`--report`) and MODEL as a Hub id
+(a Hub-layout cache of the demo LM built here, offline).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import importlib.metadata
 import importlib.util
+import io
 import json
 import os
 import platform
@@ -47,6 +57,10 @@ FORMATS = ("nvfp4", "nvfp4a16", "mxfp4", "mxfp4a16", "mxfp8", "fp8", "fp8-dynami
 CALIB = ("--calib", "random", "--calib-samples", "4", "--calib-seq-len", "64")
 STATIC = ("nvfp4", "fp8")  # formats with static activation scales: they always calibrate
 KERNELS = ("--target", "sm_90a,sm_100a", "--cutlass", "never", "--set", "emit.buckets=[16]")
+KEY = "{KEY}"  # replaced by the path of the fixed signing key (the recorded arguments keep the placeholder)
+HUB_REPO = "tfcompile-bench/demo-lm"  # the demo LM as a Hub id, from a cache built here (offline)
+HUB_COMMIT = "0123456789abcdef0123456789abcdef01234567"
+SIGNING_SEED = bytes(range(32))  # the ed25519 private key's seed: a fixed key, so fixed signatures
 
 
 def calib(fmt: str) -> tuple[str, ...]:
@@ -105,13 +119,41 @@ def cases() -> dict[str, tuple[str, tuple[str, ...]]]:
     c["demo-nvfp4-distill-scales"] = ("demo", ("distill", "--format", "nvfp4", *CALIB, "--steps", "2", "--batch",
                                                "2", "--train", "scales", "--data", "random",
                                                "--set", "distill.seq_len=32", "--set", "distill.heldout_tokens=0"))
+    # model families (tests/fixtures/families.py) and their published formats (tests/fixtures/published.py)
+    c["gptoss-mxfp4"] = ("gptoss", ("quantize", "--format", "mxfp4"))
+    c["gptoss-nvfp4-kv"] = ("gptoss", ("quantize", "--format", "nvfp4", *CALIB, "--kv-cache", "fp8",
+                                       "--layout", "vllm"))
+    c["gptoss-nvfp4-all-experts-gptq"] = ("gptoss", ("quantize", "--format", "nvfp4", *CALIB, "--calib-all-experts",
+                                                     "--algorithm", "gptq"))
+    c["gptoss-mxfp8-eval"] = ("gptoss", ("quantize", "--format", "mxfp8", "--eval", "--eval-max-tokens", "256"))
+    c["deepseek-fp8-block"] = ("deepseek", ("quantize", "--format", "fp8-block"))
+    c["deepseek-nvfp4-gptq-kv"] = ("deepseek", ("quantize", "--format", "nvfp4", *CALIB, "--algorithm", "gptq",
+                                                "--kv-cache", "fp8", "--layout", "sglang"))
+    c["deepseek-fp8-awq-modelopt"] = ("deepseek", ("quantize", "--format", "fp8", *CALIB, "--algorithm", "awq",
+                                                   "--export", "modelopt"))
+    c["deepseek-mxfp4-eval"] = ("deepseek", ("quantize", "--format", "mxfp4", "--eval", "--eval-max-tokens", "256"))
+    c["published-fp8-block-nvfp4"] = ("deepseek-fp8", ("quantize", "--format", "nvfp4", *CALIB))
+    c["published-fp8-block-mxfp8"] = ("deepseek-fp8", ("quantize", "--format", "mxfp8"))
+    c["published-mxfp4-nvfp4a16"] = ("gptoss-mxfp4", ("quantize", "--format", "nvfp4a16"))
+    c["published-mxfp4-fp8-gptq"] = ("gptoss-mxfp4", ("quantize", "--format", "fp8", *CALIB, "--algorithm", "gptq"))
+    # safety and reporting: a signed artifact, the HTML report, a Hub id
+    c["demo-nvfp4-signed"] = ("demo", ("quantize", "--format", "nvfp4", *CALIB, "--sign", KEY))
+    c["demo-fp8-eval-report-signed"] = ("demo", ("quantize", "--format", "fp8", *CALIB, "--eval",
+                                                 "--eval-max-tokens", "256", "--report", "--sign", KEY))
+    c["moe-mxfp4-report-kernels"] = ("moe", ("quantize", "--format", "mxfp4", "--report", *KERNELS))
+    c["demo-mxfp4-distill-signed"] = ("demo", ("distill", "--format", "mxfp4", "--steps", "2", "--batch", "2",
+                                               "--data", "random", "--set", "distill.seq_len=32",
+                                               "--set", "distill.heldout_tokens=0", "--sign", KEY))
+    c["hub-mxfp8"] = ("hub", ("quantize", "--revision", "main", "--format", "mxfp8"))
+    c["hub-nvfp4-report"] = ("hub", ("quantize", "--format", "nvfp4", *CALIB, "--report"))
     return c
 
 
 # A small representative subset tests/test_artifact_hashes.py rebuilds in CI (~1 min).
 CI_CASES = ("demo-nvfp4-kv-modelopt", "moe-fp8-block", "tiny-mxfp4-gptq", "tiny-nvfp4-awq",
             "demo-nvfp4-trtllm-tp2", "demo-fp8-onnx", "demo-fp8-kernels", "demo-fp8-eval",
-            "demo-mxfp4-distill")
+            "demo-mxfp4-distill", "gptoss-nvfp4-all-experts-gptq", "published-fp8-block-nvfp4",
+            "demo-fp8-eval-report-signed", "hub-mxfp8")
 
 
 def environment() -> dict[str, str | None]:
@@ -144,12 +186,88 @@ def build_moe(dest: Path) -> Path:
     return dest
 
 
+def _fixture(name: str):
+    """tests/fixtures/<name>.py, loaded by path (it imports nothing from the tests)."""
+    spec = importlib.util.spec_from_file_location(f"_tfc_bench_{name}", REPO / "tests" / "fixtures" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def build_family(name: str, dest: Path) -> Path:
+    """A tiny family checkpoint ("gptoss", "deepseek"), or one as published ("deepseek-fp8": DeepSeek's
+    FP8 128x128 blocks; "gptoss-mxfp4": GPT-OSS's MXFP4 experts), built under dest."""
+    families = _fixture("families")
+    base, published = {"gptoss": ("gpt_oss", None), "deepseek": ("deepseek_v3", None),
+                       "deepseek-fp8": ("deepseek_v3", "to_fp8_block"),
+                       "gptoss-mxfp4": ("gpt_oss", "to_mxfp4")}[name]
+    make = getattr(families, f"make_tiny_{base}")
+    if published is None:
+        return make(dest / name)
+    src = dest / base if (dest / base).is_dir() else make(dest / base)
+    return getattr(_fixture("published"), published)(src, dest / name)
+
+
+def build_hub(dest: Path) -> tuple[Path, Path]:
+    """A Hub cache (huggingface_hub's layout: blobs, refs/main, snapshots/<commit>/ symlinks) holding
+    the demo LM as HUB_REPO@HUB_COMMIT; returns (cache, snapshot)."""
+    snap = _fixture("hub").make_hub_cache(dest, DEMO, HUB_REPO, HUB_COMMIT)
+    return dest, snap
+
+
+def signing_key(dest: Path) -> tuple[Path, Path]:
+    """The fixed ed25519 key pair (PKCS#8 PEM private, SubjectPublicKeyInfo PEM public) under dest."""
+    from cryptography.hazmat.primitives import serialization as ser
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    key = Ed25519PrivateKey.from_private_bytes(SIGNING_SEED)
+    dest.mkdir(parents=True, exist_ok=True)
+    private, public = dest / "release.pem", dest / "release.pub"
+    private.write_bytes(key.private_bytes(ser.Encoding.PEM, ser.PrivateFormat.PKCS8, ser.NoEncryption()))
+    public.write_bytes(key.public_key().public_bytes(ser.Encoding.PEM, ser.PublicFormat.SubjectPublicKeyInfo))
+    return private, public
+
+
+class _HubEnv:
+    """HF_HUB_CACHE / HF_HUB_OFFLINE for the Hub cases only (restored afterwards)."""
+
+    def __init__(self, cache: Path | None):
+        self.cache, self.saved = cache, {}
+
+    def __enter__(self):
+        if self.cache is not None:
+            for k, v in (("HF_HUB_CACHE", str(self.cache)), ("HF_HUB_OFFLINE", "1")):
+                self.saved[k] = os.environ.get(k)
+                os.environ[k] = v
+        return self
+
+    def __exit__(self, *exc):
+        for k, v in self.saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def run_case(argv: list[str]) -> None:
     from tfcompile.cli.main import main
 
     code = main(argv)
     if code != 0:
         raise SystemExit(f"error: tfcompile {' '.join(argv)} exited {code}")
+
+
+def check_signature(dest: Path, public: Path) -> None:
+    """`verify --public-key` accepts the signature and the manifest's integrity digest."""
+    from tfcompile.cli.main import main
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        main(["verify", str(dest), "--public-key", str(public), "--json"])
+    checks = {c["check"]: c for c in json.loads(buf.getvalue())["checks"]}
+    bad = [c for c in ("signature", "manifest integrity") if not checks[c]["ok"]]
+    if bad:
+        raise SystemExit(f"error: {dest}: verify's {bad} check failed: {[checks[c]['detail'] for c in bad]}")
 
 
 def build(names: list[str], work: Path, verbose: bool = True) -> dict:
@@ -159,15 +277,27 @@ def build(names: list[str], work: Path, verbose: bool = True) -> dict:
     torch.set_num_threads(THREADS)
     all_cases = cases()
     models = {"demo": DEMO, "tiny": TINY}
-    if any(all_cases[n][0] == "moe" for n in names):
+    wanted = {all_cases[n][0] for n in names}
+    if "moe" in wanted:
         models["moe"] = build_moe(work / "src" / "tiny-qwen3-moe")
+    for fam in ("gptoss", "deepseek", "deepseek-fp8", "gptoss-mxfp4"):
+        if fam in wanted:
+            models[fam] = build_family(fam, work / "src")
+    hub_cache = None
+    if "hub" in wanted:
+        hub_cache, models["hub"] = build_hub(work / "src" / "hub")
+    private, public = signing_key(work / "keys")
     out: dict = {"sources": {m: digest(p) for m, p in sorted(models.items())}, "artifacts": {}}
     for i, name in enumerate(names, 1):
         model, args = all_cases[name]
         dest = work / "out" / name
-        argv = [args[0], str(models[model]), "-o", str(dest), "-q", *args[1:]]
+        ref = HUB_REPO if model == "hub" else str(models[model])
+        argv = [args[0], ref, "-o", str(dest), "-q", *(str(private) if a == KEY else a for a in args[1:])]
         t0 = time.perf_counter()
-        run_case(argv)
+        with _HubEnv(hub_cache if model == "hub" else None):
+            run_case(argv)
+        if KEY in args:  # the signature covers the manifest as finally written
+            check_signature(dest, public)
         out["artifacts"][name] = {"model": model, "args": list(args), "files": digest(dest)}
         shutil.rmtree(dest)
         if verbose:

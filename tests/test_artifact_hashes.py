@@ -33,12 +33,13 @@ def baseline() -> dict:
 
 
 def test_ci_cases_cover_every_kind_of_run():
-    """The subset spans both models and every pass that writes bytes."""
+    """The subset spans the models (dense, MoE, a family, a published source, a Hub id) and every
+    pass and option that writes bytes."""
     cases = hashes.cases()
     args = " ".join(" ".join(cases[n][1]) for n in hashes.CI_CASES)
-    assert {cases[n][0] for n in hashes.CI_CASES} == {"demo", "tiny", "moe"}
+    assert {cases[n][0] for n in hashes.CI_CASES} == {"demo", "tiny", "moe", "gptoss", "deepseek-fp8", "hub"}
     for flag in ("--kv-cache", "modelopt", "gptq", "awq", "--layout", "onnx", "--target", "--cutlass",
-                 "--eval", "distill"):
+                 "--eval", "distill", "--calib-all-experts", "--sign", "--report", "--revision"):
         assert flag in args, flag
 
 
