@@ -26,7 +26,7 @@ from tfcompile.artifact.naming import ct_outputs
 from tfcompile.artifact.shapes import check_against_config
 from tfcompile.artifact.signing import check_signature
 from tfcompile.artifact.tree import checksum_problems, listed_shards, safe_entries, unlisted
-from tfcompile.errors import UserError
+from tfcompile.errors import UserError, VerifyError
 from tfcompile.io.dtypes import torch_dtype_of
 from tfcompile.io.jsonfile import JsonDict
 from tfcompile.io.safetensors_header import read_header
