@@ -7,7 +7,7 @@
 - a directory written by `Dataset.save_to_disk` (it holds state.json /
   dataset_info.json), read with `datasets.load_from_disk`;
 - any other string: a data set name already in the local Hugging Face cache
-  (`datasets.load_dataset(name, split="train")` with HF_DATASETS_OFFLINE=1:
+  (`datasets.load_dataset(name, split="train")` in offline mode, for that call only:
   nothing is downloaded);
 - "python-doc": the calibration split of Debian's python3.11-doc prose
   (`calibration.corpus`; disjoint from the held-out split `tfcompile eval` uses);
@@ -22,12 +22,14 @@ between them, and cut into `samples` blocks of `seq_len` tokens.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
+from tfcompile.calibration.corpus import python_doc_texts
 from tfcompile.errors import UserError
 
 BUILDERS = {".txt": "text", ".text": "text", ".jsonl": "json", ".json": "json", ".csv": "csv",
@@ -65,8 +67,6 @@ def effective_source(source: str, model: Any) -> str:
 def load_texts(source: str, tokenizer: Any, seed: int) -> list[str]:
     """Documents of the data set, shuffled deterministically."""
     if source == "python-doc":
-        from tfcompile.calibration.corpus import python_doc_texts
-
         texts = python_doc_texts("calib")
         order = torch.randperm(len(texts), generator=torch.Generator().manual_seed(seed)).tolist()
         return [texts[i] for i in order]
@@ -86,7 +86,7 @@ def load_texts(source: str, tokenizer: Any, seed: int) -> list[str]:
 
 
 def _open(source: str):
-    import datasets
+    import datasets  # lazy: the datasets library (~1 s); only for a file or data-set source
 
     datasets.disable_progress_bars()
     path = Path(source)
@@ -103,14 +103,30 @@ def _open(source: str):
         if path.exists() or os.sep in source or source.startswith("."):
             raise UserError(f"calibration data {source}: not a file or a saved data set",
                             hint="give a .txt/.jsonl/.json/.csv/.parquet file or a save_to_disk folder")
-        os.environ["HF_DATASETS_OFFLINE"] = "1"  # the cache only: never download at run time
-        return datasets.load_dataset(source, split="train")
+        with hub_offline(datasets):  # the cache only: never download at run time
+            return datasets.load_dataset(source, split="train")
     except UserError:
         raise
     except Exception as e:  # noqa: BLE001 - datasets raises many types; name the source
         raise UserError(f"calibration data {source}: cannot load it ({type(e).__name__}: {e})",
                         hint="local files, save_to_disk folders and data sets already in the "
                              "Hugging Face cache work offline; or use --calib self") from None
+
+
+@contextlib.contextmanager
+def hub_offline(datasets) -> Iterator[None]:
+    """Offline mode for this call only: `datasets` and huggingface_hub read HF_HUB_OFFLINE /
+    HF_DATASETS_OFFLINE once, at import, into module constants; those are set for the block and
+    restored after it (an environment variable set now would change nothing, and setting it
+    would leak into the rest of the process)."""
+    import huggingface_hub.constants as hub  # lazy: only a data set name reaches here (datasets' dependency)
+
+    saved = (datasets.config.HF_HUB_OFFLINE, datasets.config.HF_DATASETS_OFFLINE, hub.HF_HUB_OFFLINE)
+    datasets.config.HF_HUB_OFFLINE = datasets.config.HF_DATASETS_OFFLINE = hub.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        datasets.config.HF_HUB_OFFLINE, datasets.config.HF_DATASETS_OFFLINE, hub.HF_HUB_OFFLINE = saved
 
 
 def _text_column(ds, source: str) -> str:
@@ -152,7 +168,9 @@ def sample_from_model(model: Any, tokenizer: Any, *, samples: int, seq_len: int,
     reporter, advances once per generated token position)."""
     start = tokenizer.bos_token_id if tokenizer is not None and tokenizer.bos_token_id is not None else 0
     prompt = torch.full((samples, 1), int(start), dtype=torch.int64)
-    from transformers.utils import logging as hf_logging
+    from transformers.utils import \
+        logging as \
+        hf_logging  # lazy: transformers (~2 s to import); only when a model is built
 
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # generation-config notices are not ours to print
@@ -165,6 +183,7 @@ def sample_from_model(model: Any, tokenizer: Any, *, samples: int, seq_len: int,
 
 def _generate(model: Any, prompt: torch.Tensor, seq_len: int, seed: int, start: int,
               progress: Any = None) -> torch.Tensor:
+    # lazy: transformers (~2 s to import); only when a model is built
     from transformers import StoppingCriteria, StoppingCriteriaList
 
     class _Progress(StoppingCriteria):  # never stops generation: counts its steps

@@ -27,10 +27,14 @@ directory (a 1B model's down_proj Hessians alone are 4 GB of float32).
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
+import dataclasses
 import re
-from collections.abc import Mapping
 import tempfile
+import time
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -41,10 +45,10 @@ from torch import nn
 from tfcompile.calibration.datasets import effective_source
 from tfcompile.calibration.forward import Silent, calibration_ids, model_class
 from tfcompile.calibration.recorders import Recorders
-from tfcompile.calibration.stats import CalibStats
 from tfcompile.dist import LOCAL
 from tfcompile.dist.collect import broadcast
 from tfcompile.dist.partition import mine, rounds
+from tfcompile.ir import CalibStats
 from tfcompile.families import V5
 from tfcompile.families.experts import PROJS, fuse_bias, fuse_weight, module_layout
 from tfcompile.families.names import RenamedView
@@ -72,8 +76,6 @@ def observe_sequential(model_dir: Path, ckpt, modules: set[str], *, data: str, s
     `device`: where the layer and the activations live (one layer's weights are copied there
     at a time; on the CPU they are the mapped pages themselves). Under torchrun (`world`),
     batch b runs on rank b mod N and the statistics are reduced exactly (calibration.recorders)."""
-    import time
-
     _fixed_mmap_threshold()
     model = _skeleton(model_dir, dtype)
     data = effective_source(data, model)  # `self` on a model that cannot generate: random ids
@@ -148,9 +150,6 @@ def _fixed_mmap_threshold(nbytes: int = 128 << 10) -> None:
     measured +20 MB of RSS per decoder layer on a 16-layer model (466 MB ->
     881 MB); with the threshold fixed, RSS stays flat. Setting it explicitly
     turns glibc's dynamic adjustment off for the process. No-op off glibc."""
-    import ctypes
-    import ctypes.util
-
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         libc.mallopt(-3, nbytes)  # M_MMAP_THRESHOLD
@@ -172,6 +171,7 @@ def find_layers(model: nn.Module) -> tuple[str, nn.ModuleList]:
 
 def _skeleton(model_dir: Path, dtype: torch.dtype) -> nn.Module:
     """The transformers model with parameters on the meta device and real buffers."""
+    # lazy: transformers (~2 s to import); only when a model is built
     import transformers
 
     cfg = transformers.AutoConfig.from_pretrained(model_dir, trust_remote_code=False)
@@ -384,8 +384,6 @@ class SpilledHessians(Mapping):
 
 
 def _with_hessians(stats: CalibStats, spill: _Spill, rank: int = 0) -> CalibStats:
-    import dataclasses
-
     if not spill.files and not stats.hessian_owner:
         return stats
     return dataclasses.replace(stats, hessians=SpilledHessians(spill, dict(stats.hessians),

@@ -12,9 +12,11 @@ from tfcompile.calibration.sequential import Unsupported, observe_sequential, wi
 from tfcompile.dist import LOCAL
 from tfcompile.dist.devices import check_device, resolve_device
 from tfcompile.dist.partition import hessian_owners
-from tfcompile.passes.quantize.program import torch_dtype
 from tfcompile.errors import RecipeError
-from tfcompile.pipeline.passes import PassResult, register_pass
+from tfcompile.ir import CalibStats, torch_dtype
+from tfcompile.passes.pack import per_decoder_layer
+from tfcompile.pipeline.passes import PassResult, Selection, register_pass
+from tfcompile.schemes import Scheme
 
 
 @dataclass(frozen=True)
@@ -59,8 +61,14 @@ class CalibrateConfig:
                               hint="e.g. --set calibrate.moe_min_tokens=16 (0: every expert keeps its own)")
 
 
+def _when(sel: Selection) -> bool:
+    """Static activation scales, a calibrated KV cache (--kv-cache), and what other passes ask
+    for (GPTQ's Hessians, AWQ's statistics: their `implies`) need statistics."""
+    return bool((sel.scheme is not None and sel.scheme.act_static) or sel.value("calibrate", "kv_cache"))
+
+
 @register_pass("calibrate", config=CalibrateConfig, requires=("source", "model", "plan"),
-               produces=("calib",))
+               produces=("calib",), slot=30, when=_when)
 def calibrate(ctx, cfg: CalibrateConfig, reporter) -> PassResult:
     """Observe |x| at every quantized Linear's input (calibrate.observer; model-sampled tokens by default)."""
     if cfg.kv_cache not in ("", "fp8"):
@@ -110,13 +118,12 @@ def calibrate(ctx, cfg: CalibrateConfig, reporter) -> PassResult:
 
 
 MODES = ("auto", "sequential", "whole")
-# scheme.act of the schemes with static activation scales -> the mse observer's error model
-STATIC_ACT_FORMATS = {"nvfp4": "nvfp4", "fp8-static": "fp8"}
 
 
-def observer_params(cfg: CalibrateConfig, scheme) -> dict:
+def observer_params(cfg: CalibrateConfig, scheme: Scheme) -> dict:
     """make_observer(cfg.observer, **params): the percentile, or the mse observer's format."""
-    fmt = STATIC_ACT_FORMATS.get(scheme.act) if scheme.act_static else None
+    acts = scheme.acts
+    fmt = acts.observer_format if acts is not None and acts.static else None
     if cfg.observer != "max" and fmt is None:
         raise RecipeError(f"calibrate.observer {cfg.observer!r} has no effect with --format {scheme.name}: "
                           "it has no static activation scales",
@@ -157,10 +164,8 @@ def _observe(ctx, cfg: CalibrateConfig, modules: set[str], reporter, common: dic
     return observe_input_amax(ctx.source_path, modules, **common), "whole"
 
 
-def _timings(stats) -> dict:
+def _timings(stats: CalibStats) -> dict:
     """Wall seconds per decoder layer (layer loop) and spent on Hessians per layer (not in the manifest)."""
-    from tfcompile.passes.pack import per_decoder_layer
-
     out = {}
     if stats.layer_seconds:
         out["layer_seconds"] = list(stats.layer_seconds)

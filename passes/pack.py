@@ -13,30 +13,33 @@ pages are released after each job. How and why: docs/design.md "Streaming".
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import re
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from tfcompile.io.aux_files import copy_aux_files
-from tfcompile.io.hash_cache import sha256_files_cached
-from tfcompile.io.oserrors import write_error
-from tfcompile.passes.quantize.naming import OutSpec, modelopt_kv_name, modelopt_outputs, to_modelopt
-from tfcompile.passes.quantize.program import execute
+from tfcompile.artifact.configs import ct_quantization_config, modelopt_quant_config
+from tfcompile.artifact.naming import modelopt_kv_name, modelopt_outputs, to_modelopt
 from tfcompile.artifact.sink import ShardSink
 from tfcompile.artifact.verify import SCALE_SUFFIXES, check_scale_tensor
-from tfcompile.artifact.configs import ct_quantization_config, modelopt_quant_config
 from tfcompile.dist import LOCAL
 from tfcompile.dist.partition import shard_owner
-from tfcompile.errors import RecipeError
+from tfcompile.dist.stream import Plan, run_jobs
+from tfcompile.io.aux_files import copy_aux_files
+from tfcompile.io.checkpoint import Checkpoint
+from tfcompile.io.hash_cache import sha256_files_cached
+from tfcompile.io.hashing import sha256_file
+from tfcompile.io.jsonfile import write_json
+from tfcompile.io.writer import write_index
+from tfcompile.ir import ArtifactInfo, Job, OutSpec, Program, execute
 from tfcompile.kernels.formats import kernel_threads
-from tfcompile.pipeline.passes import PassResult, register_pass
+from tfcompile.layout.view import EngineView
 from tfcompile.passes import layout as layout_pass
+from tfcompile.pipeline.passes import PassResult, Unsupported, register_pass
+from tfcompile.pipeline.recipe import Recipe
 
 EXPORTS = ("modelopt",)
 
@@ -48,28 +51,18 @@ class PackConfig:
     hash_cache: bool = True  # reuse source sha256 of unchanged files (tfcompile/io/hash_cache.py)
 
 
-@dataclass(frozen=True)
-class ArtifactInfo:
-    path: Path  # staging directory
-    files: dict[str, str]  # relative path -> sha256, every file written
-    sources: dict[str, str]  # source file name -> sha256
-    layers: tuple[dict, ...]  # per quantized Linear: module, format, shape, sqnr_db
-    bytes_in: int  # source bytes of the tensors written
-    bytes_out: int  # bytes of the compressed-tensors view's tensors
-    views: tuple[str, ...] = field(default=("compressed-tensors",))
-
-
-def _supports(recipe, cfg: PackConfig) -> str | None:
+def _supports(recipe: Recipe, cfg: PackConfig) -> list[Unsupported]:
+    reasons = []
     bad = [e for e in cfg.export if e not in EXPORTS]
     if bad:
-        raise RecipeError(f"unknown export view(s) {bad}", hint="supported: " + ", ".join(EXPORTS))
+        reasons.append(Unsupported(f"unknown export view(s) {bad}", "supported: " + ", ".join(EXPORTS)))
     if cfg.max_shard_mb <= 0:
-        return "max_shard_mb must be positive"
-    return None
+        reasons.append(Unsupported("max_shard_mb must be positive"))
+    return reasons
 
 
 @register_pass("pack", config=PackConfig, requires=("source", "model", "plan", "program", "out_dir"),
-               produces=("artifact",), supports=_supports)
+               produces=("artifact",), supports=_supports, slot=60)
 def pack(ctx, cfg: PackConfig, reporter) -> PassResult:
     """Quantize job by job and stream the safetensors shards of every view."""
     out, program, plan = Path(ctx.out_dir), ctx.program, ctx.plan
@@ -82,7 +75,7 @@ def pack(ctx, cfg: PackConfig, reporter) -> PassResult:
     if "modelopt" in cfg.export:
         sinks["modelopt"] = ShardSink(out / "modelopt", _modelopt_specs(program), limit, "modelopt/", owned=owned)
     view = layout_pass.open_view(ctx)  # the engine view OUT/<target>/ (passes/layout.py), or None
-    if view is not None:  # (one process only: tfcompile/dist/driver.py refuses it after the layout pass)
+    if view is not None:  # (one process only: tfcompile/pipeline/ranks.py refuses it after the layout pass)
         sinks[view.dir] = ShardSink(out / view.dir, view.specs(), limit, f"{view.dir}/")
     files: dict[str, str] = {}
     try:
@@ -102,7 +95,7 @@ def pack(ctx, cfg: PackConfig, reporter) -> PassResult:
         layers, files, sources, bytes_out = _merge_ranks(world, layers, files, sources, bytes_out)
     if world.is_root:  # config.json, index, tokenizer: written once
         files.update(_write_configs(out, ctx, cfg))
-        files.update(layout_pass.write_files(out, ctx, view, layers, _dump))  # view configs, kv_cache.json
+        files.update(layout_pass.write_files(out, ctx, view, layers))  # view configs, kv_cache.json
         files.update(_write_indexes(sinks) if world.distributed else {})
         files.update(copy_aux_files(ctx.source.aux_files(), out))
         if "modelopt" in sinks:
@@ -130,7 +123,7 @@ def per_decoder_layer(seconds: dict[str, float]) -> dict[str, float]:
 
 
 @contextlib.contextmanager
-def _torch_threads(program):
+def _torch_threads(program: Program):
     """One torch intra-op thread while RTN streams: its torch work is small
     (group amax, 16 SQNR rows, scale rounding), and an OpenMP team spinning
     beside the writer thread on a busy core cost ~0.3 s per 4.5 GB model
@@ -145,7 +138,8 @@ def _torch_threads(program):
         torch.set_num_threads(old)
 
 
-def _stream(ctx, program, sinks, reporter, view=None) -> tuple[list[dict], int]:
+def _stream(ctx, program: Program, sinks: dict[str, ShardSink], reporter,
+            view: EngineView | None = None) -> tuple[list[dict], int]:
     """Execute every job in order, handing its outputs to the sinks."""
     layers, bytes_in = [], 0
     reporter.task(f"quantize ({program.algorithm}) + write", len(program.jobs))
@@ -185,8 +179,6 @@ def _stream_ranks(ctx, program, sinks, reporter, view=None) -> tuple[dict, int]:
     """_stream over the ranks: job i computed on one rank (the writer, or for GPTQ the owner of
     its Hessian), its tensors delivered in order to the ranks owning its shards.
     Returns ({job: per-layer stats} of the jobs computed here, source bytes of every job)."""
-    from tfcompile.dist.stream import Plan, run_jobs
-
     world, jobs = ctx.world, program.jobs
     where = {key: {s.name: shard_owner(i, world.size) for i, p in enumerate(sink.plans) for s in p.specs}
              for key, sink in sinks.items()}
@@ -229,9 +221,6 @@ def _merge_ranks(world, extras: dict, files: dict, sources: dict, nbytes: int):
 
 def _write_indexes(sinks) -> dict[str, str]:
     """model.safetensors.index.json of each sharded view (the per-rank sinks leave it to rank 0)."""
-    from tfcompile.io.hashing import sha256_file
-    from tfcompile.io.writer import write_index
-
     out = {}
     for sink in sinks.values():
         index = write_index(sink.out_dir, sink.plans)
@@ -240,7 +229,7 @@ def _write_indexes(sinks) -> dict[str, str]:
     return out
 
 
-def _job_source_bytes(job, source) -> int:
+def _job_source_bytes(job: Job, source: Checkpoint) -> int:
     if job.kind == "const":
         return 0  # computed by a pass, not read from the source
     if job.group is None:  # a copy (or one expert's slice of it), or an override standing in for it
@@ -257,11 +246,11 @@ def _job_source_bytes(job, source) -> int:
     return total
 
 
-def _modelopt_specs(program) -> list:
+def _modelopt_specs(program: Program) -> list[OutSpec]:
     return [spec for job in program.jobs for spec in _modelopt_job_specs(job, program)]
 
 
-def _modelopt_job_specs(job, program) -> list:
+def _modelopt_job_specs(job: Job, program: Program) -> list[OutSpec]:
     if job.kind == "const":  # KV scale: modelopt name, fp32 (0-d when per tensor)
         spec = job.outputs[0]
         shape = () if spec.shape == (1,) else spec.shape
@@ -271,7 +260,7 @@ def _modelopt_job_specs(job, program) -> list:
     return [spec for t in job.group.members for spec in modelopt_outputs(program.scheme, t.module, *t.shape)]
 
 
-def _job_modelopt(job, program, tensors):
+def _job_modelopt(job: Job, program: Program, tensors: dict[str, torch.Tensor]):
     if job.kind == "const":
         spec = job.outputs[0]
         t = tensors[spec.name].float()
@@ -294,27 +283,14 @@ def _write_configs(out: Path, ctx, cfg: PackConfig) -> dict[str, str]:
     written = {}
     kv = ctx.program.kv_strategy
     ct = dict(base, quantization_config=ct_quantization_config(ctx.plan.scheme, ignore, kv))
-    written["config.json"] = _dump(out / "config.json", ct)
+    written["config.json"] = write_json(out / "config.json", ct)
     if "modelopt" in cfg.export:
         hf_quant, mo_cfg = modelopt_quant_config(ctx.plan.scheme, ignore + list(ctx.plan.embeddings), kv)
-        written["modelopt/config.json"] = _dump(out / "modelopt" / "config.json",
-                                                dict(base, quantization_config=mo_cfg))
-        written["modelopt/hf_quant_config.json"] = _dump(out / "modelopt" / "hf_quant_config.json",
-                                                         hf_quant)
+        written["modelopt/config.json"] = write_json(out / "modelopt" / "config.json",
+                                                     dict(base, quantization_config=mo_cfg))
+        written["modelopt/hf_quant_config.json"] = write_json(out / "modelopt" / "hf_quant_config.json",
+                                                              hf_quant)
     return written
-
-
-def _dump(path: Path, obj: Any) -> str:
-    """Write deterministic JSON (sorted keys, 2-space indent, trailing newline)."""
-    import hashlib
-
-    data = (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
-    except OSError as e:  # disk full while writing config.json: exit 1 naming the file
-        raise write_error(path, e) from e
-    return hashlib.sha256(data).hexdigest()
 
 
 class _SourceHasher:

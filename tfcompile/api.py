@@ -1,22 +1,33 @@
-"""Library entry points; the CLI is a thin layer over these."""
+"""Library entry points; the CLI is a thin layer over these.
+
+Importing this module registers the built-in passes (tfcompile.passes.builtin): the
+pipeline core imports no pass, its entry points do (docs/design.md "Layers").
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+import tfcompile.passes.builtin  # noqa: F401  (registers the built-in passes)
 from tfcompile.artifact.signing import load_private_key, sign_artifact
+from tfcompile.dist import world as dist_world
+from tfcompile.dist.world import World
 from tfcompile.errors import UserError
 from tfcompile.io.atomic import atomic_output_dir
 from tfcompile.io.paths import allowed_roots
 from tfcompile.pipeline import manager
 from tfcompile.pipeline.context import Context
-from tfcompile.recipe.schema import Recipe
+from tfcompile.pipeline.distributed import run_distributed
+from tfcompile.pipeline.recipe import Recipe
+from tfcompile.recipe.build import build_recipe
+from tfcompile.reporter import Reporter
 
 
 def run_pipeline(model_dir: Path, out_dir: Path | None, recipe: Recipe, *,
-                 overwrite: bool = False, reporter: Any = None, sign_key: Path | None = None,
-                 world: Any = None) -> Context:
+                 overwrite: bool = False, reporter: Reporter | None = None,
+                 sign_key: Path | None = None, world: World | None = None) -> Context:
     """Validate and run `recipe` on `model_dir`.
 
     When the recipe packs an artifact, it is built in a temporary sibling of
@@ -25,18 +36,14 @@ def run_pipeline(model_dir: Path, out_dir: Path | None, recipe: Recipe, *,
     `pack` (--until) writes nothing. `sign_key`: an ed25519 private key file;
     the manifest is signed last, in the staging dir (tfcompile/artifact/signing.py).
     Under torchrun (or with a `world` of several ranks) every rank runs it:
-    tfcompile/dist/driver.py.
+    tfcompile/pipeline/distributed.py.
     """
-    from tfcompile.dist import world as dist_world
-
     manager.validate(recipe)  # fail before touching the output directory
     packs = "pack" in recipe.names() and out_dir is not None
     signer = _signer(sign_key, out_dir, packs)  # a bad key fails before any work
     warn = getattr(reporter, "warn", None)
     world = world if world is not None else dist_world.current()
     if world.distributed:
-        from tfcompile.dist.driver import run_distributed
-
         return run_distributed(world, model_dir, out_dir if packs else None, recipe, reporter=reporter,
                                open_output=lambda: atomic_output_dir(out_dir, overwrite=overwrite,
                                                                      protect=allowed_roots(Path(model_dir)), warn=warn),
@@ -44,6 +51,7 @@ def run_pipeline(model_dir: Path, out_dir: Path | None, recipe: Recipe, *,
     if not packs:
         ctx = Context(source_path=Path(model_dir), out_dir=None, recipe=recipe)
         return manager.run(ctx, recipe, reporter)
+    warn = reporter.warn if reporter is not None else None
     with atomic_output_dir(out_dir, overwrite=overwrite, protect=allowed_roots(Path(model_dir)), warn=warn) as staging:
         ctx = Context(source_path=Path(model_dir), out_dir=staging, recipe=recipe)
         ctx = manager.run(ctx, recipe, reporter)
@@ -52,7 +60,7 @@ def run_pipeline(model_dir: Path, out_dir: Path | None, recipe: Recipe, *,
     return ctx.with_(out_dir=Path(out_dir))
 
 
-def _signer(sign_key: Path | None, out_dir: Path | None, packs: bool):
+def _signer(sign_key: Path | None, out_dir: Path | None, packs: bool) -> Ed25519PrivateKey | None:
     if sign_key is None:
         return None
     if not packs:
@@ -66,8 +74,6 @@ def _signer(sign_key: Path | None, out_dir: Path | None, packs: bool):
 
 def quantize(model_dir, out_dir, fmt: str = "nvfp4", **recipe_options) -> Context:
     """`tfcompile quantize` as a function: `quantize("model/", "out/", "nvfp4a16")`."""
-    from tfcompile.recipe.build import build_recipe
-
     overwrite = recipe_options.pop("overwrite", False)
     recipe = build_recipe(fmt=fmt, **recipe_options)
     return run_pipeline(Path(model_dir), Path(out_dir), recipe, overwrite=overwrite)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -110,3 +111,28 @@ def test_python_doc_source_uses_the_calib_split(tok):
 
     got = calibration_tokens("python-doc", tok, samples=2, seq_len=32, seed=5)
     assert torch.equal(got, _expected(tok, python_doc_texts("calib"), 5, 2, 32))
+
+
+def test_offline_mode_is_scoped_to_the_load(tok, monkeypatch):
+    """A data set name loads from the cache only (offline for that call) and leaves the process's
+    offline settings as they were: no HF_DATASETS_OFFLINE in the environment afterwards."""
+    import datasets
+    import huggingface_hub.constants as hub
+
+    from tfcompile.calibration import datasets as calib_datasets
+
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(hub, "HF_HUB_OFFLINE", False)
+    seen = {}
+
+    def fake_load(name, split):
+        seen["offline"] = (datasets.config.HF_HUB_OFFLINE, hub.HF_HUB_OFFLINE)
+        raise FileNotFoundError(name)
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load)
+    with pytest.raises(UserError, match="some-cached-set"):
+        calib_datasets.calibration_tokens("some-cached-set", tok, samples=1, seq_len=4, seed=0)
+    assert seen["offline"] == (True, True)
+    assert (datasets.config.HF_HUB_OFFLINE, hub.HF_HUB_OFFLINE) == (False, False)
+    assert "HF_DATASETS_OFFLINE" not in os.environ

@@ -24,7 +24,7 @@ import torch
 
 
 def _dist():
-    import torch.distributed as dist
+    import torch.distributed as dist  # lazy: torch.distributed only under torchrun
 
     return dist
 

@@ -20,6 +20,8 @@ import signal
 import time
 
 from tfcompile.errors import TfcompileError, UserError
+from tfcompile.io.signals import Terminated
+from tfcompile.settings import settings
 
 GRACE_S = 5.0  # how long a stopped rank waits for the failed rank's record
 
@@ -44,7 +46,7 @@ def note_pass(world, name: str) -> None:
 
 def inject_fault(world, name: str) -> None:
     """Testing knob: TFCOMPILE_FAULT=RANK:PASS:raise|kill fails that rank at the start of PASS."""
-    spec = os.environ.get("TFCOMPILE_FAULT", "")
+    spec = settings().fault
     if not spec or not world.distributed:
         return
     rank, pass_name, how = (spec.split(":") + ["", "", ""])[:3]
@@ -146,9 +148,7 @@ def _root_cause(e: BaseException) -> BaseException:
 
 def _peer_caused(e: BaseException) -> bool:
     """Errors that mean a peer went away: torchrun's SIGTERM, collective/store failures."""
-    import torch.distributed as dist
-
-    from tfcompile.io.signals import Terminated
+    import torch.distributed as dist  # lazy: torch.distributed only under torchrun
 
     if isinstance(e, Terminated) and e.signum == signal.SIGTERM or isinstance(e, dist.DistError):
         return True

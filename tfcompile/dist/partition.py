@@ -9,6 +9,8 @@ from __future__ import annotations
 import heapq
 from typing import Hashable, Mapping
 
+from tfcompile.families.experts import expert_unit
+
 
 def mine(count: int, rank: int, size: int) -> list[int]:
     """Items round-robin: rank r gets r, r+size, r+2*size, ... (calibration batches, source files).
@@ -49,8 +51,6 @@ def hessian_owners(groups, size: int) -> dict[str, int]:
     first over the solves' cost. A routed expert's groups go with every expert of the same
     experts module and projection, which GPTQ solves in batches (passes/quantize/gptq_moe.py).
     `groups`: the quantization plan's groups (key, members with shape [N, K])."""
-    from tfcompile.families.experts import expert_unit
-
     costs: dict[str, float] = {}
     for g in groups:
         unit = expert_unit(g.key) or g.key

@@ -24,7 +24,10 @@ import time
 from datetime import timedelta
 from typing import Any
 
-DEFAULT_TIMEOUT_S = 3600.0  # collectives and waits for a peer (TFCOMPILE_DIST_TIMEOUT)
+from tfcompile.dist.failure import PeerFailed, peer_failure
+from tfcompile.errors import UserError
+from tfcompile.settings import DEFAULT_DIST_TIMEOUT_S, settings
+
 POLL_S = 0.02  # store polling interval while waiting for peers
 
 
@@ -32,7 +35,7 @@ class World:
     """Rank `rank` of `size` processes (`nodes` nodes); `store`/`group` are None when size is 1."""
 
     def __init__(self, rank: int = 0, size: int = 1, *, local_rank: int = 0, local_size: int = 1,
-                 node: int = 0, nodes: int = 1, store: Any = None, timeout_s: float = DEFAULT_TIMEOUT_S):
+                 node: int = 0, nodes: int = 1, store: Any = None, timeout_s: float = DEFAULT_DIST_TIMEOUT_S):
         self.rank, self.size = rank, size
         self.local_rank, self.local_size, self.node, self.nodes = local_rank, local_size, node, nodes
         self.store, self.timeout_s = store, timeout_s
@@ -92,8 +95,6 @@ class World:
     def wait_until(self, ready, what: str) -> None:
         """Poll `ready()`; raise PeerFailed when a peer reported a failure, TimeoutError-like
         PeerFailed after `timeout_s`."""
-        from tfcompile.dist.failure import PeerFailed, peer_failure
-
         deadline = time.monotonic() + self.timeout_s
         while not ready():
             failure = peer_failure(self)
@@ -123,21 +124,20 @@ def current() -> World:
 
 
 def _join(size: int) -> World:
+    # lazy: torch.distributed only under torchrun
     import torch
     import torch.distributed as dist
-
-    from tfcompile.errors import UserError
+    from torch.distributed.distributed_c10d import _get_default_store
 
     env = os.environ
     missing = [k for k in ("RANK", "MASTER_ADDR", "MASTER_PORT") if not env.get(k)]
     if missing:
         raise UserError(f"WORLD_SIZE={size} but {', '.join(missing)} not set",
                         hint="launch with torchrun --nproc-per-node N -m tfcompile ... (docs/distributed.md)")
-    timeout = float(env.get("TFCOMPILE_DIST_TIMEOUT", DEFAULT_TIMEOUT_S))
+    timeout = settings().dist_timeout
     backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
     if not dist.is_initialized():
         dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout))
-    from torch.distributed.distributed_c10d import _get_default_store
 
     local_size = int(env.get("LOCAL_WORLD_SIZE", size))
     return World(dist.get_rank(), dist.get_world_size(), local_rank=int(env.get("LOCAL_RANK", 0)),

@@ -39,7 +39,7 @@ def data_parallel(model: torch.nn.Module, world, device: torch.device):
     """The model DDP-wrapped under torchrun (gloo on CPU, NCCL on the GPU), else as is."""
     if not world.distributed:
         return model
-    from torch.nn.parallel import DistributedDataParallel
+    from torch.nn.parallel import DistributedDataParallel  # lazy: only under torchrun
 
     ids = [device.index] if device.type == "cuda" else None
     # buffers (RoPE tables) are computed alike on every rank: no per-forward broadcast
@@ -50,7 +50,7 @@ def mean_over_ranks(sums: dict[str, float], world) -> dict[str, float]:
     """The step's losses averaged over ranks (what one process would log for the whole step)."""
     if not world.distributed:
         return sums
-    import torch.distributed as dist
+    import torch.distributed as dist  # lazy: only under torchrun
 
     keys = sorted(sums)
     t = torch.tensor([sums[k] for k in keys], dtype=torch.float64)

@@ -25,6 +25,11 @@ from pathlib import Path
 
 from tfcompile.dist.partition import hessian_owners, shard_owner
 from tfcompile.errors import RecipeError
+from tfcompile.io.writer import TensorSpec, plan_shards
+from tfcompile.ir import CalibStats, ModelInfo
+from tfcompile.pipeline.context import Context
+from tfcompile.pipeline.passes import get_pass
+from tfcompile.reporter import NullReporter
 from tfcompile.families.experts import is_expert_group
 from tfcompile.estimate.shapes import ModelShape, model_shape
 from tfcompile.estimate.throughputs import ACCELERATORS, ASSUMED, NODES, this_machine
@@ -119,13 +124,8 @@ def _fits(cluster, node, host, dev) -> dict:
 
 
 def _program(shape: ModelShape, recipe):
-    """The select + quantize passes on a stand-in checkpoint of the model's tensors."""
-    from tfcompile.calibration.stats import CalibStats
-    from tfcompile.passes.load import ModelInfo
-    from tfcompile.pipeline.context import Context
-    from tfcompile.pipeline.passes import get_pass
-    from tfcompile.pipeline.report import NullReporter
-
+    """The select + quantize passes on a stand-in checkpoint of the model's tensors (the pass
+    registry is filled by the caller: tfcompile.api, which the CLI imports)."""
     source = _MetaSource(shape)
     dominant = max(("BF16", "F16", "F32"), key=lambda c: sum(t.dtype == c for t in shape.tensors))
     ctx = Context(source_path=Path("."), out_dir=None, recipe=recipe, source=source,
@@ -221,8 +221,6 @@ def _calibrate(shape: ModelShape, cfg, cl: Cluster, hess: dict, owners: dict) ->
 
 def _pack(shape: ModelShape, specs, shard_mb: float, cl: Cluster, algo: str, hess: dict, owners: dict,
           expert_batch: int = 8) -> dict:
-    from tfcompile.io.writer import TensorSpec, plan_shards
-
     node = _node(cl)
     shards = plan_shards([TensorSpec(s.name, s.dtype, tuple(s.shape)) for s in specs], int(shard_mb * 2 ** 20))
     out_share = max(sum(p.nbytes for i, p in enumerate(shards) if shard_owner(i, cl.ranks) == r)

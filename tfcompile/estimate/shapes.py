@@ -72,6 +72,7 @@ def read_config(path: Path) -> tuple[Path, dict]:
 
 
 def model_shape(path: Path) -> ModelShape:
+    # lazy: torch and transformers (plan's table and errors need neither)
     import torch
     import transformers
 
@@ -101,7 +102,7 @@ def _is_weight(name: str, p) -> bool:
 
 
 def _layers(model, tensors, text) -> tuple[Layer, ...]:
-    from torch import nn
+    from torch import nn  # lazy: torch (see model_shape)
 
     top_k = int(getattr(text, "num_experts_per_tok", 0) or getattr(text, "num_experts_per_token", 0) or 0)
     by_layer: dict[int, list[Tensor]] = {}

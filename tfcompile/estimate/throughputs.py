@@ -11,8 +11,10 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
+from tfcompile.settings import settings
 from tfcompile.tune.hardware import TARGETS
 
 _H100 = "NVIDIA H100 Tensor Core GPU datasheet (SXM5)"
@@ -99,11 +101,8 @@ def this_machine() -> dict:
     """THIS_MACHINE, with the figures of TFCOMPILE_THROUGHPUTS (a JSON file, as `bench/estimate.py
     --measure` prints) in place of the committed ones: the bench compares runs against
     throughputs measured minutes before, under the same load."""
-    import json
-    import os
-
-    path = os.environ.get("TFCOMPILE_THROUGHPUTS")
-    return {**THIS_MACHINE, **(json.loads(open(path).read()) if path else {})}
+    path = settings().throughputs
+    return {**THIS_MACHINE, **(json.loads(path.read_text()) if path else {})}
 
 
 ASSUMED = {

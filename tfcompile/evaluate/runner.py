@@ -11,6 +11,7 @@ import torch
 
 from tfcompile.dist import LOCAL
 from tfcompile.dist.devices import resolve_device
+from tfcompile.dist.world import World
 from tfcompile.evaluate.errors import EvalError
 from tfcompile.evaluate.gates import check_gates
 from tfcompile.evaluate.kvcache import KV_MODES, not_emulated
@@ -18,6 +19,7 @@ from tfcompile.evaluate.lens import LayerKL
 from tfcompile.evaluate.metrics import LayerSQNR, LogitMetrics
 from tfcompile.evaluate.models import load_candidate, load_checkpoint_model
 from tfcompile.evaluate.text import batches, load_text, load_tokenizer, token_rows
+from tfcompile.io.jsonfile import JsonDict
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEFAULT_SEQ_LEN = 256
@@ -40,12 +42,13 @@ def _vocab(model) -> int:
 def evaluate(model_path: Path, reference: Path, *, text: Path | None = None, max_tokens: int = 16384,
              seq_len: int | None = None, batch_size: int = 4, dtype: str = "float32",
              kv_cache: str = "auto", thresholds: dict[str, float | None] | None = None,
-             progress: Progress | None = None, layer_kl: bool = False, device: str = "auto",
-             world=None) -> dict:
+             progress: Progress | None = None, layer_kl: bool = False,
+             manifest: JsonDict | None = None, device: str = "auto", world: World | None = None) -> dict:
     """The report as a JSON-ready dict (see docs/ci.md for the fields).
 
     kv_cache: "auto" emulates an artifact's FP8 KV cache (kvcache.py), "off" does not.
     layer_kl: also KL per decoder layer through the logit lens (lens.py), as "layer_kl".
+    manifest: the artifact's manifest when it is not on disk yet (`quantize --eval`).
     device: where both models run (tfcompile/dist/devices.py). Under torchrun (`world`) batch b
     runs on rank b mod N and every rank gets the figures one process computes, bit for bit."""
     for name, value in (("--max-tokens", max_tokens), ("--seq-len", seq_len), ("--batch-size", batch_size)):
@@ -58,7 +61,7 @@ def evaluate(model_path: Path, reference: Path, *, text: Path | None = None, max
     source = load_text(text)  # cheap checks first
     ref = load_checkpoint_model(Path(reference), DTYPES[dtype], "reference")
     tokenizer = load_tokenizer(Path(reference))
-    cand = load_candidate(Path(model_path), DTYPES[dtype], kv_cache)
+    cand = load_candidate(Path(model_path), DTYPES[dtype], kv_cache, manifest)
     vocab, ref_vocab = _vocab(cand.model), _vocab(ref)
     if vocab != ref_vocab:
         raise EvalError(f"vocabulary mismatch: {model_path} has {vocab} output tokens, "
