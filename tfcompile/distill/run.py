@@ -24,6 +24,7 @@ from tfcompile.calibration.forward import load_hf_model, load_tokenizer
 from tfcompile.calibration.sequential import find_layers
 from tfcompile.dist import LOCAL
 from tfcompile.dist.devices import resolve_device
+from tfcompile.dist.world import World
 from tfcompile.distill.checkpoint import METRICS, ResumeDir
 from tfcompile.distill.config import DistillConfig
 from tfcompile.distill.ddp import check_data_parallel, data_parallel, mean_over_ranks, micro_share
@@ -52,6 +53,7 @@ class Inputs:
     plan: QuantPlan
     program: Program
     recipe: JsonDict  # the recorded recipe (Recipe.to_dict()): part of a --resume-dir's fingerprint
+    world: World | None = None  # under torchrun: DDP over the ranks (distill/ddp.py); None = one process
 
 
 @dataclass(frozen=True)
