@@ -41,6 +41,8 @@ import weakref
 import torch
 from torch import nn
 
+from tfcompile.dist import LOCAL
+from tfcompile.dist.collect import share_tensors
 from tfcompile.ir import AWQInput
 
 MAX_ROWS = 2048  # sampled input rows per group (the AWQ search's calibration set)
@@ -62,12 +64,12 @@ class _Acc:
 
     def add(self, x: torch.Tensor) -> None:
         x = x.detach().reshape(-1, x.shape[-1]).float()
-        a = x.abs()
-        self.sum += a.sum(0, dtype=torch.float64)
-        self.max = torch.maximum(self.max, a.amax(0))
+        a = x.abs()  # on x's device (--device); the statistics are kept on the CPU
+        self.sum += a.sum(0, dtype=torch.float64).cpu()
+        self.max = torch.maximum(self.max, a.amax(0).cpu())
         self.n += x.shape[0]
         keys = torch.cat([self.keys, torch.rand(x.shape[0], generator=self.gen)])
-        rows = torch.cat([self.rows, x])
+        rows = torch.cat([self.rows, x.cpu()])
         if keys.numel() > self.max_rows:
             keys, idx = torch.topk(keys, self.max_rows, largest=False, sorted=True)
             rows = rows[idx]
@@ -83,11 +85,13 @@ class AWQRecorder:
     """Per fusion group fed by a norm: the norm's name and statistics of its output.
 
     `groups`: quantized Linear module -> its fusion-group key (every member of
-    every group). With no groups it installs no hooks."""
+    every group). With no groups it installs no hooks. Under torchrun (`replay`, an
+    OrderedReplay whose owners include "awq/{key}") each group's inputs are added on its owner
+    in batch order, as one process adds them, and `result()` gives every rank the same."""
 
     def __init__(self, model: nn.Module, groups: dict[str, str], *, max_rows: int = MAX_ROWS,
-                 seed: int = 0):
-        self.model, self.groups = model, dict(groups)
+                 seed: int = 0, replay=None):
+        self.model, self.groups, self.world = model, dict(groups), replay.world if replay is not None else LOCAL
         self.max_rows, self.seed = max_rows, seed
         self._outs: dict[str, tuple] = {}  # norm -> (weakref to its last output, storage address)
         self._seen: dict[str, set] = {}  # Linear -> {norm name | "view:"+norm | None} per call
@@ -100,12 +104,26 @@ class AWQRecorder:
         for m, key in self.groups.items():
             first.setdefault(key, m)
         self._first = set(first.values())
+        self._add = {k: replay.wrap(f"awq/{k}", self._fold(k)) if replay is not None else self._fold(k)
+                     for k in sorted(first)}
         for name, mod in model.named_modules():
             if is_norm(mod):
                 self.hooks.append(mod.register_forward_hook(self._norm_hook(name)))
             elif isinstance(mod, nn.Linear) or name in self.groups:
                 self.hooks.append(mod.register_forward_pre_hook(self._linear_hook(name)))
         self.hooks.append(model.register_forward_pre_hook(self._model_hook, with_kwargs=True))
+
+    def first_sequence(self, ids: torch.Tensor) -> None:
+        """The fold check's tokens: the first calibration sequence, whichever rank runs it."""
+        self._ids = ids[:1, :CHECK_TOKENS].clone()
+
+    def _fold(self, key: str):
+        def add(x: torch.Tensor) -> None:
+            if key not in self._acc:
+                self._acc[key] = _Acc(x.shape[-1], self.max_rows, self.seed)
+            self._acc[key].add(x)
+
+        return add
 
     def _model_hook(self, mod, args, kwargs):
         ids = args[0] if args else kwargs.get("input_ids")
@@ -128,9 +146,7 @@ class AWQRecorder:
             self._seen.setdefault(name, set()).add(src)
             key = self.groups.get(name)
             if name in self._first and src is not None and not src.startswith("view:"):
-                if key not in self._acc:
-                    self._acc[key] = _Acc(x.shape[-1], self.max_rows, self.seed)
-                self._acc[key].add(x)
+                self._add[key](x)
 
         return hook
 
@@ -146,6 +162,7 @@ class AWQRecorder:
 
     def result(self) -> tuple[dict[str, AWQInput], dict[str, str]]:
         """(group key -> AWQInput, group key -> why it has none); runs the fold check."""
+        self._gather()
         cands, skipped = self._candidates()
         folds = {k: (norm, [m for m, g in self.groups.items() if g == k]) for k, norm in cands.items()}
         for key, why in verify_folds(self.model, self._ids, folds).items():
@@ -156,6 +173,23 @@ class AWQRecorder:
             acc = self._acc[key]
             out[key] = AWQInput(norm, (acc.sum / acc.n).float(), acc.max.clone(), acc.rows, acc.n)
         return out, dict(sorted(skipped.items()))
+
+    def _gather(self) -> None:
+        """Under torchrun: every rank's view of which norm fed which Linear, and each group's
+        statistics from its owner (the tensors broadcast by it), on every rank."""
+        if not self.world.distributed:
+            return
+        for part in self.world.all_objects("awq/seen", self._seen):
+            for lin, srcs in part.items():
+                self._seen.setdefault(lin, set()).update(srcs)
+        mine = {f"{k}/{f}": getattr(a, f) for k, a in self._acc.items() for f in ("sum", "max", "rows")}
+        counts = {k: a.n for k, a in self._acc.items()}
+        for part in self.world.all_objects("awq/n", counts):
+            counts.update(part)
+        got = share_tensors(self.world, mine, "awq/stats")
+        for k, n in counts.items():
+            acc = self._acc.setdefault(k, _Acc(got[f"{k}/max"].shape[0], self.max_rows, self.seed))
+            acc.sum, acc.max, acc.rows, acc.n = got[f"{k}/sum"], got[f"{k}/max"], got[f"{k}/rows"], n
 
     def _candidates(self) -> tuple[dict[str, str], dict[str, str]]:
         members: dict[str, list[str]] = {}

@@ -16,6 +16,9 @@ import torch
 
 from tfcompile.calibration.datasets import calibration_tokens, effective_source
 from tfcompile.calibration.recorders import Recorders
+from tfcompile.dist import LOCAL
+from tfcompile.dist.collect import broadcast
+from tfcompile.dist.partition import rounds
 from tfcompile.errors import CheckpointError
 from tfcompile.io.sources.model import is_published, load_decoded_model
 from tfcompile.ir import CalibStats
@@ -86,24 +89,34 @@ def observe_input_amax(model_dir: Path, modules: set[str], *, data: str, samples
                        observer_params: dict | None = None,
                        hessian_groups: dict[str, str] | None = None,
                        awq_groups: dict[str, str] | None = None, all_experts: bool = False,
-                       moe_min_tokens: int = 16, progress=None) -> CalibStats:
+                       moe_min_tokens: int = 16, world=LOCAL, device: torch.device | str = "cpu",
+                       hessian_owner: dict[str, int] | None = None, progress=None) -> CalibStats:
     """Statistics of every module in `modules` (see `Recorders`) over `samples` x `seq_len`
-    calibration tokens, running the whole model at once (the model must fit in RAM).
-    `awq_groups` (member Linear -> group key) adds AWQ statistics (calibration.awq_stats)."""
+    calibration tokens, running the whole model at once (the model must fit in RAM, and on
+    `device`). `awq_groups` (member Linear -> group key) adds AWQ statistics
+    (calibration.awq_stats). Under torchrun (`world`) sequence i runs on rank i mod N."""
     model = load_hf_model(model_dir, dtype)
     data = effective_source(data, model)  # `self` on a model that cannot generate: random ids
     # Tokens first: sampling them from the model (`self`) runs it, and no hook may see that.
     progress = progress or Silent()
     ids = calibration_ids(model_dir, model, data=data, samples=samples, seq_len=seq_len, seed=seed,
-                          progress=progress)
+                          progress=progress) if world.is_root else None
+    ids = broadcast(world, ids)
+    model.to(device)
     rec = Recorders(model, modules, observer=observer, observer_params=observer_params,
                     hessian_groups=hessian_groups, kv=kv, awq_groups=awq_groups,
-                    all_experts=all_experts, moe_min_tokens=moe_min_tokens)
-    progress.task(f"calibrate {len(ids)} sequences (whole model)", len(ids))
+                    all_experts=all_experts, moe_min_tokens=moe_min_tokens, world=world,
+                    hessian_owner=hessian_owner)
+    rec.awq.first_sequence(ids)  # the fold check's tokens, on every rank
+    n_rounds = rounds(len(ids), world.size)
+    progress.task(f"calibrate {len(ids)} sequences (whole model)", n_rounds)
     try:
         with torch.inference_mode():
-            for row in ids:
-                model(input_ids=row[None])
+            for r in range(n_rounds):  # round r: sequences r*N .. r*N+N-1
+                i = r * world.size + world.rank
+                if i < len(ids):
+                    model(input_ids=ids[i][None].to(device))
+                rec.flush()
                 progress.advance(1)
     finally:
         rec.remove()

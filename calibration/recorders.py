@@ -7,6 +7,13 @@ checkpoint's (the plan's); `NameMap` finds the module transformers gives each
 in memory (Qwen2.5-VL: `model.language_model.layers...`). Fused MoE experts have
 no Linear per expert: calibration/moe.py runs them expert by expert and feeds
 the same observers and Hessians under the per-expert names.
+
+Under torchrun (`world` of several ranks, each running its own batches): `max` observers and
+the KV observer update locally and are reduced by an all-reduce MAX at the end (exact), routed
+token counts by a sum; the Hessians and the other observers, whose floating-point result
+depends on the order of updates, are folded on an owner rank in batch order
+(tfcompile/dist/collect.py), after each round of batches (`flush`). Either way the statistics
+are bit-identical to one process's.
 """
 
 from __future__ import annotations
@@ -22,6 +29,8 @@ from tfcompile.calibration.kv import KVObserver, install
 from tfcompile.calibration.moe import MoERecorder
 from tfcompile.calibration.moe_policy import resolve_amax
 from tfcompile.calibration.observers import Observer, make_observer
+from tfcompile.dist import LOCAL
+from tfcompile.dist.collect import OrderedReplay, max_tensors, max_values
 from tfcompile.ir import CalibStats
 from tfcompile.errors import CheckpointError
 from tfcompile.families.names import NameMap
@@ -34,20 +43,29 @@ class Recorders:
                  observer_params: dict | None = None,
                  hessian_groups: dict[str, str] | None = None, kv: bool = False,
                  awq_groups: dict[str, str] | None = None, all_experts: bool = False,
-                 moe_min_tokens: int = 16):
-        self.modules = set(modules)
+                 moe_min_tokens: int = 16, world=LOCAL, hessian_owner: dict[str, int] | None = None):
+        self.modules, self.world = set(modules), world
         self.moe_min_tokens = moe_min_tokens
         names = NameMap(model)
         self.observers = {m: make_observer(observer, **(observer_params or {})) for m in sorted(self.modules)}
+        # order-sensitive observers are replayed on an owner (round robin); max reduces exactly
+        self.replayed = set() if observer == "max" else set(self.observers)
+        owners = {f"obs/{n}": i % world.size for i, n in enumerate(sorted(self.replayed))}
+        owners.update({f"hess/{k}": r for k, r in (hessian_owner or {}).items()})
+        awq_keys = sorted(set((awq_groups or {}).values()))  # AWQ statistics: round robin, like observers
+        owners.update({f"awq/{k}": i % world.size for i, k in enumerate(awq_keys)})
+        self.replay = OrderedReplay(world, owners)
+        self._update = {m: self.replay.wrap(f"obs/{m}", o.update) if m in self.replayed else o.update
+                        for m, o in self.observers.items()}
         in_memory = {names.to_model(m): m for m in self.modules}  # model module name -> checkpoint name
         self.hooks = []
         for name, mod in model.named_modules():
             if name in in_memory:
-                self.hooks.append(mod.register_forward_pre_hook(_observe(self.observers[in_memory[name]])))
-        self.hessians = HessianRecorder(model, hessian_groups or {}, names)
+                self.hooks.append(mod.register_forward_pre_hook(_observe(self._update[in_memory[name]])))
+        self.hessians = HessianRecorder(model, hessian_groups or {}, names, self.replay)
         self.hooks += self.hessians.hooks
         self.moe = MoERecorder(model, self._expert_input, all_experts=all_experts)
-        self.awq = AWQRecorder(model, awq_groups or {})  # member -> group key; {} installs nothing
+        self.awq = AWQRecorder(model, awq_groups or {}, replay=self.replay)  # member -> group key; {}: no hooks
         self.hooks += self.awq.hooks
         self.kv = None
         if kv:
@@ -56,8 +74,8 @@ class Recorders:
 
     def _expert_input(self, name: str, x: torch.Tensor) -> None:
         """One expert's Linear input (calibration/moe.py), under the artifact's per-expert name."""
-        if name in self.observers:
-            self.observers[name].update(x)
+        if name in self._update:
+            self._update[name](x)
         self.hessians.add(name, x)
 
     def remove(self) -> None:
@@ -68,22 +86,47 @@ class Recorders:
         if self.kv is not None:
             self.kv.remove()
 
+    def flush(self) -> None:
+        """End of a round of batches (one per rank): replay the order-sensitive updates."""
+        self.replay.flush()
+
     def stats(self, tokens: int, source: str, model_dir=None) -> CalibStats:
-        """The statistics; with `kv`, raises if no attention call reached the KV observer."""
-        if self.kv is not None and not self.kv.k:
+        """The statistics; with `kv`, raises if no attention call reached the KV observer.
+        Under torchrun every rank gets the same amax and token counts; `hessians` holds the
+        groups this rank owns (CalibStats.hessian_owner says which rank holds each)."""
+        world = self.world
+        kv_k = max_tensors(world, self.kv.k) if self.kv is not None else {}
+        if self.kv is not None and not kv_k:
             raise CheckpointError(f"{model_dir}: no attention call went through transformers' "
                                   "AttentionInterface, so KV-cache scales cannot be calibrated",
                                   hint="this architecture is not supported for --kv-cache yet")
-        amax = {n: v for n, o in self.observers.items() if (v := o.amax()) is not None}
-        resolved, fallback = resolve_amax(self.modules, amax, self.moe.seen, self.moe_min_tokens, model_dir)
-        kv_amax = {} if self.kv is None else {n: (self.kv.k[n], self.kv.v[n]) for n in sorted(self.kv.k)}
+        kv_v = max_tensors(world, self.kv.v) if self.kv is not None else {}
+        amax = max_values(world, {n: o.amax() for n, o in self.observers.items() if n not in self.replayed})
+        mine = {n: self.observers[n].amax() for n in self.replayed}
+        seconds, routed, seen, inline, spilled = {}, {}, {}, {}, {}
+        parts = world.all_objects("calib/stats", (mine, sorted(self.hessians.result()), sorted(self.hessians.taken),
+                                                  self.hessians.seconds, self.moe.tokens, self.moe.seen))
+        for r, (part, kept, taken, secs, tok, sn) in enumerate(parts):
+            amax.update({n: v for n, v in part.items() if self.replay.owners[f"obs/{n}"] == r})
+            inline.update(dict.fromkeys(kept, r))
+            spilled.update(dict.fromkeys(taken, r))
+            for total, add in ((seconds, secs), (routed, tok), (seen, sn)):  # X^T X seconds, tokens: sums
+                for k, v in add.items():
+                    total[k] = total.get(k, 0) + v
+        amax = {n: v for n, v in sorted(amax.items()) if v is not None}
+        resolved, fallback = resolve_amax(self.modules, amax, seen, self.moe_min_tokens, model_dir)
+        kv_amax = {n: (kv_k[n], kv_v[n]) for n in sorted(kv_k)}
         awq, awq_skipped = self.awq.result()  # after kv_amax: its fold check runs the model
         hessians = {k: h for k, h in self.hessians.result().items()
-                    if _enough(k, self.moe.seen, self.moe_min_tokens)}  # too few tokens: RTN (quantize warns)
+                    if _enough(k, seen, self.moe_min_tokens)}  # too few tokens: RTN (quantize warns)
+        # who holds which Hessian: the layer loop's spilled ones as they are (its per-layer take() is not
+        # filtered), the whole-model loop's with the same moe_min_tokens filter as `hessians`
+        owner = {**spilled, **{k: r for k, r in inline.items() if _enough(k, seen, self.moe_min_tokens)}}
         return CalibStats(resolved, tokens, source, tuple(fallback), kv_amax, hessians=hessians,
-                          hessian_seconds=dict(sorted(self.hessians.seconds.items())),
-                          awq=awq, awq_skipped=awq_skipped, expert_tokens=dict(sorted(self.moe.tokens.items())),
-                          moe_all_experts=self.moe.all_experts, moe_min_tokens=self.moe_min_tokens)
+                          hessian_seconds=dict(sorted(seconds.items())),
+                          awq=awq, awq_skipped=awq_skipped, expert_tokens=dict(sorted(routed.items())),
+                          moe_all_experts=self.moe.all_experts, moe_min_tokens=self.moe_min_tokens,
+                          hessian_owner=owner if world.distributed else {})
 
 
 class HessianRecorder:
@@ -91,34 +134,43 @@ class HessianRecorder:
 
     Memory: one float32 [K, K] per group observed so far."""
 
-    def __init__(self, model: nn.Module, groups: dict[str, str], names: NameMap | None = None):
+    def __init__(self, model: nn.Module, groups: dict[str, str], names: NameMap | None = None, replay=None):
         self._h: dict[str, torch.Tensor] = {}
         self._n: dict[str, int] = {}
         self.groups = dict(groups)  # member Linear (checkpoint name) -> group key
-        self.seconds: dict[str, float] = {}  # group key -> seconds spent accumulating its H
+        self.taken: set[str] = set()  # keys handed out by take() (spilled by the layer loop)
+        self.seconds: dict[str, float] = {}  # group key -> seconds spent computing X^T X
+        route = replay.wrap if replay is not None else (lambda key, fold, prep: lambda x: fold(*prep(x)))
+        # x -> H += X^T X: under torchrun X_b^T X_b on the batch's rank, the sum on the owner
+        self._route = {k: route(f"hess/{k}", self._fold(k), self._prepare(k)) for k in sorted(set(groups.values()))}
         in_memory = {(names.to_model(m) if names is not None else m): k for m, k in groups.items()}
-        self.hooks = [mod.register_forward_pre_hook(self._hook(in_memory[name]))
+        self.hooks = [mod.register_forward_pre_hook(_first_arg(self._route[in_memory[name]]))
                       for name, mod in model.named_modules() if name in in_memory]
-
-    def _hook(self, key: str):
-        def hook(mod: nn.Module, args):
-            self._accumulate(key, args[0])
-
-        return hook
 
     def add(self, member: str, x: torch.Tensor) -> None:
         """Input x of group member `member` (fused experts: calibration/moe.py)."""
         key = self.groups.get(member)
         if key is not None:
-            self._accumulate(key, x)
+            self._route[key](x)
 
-    def _accumulate(self, key: str, x: torch.Tensor) -> None:
-        t0 = time.perf_counter()
-        x = x.detach().reshape(-1, x.shape[-1]).float()
-        h = x.T @ x
-        self._h[key] = h if key not in self._h else self._h[key] + h
-        self._n[key] = self._n.get(key, 0) + x.shape[0]
-        self.seconds[key] = self.seconds.get(key, 0.0) + time.perf_counter() - t0
+    def _prepare(self, key: str):
+        """One batch's X^T X (fp32, on x's device) and its row count: the expensive part."""
+        def prepare(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            t0 = time.perf_counter()
+            x = x.detach().reshape(-1, x.shape[-1]).float()
+            h = x.T @ x
+            self.seconds[key] = self.seconds.get(key, 0.0) + time.perf_counter() - t0
+            return h, torch.tensor([x.shape[0]])
+
+        return prepare
+
+    def _fold(self, key: str):
+        """H = H + X_b^T X_b in batch order (on the group's owner rank under torchrun)."""
+        def fold(h: torch.Tensor, rows: torch.Tensor) -> None:
+            self._h[key] = h if key not in self._h else self._h[key] + h
+            self._n[key] = self._n.get(key, 0) + int(rows)
+
+        return fold
 
     def result(self) -> dict[str, torch.Tensor]:
         return {k: self._h[k] / self._n[k] for k in sorted(self._h)}
@@ -126,18 +178,23 @@ class HessianRecorder:
     def take(self) -> dict[str, torch.Tensor]:
         """The finished Hessians so far, forgotten here (the layer loop spills them)."""
         out = self.result()
+        self.taken.update(out)
         self._h.clear()
         self._n.clear()
         return out
 
 
-def _observe(obs: Observer):
+def _observe(update):
     def hook(mod: nn.Module, args):
         x = args[0] if args else None
         if isinstance(x, torch.Tensor) and x.numel():
-            obs.update(x)
+            update(x)
 
     return hook
+
+
+def _first_arg(update):
+    return lambda mod, args: update(args[0])
 
 
 def _enough(key: str, tokens: dict[str, int], min_tokens: int) -> bool:

@@ -45,6 +45,9 @@ from torch import nn
 from tfcompile.calibration.datasets import effective_source
 from tfcompile.calibration.forward import Silent, calibration_ids, model_class
 from tfcompile.calibration.recorders import Recorders
+from tfcompile.dist import LOCAL
+from tfcompile.dist.collect import broadcast
+from tfcompile.dist.partition import mine, rounds
 from tfcompile.ir import CalibStats
 from tfcompile.families import V5
 from tfcompile.families.experts import PROJS, fuse_bias, fuse_weight, module_layout
@@ -63,12 +66,16 @@ def observe_sequential(model_dir: Path, ckpt, modules: set[str], *, data: str, s
                        observer: str = "max", observer_params: dict | None = None,
                        hessian_groups: dict[str, str] | None = None,
                        batch: int = 4, on_layer=None, all_experts: bool = False,
-                       moe_min_tokens: int = 16, progress=None) -> CalibStats:
+                       moe_min_tokens: int = 16, world=LOCAL, device: torch.device | str = "cpu",
+                       hessian_owner: dict[str, int] | None = None, progress=None) -> CalibStats:
     """Same statistics as `forward.observe_input_amax`, computed one decoder layer at a time.
 
     `ckpt` is the open `Checkpoint`; `on_layer(i, n, seconds)` reports each layer's time and
     `progress` (a pipeline reporter: task/advance) every batch of every layer.
-    Raises `Unsupported` before running anything if a parameter has no tensor."""
+    Raises `Unsupported` before running anything if a parameter has no tensor.
+    `device`: where the layer and the activations live (one layer's weights are copied there
+    at a time; on the CPU they are the mapped pages themselves). Under torchrun (`world`),
+    batch b runs on rank b mod N and the statistics are reduced exactly (calibration.recorders)."""
     _fixed_mmap_threshold()
     model = _skeleton(model_dir, dtype)
     data = effective_source(data, model)  # `self` on a model that cannot generate: random ids
@@ -76,20 +83,33 @@ def observe_sequential(model_dir: Path, ckpt, modules: set[str], *, data: str, s
     ckpt = RenamedView(ckpt, model)  # the checkpoint under the model's names (Qwen2.5-VL: language_model.)
     _check_layers(model, ckpt, path)
     progress = progress or Silent()
-    ids = _tokens(model_dir, model, ckpt, dtype, path, layers,
-                  dict(data=data, samples=samples, seq_len=seq_len, seed=seed, progress=progress))
-    inputs = _catch_inputs(model, layers, ids, batch)
+    spec = dict(data=data, samples=samples, seq_len=seq_len, seed=seed, progress=progress)
+    if world.is_root:
+        ids = _tokens(model_dir, model, ckpt, dtype, path, layers, spec)
+    else:  # rank 0 samples or reads the tokens once; the others bind what precedes layer 0
+        _bind(model, ckpt, dtype, skip=f"{path}.")
+        ids = None
+    ids = broadcast(world, ids)
+    starts = range(0, ids.shape[0], batch)  # batch b: sequences [b*batch, (b+1)*batch)
+    inputs = _catch_inputs(model, layers, ids, batch, starts=[starts[b] for b in mine(len(starts), world.rank,
+                                                                                          world.size)],
+                           device=device)
     rec = Recorders(model, modules, observer=observer, observer_params=observer_params,
-                    hessian_groups=hessian_groups, kv=kv, all_experts=all_experts, moe_min_tokens=moe_min_tokens)
+                    hessian_groups=hessian_groups, kv=kv, all_experts=all_experts, moe_min_tokens=moe_min_tokens,
+                    world=world, hessian_owner=hessian_owner)
     spill = _Spill()
-    progress.task(f"calibrate {len(layers)} layers x {len(inputs)} batches", len(layers) * len(inputs))
+    n_rounds = rounds(len(starts), world.size)
+    progress.task(f"calibrate {len(layers)} layers x {len(starts)} batches", len(layers) * n_rounds)
     try:
         with torch.inference_mode():
             for i, layer in enumerate(layers):
                 t0 = time.perf_counter()
-                _bind(layer, ckpt, dtype, prefix=f"{path}.{i}.")
-                for b, (hidden, kwargs) in enumerate(inputs):
-                    inputs[b] = (_first(layer(hidden, **kwargs)), kwargs)
+                _bind(layer, ckpt, dtype, prefix=f"{path}.{i}.", device=device)
+                for r in range(n_rounds):  # round r: batches r*N .. r*N+N-1
+                    if r < len(inputs):
+                        hidden, kwargs = inputs[r]
+                        inputs[r] = (_first(layer(hidden, **kwargs)), kwargs)
+                    rec.flush()
                     progress.advance(1, f"layer {i + 1}/{len(layers)}")
                 _unbind(layer)
                 ckpt.release()
@@ -102,7 +122,7 @@ def observe_sequential(model_dir: Path, ckpt, modules: set[str], *, data: str, s
     finally:
         rec.remove()
     stats = rec.stats(int(ids.numel()), f"{data}(seed={seed})", model_dir)
-    return _with_hessians(stats, spill)
+    return _with_hessians(stats, spill, world.rank)
 
 
 def _tokens(model_dir: Path, model: nn.Module, ckpt, dtype, path: str, layers, spec: dict) -> torch.Tensor:
@@ -212,8 +232,10 @@ def _check_layers(model: nn.Module, ckpt, path: str) -> None:
             raise Unsupported(f"parameter {name} has no tensor in the checkpoint")
 
 
-def _bind(module: nn.Module, ckpt, dtype: torch.dtype, prefix: str = "", skip: str | None = None) -> None:
-    """Point `module`'s parameters at checkpoint views (copies when the dtype differs).
+def _bind(module: nn.Module, ckpt, dtype: torch.dtype, prefix: str = "", skip: str | None = None,
+          device: torch.device | str = "cpu") -> None:
+    """Point `module`'s parameters at checkpoint views (copies when the dtype differs, or on
+    another device than the CPU).
 
     Tied parameters (one Parameter under several names, e.g. lm_head and the
     embeddings) are bound together from whichever name the checkpoint has."""
@@ -232,7 +254,7 @@ def _bind(module: nn.Module, ckpt, dtype: torch.dtype, prefix: str = "", skip: s
         want = _owner(module, name)[0]._parameters[name.rsplit(".", 1)[-1]].shape
         if tuple(t.shape) != tuple(want):
             raise Unsupported(f"{prefix + name}: checkpoint shape {list(t.shape)}, model {list(want)}")
-        param = nn.Parameter(t.to(dtype) if t.dtype != dtype else t, requires_grad=False)
+        param = nn.Parameter(t.to(device=device, dtype=dtype), requires_grad=False)  # no copy if same
         for n in group:
             owner, attr = _owner(module, n)
             owner._parameters[attr] = param
@@ -271,14 +293,16 @@ class _Catcher(nn.Module):
         raise _Caught
 
 
-def _catch_inputs(model: nn.Module, layers: nn.ModuleList, ids: torch.Tensor,
-                  batch: int) -> list[tuple[torch.Tensor, dict]]:
-    """Per batch of `batch` sequences: (hidden states into layer 0, its keyword arguments)."""
+def _catch_inputs(model: nn.Module, layers: nn.ModuleList, ids: torch.Tensor, batch: int,
+                  starts=None, device: torch.device | str = "cpu") -> list[tuple[torch.Tensor, dict]]:
+    """Per batch of `batch` sequences starting at `starts` (default: all): (hidden states into
+    layer 0, its keyword arguments), moved to `device`, where they stay for the layer loop.
+    What precedes layer 0 (embeddings, mask, RoPE tables) runs on the CPU."""
     catcher = _Catcher(layers[0])
     layers[0] = catcher
     try:
         with torch.inference_mode():
-            for start in range(0, ids.shape[0], batch):
+            for start in range(0, ids.shape[0], batch) if starts is None else starts:
                 try:
                     model(input_ids=ids[start: start + batch], use_cache=False)
                 except _Caught:
@@ -288,7 +312,18 @@ def _catch_inputs(model: nn.Module, layers: nn.ModuleList, ids: torch.Tensor,
                 raise Unsupported("the forward never reached decoder layer 0")
     finally:
         layers[0] = catcher.layer
-    return catcher.calls
+    return [(h.to(device), _to(kw, device)) for h, kw in catcher.calls]
+
+
+def _to(obj, device):
+    """Tensors in nested tuples/lists/dicts moved to `device` (the layer's keyword arguments)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(_to(x, device) for x in obj)
+    if isinstance(obj, dict):
+        return {k: _to(v, device) for k, v in obj.items()}
+    return obj
 
 
 def _first(out):
@@ -310,7 +345,7 @@ class _Spill:
             sweep_stale_in(Path(tempfile.gettempdir()), SPILL_PREFIX)
             self.dir = tempfile.TemporaryDirectory(prefix=f"{SPILL_PREFIX}{owner_token()}-")
         f = Path(self.dir.name) / f"layer{layer}.safetensors"
-        save_file({k: v.contiguous() for k, v in hessians.items()}, f)
+        save_file({k: v.cpu().contiguous() for k, v in hessians.items()}, f)
         self.files.update({k: f for k in hessians})
 
     def cleanup(self) -> None:
@@ -320,15 +355,24 @@ class _Spill:
 
 
 class SpilledHessians(Mapping):
-    """Group key -> Hessian, each read from its spill file only when asked for."""
+    """Group key -> Hessian, each read from its spill file only when asked for.
 
-    def __init__(self, spill: _Spill, inline: dict):
+    Under torchrun the keys are every group's; this rank holds those `owners` maps to it, and
+    `owner(key)` tells pack which rank runs each group's GPTQ solve."""
+
+    def __init__(self, spill: _Spill, inline: dict, owners: Mapping[str, int] | None = None, rank: int = 0):
         self._spill, self._inline = spill, inline
-        self._keys = sorted(set(spill.files) | set(inline))
+        self._owners, self._rank = dict(owners or {}), rank
+        self._keys = sorted(set(spill.files) | set(inline) | set(self._owners))
+
+    def owner(self, key: str) -> int | None:
+        return self._owners.get(key, self._rank if key in self._keys else None)
 
     def __getitem__(self, key: str) -> torch.Tensor:
         if key in self._inline:
             return self._inline[key]
+        if key in self._owners and self._owners[key] != self._rank:
+            raise RuntimeError(f"the Hessian of {key} is held by rank {self._owners[key]}, not {self._rank}")
         with safe_open(self._spill.files[key], framework="pt") as f:  # KeyError if unknown
             return f.get_tensor(key)
 
@@ -339,7 +383,15 @@ class SpilledHessians(Mapping):
         return len(self._keys)
 
 
-def _with_hessians(stats: CalibStats, spill: _Spill) -> CalibStats:
-    if not spill.files:
+def _with_hessians(stats: CalibStats, spill: _Spill, rank: int = 0) -> CalibStats:
+    if not spill.files and not stats.hessian_owner:
         return stats
-    return dataclasses.replace(stats, hessians=SpilledHessians(spill, dict(stats.hessians)))
+    return dataclasses.replace(stats, hessians=SpilledHessians(spill, dict(stats.hessians),
+                                                               stats.hessian_owner, rank))
+
+
+def with_owners(stats: CalibStats, rank: int) -> CalibStats:
+    """Under torchrun: the Hessians as a mapping of every group that says which rank holds each."""
+    if not stats.hessian_owner or isinstance(stats.hessians, SpilledHessians):
+        return stats
+    return _with_hessians(stats, _Spill(), rank)

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tfcompile.calibration.forward import observe_input_amax
 from tfcompile.calibration.moe_policy import summarize
 from tfcompile.calibration.observers import OBSERVERS
-from tfcompile.calibration.sequential import Unsupported, observe_sequential
+from tfcompile.calibration.sequential import Unsupported, observe_sequential, with_owners
+from tfcompile.dist import LOCAL
+from tfcompile.dist.devices import check_device, resolve_device
+from tfcompile.dist.partition import hessian_owners
 from tfcompile.errors import RecipeError
 from tfcompile.ir import CalibStats, torch_dtype
 from tfcompile.passes.pack import per_decoder_layer
@@ -37,8 +40,12 @@ class CalibrateConfig:
     # experts routed fewer tokens take the layer's max over experts and GPTQ's RTN (moe_policy.py)
     all_experts: bool = False
     moe_min_tokens: int = 16
+    # where layers, activations, observers and Hessians live (--device; tfcompile/dist/devices.py);
+    # not recorded: the statistics are the same up to fp32 rounding on any device
+    device: str = field(default="auto", metadata={"runtime": True})
 
     def __post_init__(self) -> None:  # checked when the recipe is built, before anything runs
+        check_device(self.device, "calibrate.device")
         if self.observer not in OBSERVERS:
             raise RecipeError(f"calibrate.observer {self.observer!r} is unknown",
                               hint="--observer " + "|".join(sorted(OBSERVERS)) + " (default max)")
@@ -76,12 +83,16 @@ def calibrate(ctx, cfg: CalibrateConfig, reporter) -> PassResult:
         raise RecipeError(f"calibrating a {ctx.source.source_format['format']} checkpoint with --calib self would "
                           f"hold the whole decoded bf16 model in memory to sample from it",
                           hint="give calibration text (--calib FILE or python-doc), or --calib random")
+    world = ctx.world or LOCAL
     common = dict(data=cfg.data, samples=cfg.samples, seq_len=cfg.seq_len, seed=cfg.seed,
                   dtype=torch_dtype(ctx.model.dtype), kv=bool(cfg.kv_cache),
                   hessian_groups={g.members[0].module: g.key for g in ctx.plan.groups}
                   if cfg.hessian else None)
     common.update(observer=cfg.observer, observer_params=observer_params(cfg, ctx.plan.scheme),
-                  all_experts=cfg.all_experts, moe_min_tokens=cfg.moe_min_tokens, progress=reporter)
+                  all_experts=cfg.all_experts, moe_min_tokens=cfg.moe_min_tokens, progress=reporter,
+                  world=world, device=resolve_device(cfg.device, world))
+    if cfg.hessian and world.distributed:  # the rank that accumulates a group's H also solves its GPTQ
+        common["hessian_owner"] = hessian_owners(ctx.plan.groups, world.size)
     if cfg.awq:  # AWQ statistics and their fold check run the whole model (calibration/awq_stats.py)
         if cfg.mode == "sequential":
             raise RecipeError("calibrate.awq needs the whole-model loop, not calibrate.mode sequential",
@@ -90,6 +101,7 @@ def calibrate(ctx, cfg: CalibrateConfig, reporter) -> PassResult:
         stats, loop = observe_input_amax(ctx.source_path, modules, awq_groups=awq_groups, **common), "whole"
     else:
         stats, loop = _observe(ctx, cfg, modules, reporter, common)
+    stats = with_owners(stats, world.rank)
     if cfg.kv_cache:
         stats = dataclasses.replace(stats, kv_strategy="attn_head" if cfg.kv_per_head else "tensor")
     if stats.fallback:  # one warning listing them (calibration/moe_policy.py: the policy)

@@ -52,7 +52,7 @@ def distill(ctx, cfg: DistillConfig, reporter) -> PassResult:
     parent = Path(ctx.out_dir).parent if ctx.out_dir is not None else None
     work = tempfile.TemporaryDirectory(prefix=".tfcompile-distill-", dir=parent)  # removed with the overlay
     inputs = Inputs(Path(ctx.source_path), ctx.source, torch_dtype(ctx.model.dtype), ctx.plan, ctx.program,
-                    ctx.recipe.to_dict())
+                    ctx.recipe.to_dict(), ctx.world)
     outcome = distill_checkpoint(inputs, cfg, reporter, Path(work.name))
     source = OverlayCheckpoint(ctx.source, outcome.weights, {"distill": outcome.record}, keep=work)
     return PassResult(ctx.with_(source=source), outcome.stats)

@@ -17,9 +17,10 @@ sampling, inference mode).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from tfcompile.dist.devices import check_device
 from tfcompile.evaluate import evaluate, gate_error
 from tfcompile.evaluate.kvcache import KV_MODES
 from tfcompile.evaluate.runner import DTYPES
@@ -42,6 +43,7 @@ class EvalConfig:
     max_kl: float | None = None  # gate: kl_mean (nats/token) <= this
     max_ppl_increase: float | None = None  # gate: perplexity / reference - 1 <= this
     min_top1: float | None = None  # gate: top-1 agreement >= this
+    device: str = field(default="auto", metadata={"runtime": True})  # where both models run (--device)
     # also store per-layer figures: each Linear's output SQNR and the KL per decoder layer (logit
     # lens); quantize --report sets it, for the report's plots
     details: bool = False
@@ -58,6 +60,7 @@ def _supports(recipe: Recipe, cfg: EvalConfig) -> list[Unsupported]:
             reasons.append(Unsupported(f"eval.{name} must be at least 1, got {getattr(cfg, name)}"))
     if cfg.seq_len < 0:
         reasons.append(Unsupported(f"eval.seq_len must be 0 (default) or positive, got {cfg.seq_len}"))
+    check_device(cfg.device, "eval.device")
     if cfg.text != CORPUS and not Path(cfg.text).is_file():  # fail before quantizing, not after
         reasons.append(Unsupported(f"evaluation text {cfg.text} does not exist or is not a file "
                                    "(--eval-text python-doc|FILE)"))
@@ -72,6 +75,7 @@ def evaluate_artifact(ctx, cfg: EvalConfig, reporter) -> PassResult:
                    text=None if cfg.text == CORPUS else Path(cfg.text), max_tokens=cfg.max_tokens,
                    seq_len=cfg.seq_len or None, batch_size=cfg.batch_size, dtype=cfg.dtype,
                    kv_cache=cfg.kv_cache, progress=reporter, layer_kl=cfg.details, manifest=ctx.manifest,
+                   device=cfg.device, world=ctx.world,
                    thresholds={"max-kl": cfg.max_kl, "max-ppl-increase": cfg.max_ppl_increase,
                                "min-top1": cfg.min_top1})
     section = manifest_section(doc, details=cfg.details)

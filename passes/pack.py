@@ -25,10 +25,15 @@ from tfcompile.artifact.configs import ct_quantization_config, modelopt_quant_co
 from tfcompile.artifact.naming import modelopt_kv_name, modelopt_outputs, to_modelopt
 from tfcompile.artifact.sink import ShardSink
 from tfcompile.artifact.verify import SCALE_SUFFIXES, check_scale_tensor
+from tfcompile.dist import LOCAL
+from tfcompile.dist.partition import shard_owner
+from tfcompile.dist.stream import Plan, run_jobs
 from tfcompile.io.aux_files import copy_aux_files
 from tfcompile.io.checkpoint import Checkpoint
 from tfcompile.io.hash_cache import sha256_files_cached
+from tfcompile.io.hashing import sha256_file
 from tfcompile.io.jsonfile import write_json
+from tfcompile.io.writer import write_index
 from tfcompile.ir import ArtifactInfo, Job, OutSpec, Program, execute
 from tfcompile.kernels.formats import kernel_threads
 from tfcompile.layout.view import EngineView
@@ -61,34 +66,43 @@ def _supports(recipe: Recipe, cfg: PackConfig) -> list[Unsupported]:
 def pack(ctx, cfg: PackConfig, reporter) -> PassResult:
     """Quantize job by job and stream the safetensors shards of every view."""
     out, program, plan = Path(ctx.out_dir), ctx.program, ctx.plan
-    hasher = _SourceHasher(ctx.source.files, cfg.hash_cache)
+    world = ctx.world or LOCAL  # under torchrun: each rank writes its shards (tfcompile/dist/stream.py)
+    owned = (lambda i: shard_owner(i, world.size) == world.rank) if world.distributed else None
+    hasher = _SourceHasher([f for i, f in enumerate(ctx.source.files) if i % world.size == world.rank],
+                           cfg.hash_cache)
     limit = int(cfg.max_shard_mb * 1024 * 1024)
-    sinks = {"": ShardSink(out, program.specs(), limit)}
+    sinks = {"": ShardSink(out, program.specs(), limit, owned=owned)}
     if "modelopt" in cfg.export:
-        sinks["modelopt"] = ShardSink(out / "modelopt", _modelopt_specs(program), limit, "modelopt/")
+        sinks["modelopt"] = ShardSink(out / "modelopt", _modelopt_specs(program), limit, "modelopt/", owned=owned)
     view = layout_pass.open_view(ctx)  # the engine view OUT/<target>/ (passes/layout.py), or None
-    if view is not None:
+    if view is not None:  # (one process only: tfcompile/pipeline/ranks.py refuses it after the layout pass)
         sinks[view.dir] = ShardSink(out / view.dir, view.specs(), limit, f"{view.dir}/")
     files: dict[str, str] = {}
     try:
         # Leave one core to the writer thread (measured: 2 kernel threads + the
         # writer on 2 vCPUs ran ~10% slower than 1 + the writer).
         with kernel_threads(max(1, torch.get_num_threads() - 1)), _torch_threads(program):
-            layers, bytes_in = _stream(ctx, program, sinks, reporter, view)
+            stream = _stream if not world.distributed else _stream_ranks
+            layers, bytes_in = stream(ctx, program, sinks, reporter, view)
         for sink in sinks.values():
             files.update(sink.close())
     except BaseException:
         for sink in sinks.values():
             sink.abort()  # stop writer threads before the staging dir is removed
         raise
-    files.update(_write_configs(out, ctx, cfg))
-    files.update(layout_pass.write_files(out, ctx, view, layers))  # view configs, kv_cache.json
-    files.update(copy_aux_files(ctx.source.aux_files(), out))
-    if "modelopt" in sinks:
-        files.update({f"modelopt/{k}": v for k, v in copy_aux_files(ctx.source.aux_files(),
-                                                                     out / "modelopt").items()})
-    info = ArtifactInfo(out, dict(sorted(files.items())), hasher.result(), tuple(layers), bytes_in,
-                        sinks[""].bytes_written, ("compressed-tensors",) + tuple(cfg.export)
+    sources, bytes_out = hasher.result(), sinks[""].bytes_written
+    if world.distributed:  # every rank's shards, figures and source hashes, in job order
+        layers, files, sources, bytes_out = _merge_ranks(world, layers, files, sources, bytes_out)
+    if world.is_root:  # config.json, index, tokenizer: written once
+        files.update(_write_configs(out, ctx, cfg))
+        files.update(layout_pass.write_files(out, ctx, view, layers))  # view configs, kv_cache.json
+        files.update(_write_indexes(sinks) if world.distributed else {})
+        files.update(copy_aux_files(ctx.source.aux_files(), out))
+        if "modelopt" in sinks:
+            files.update({f"modelopt/{k}": v for k, v in copy_aux_files(ctx.source.aux_files(),
+                                                                         out / "modelopt").items()})
+    info = ArtifactInfo(out, dict(sorted(files.items())), sources, tuple(layers), bytes_in,
+                        bytes_out, ("compressed-tensors",) + tuple(cfg.export)
                         + ((view.dir,) if view is not None else ()))
     ratio = bytes_in / max(info.bytes_out, 1)
     stats = {"files": len(files), "bytes_in": bytes_in, "bytes_out": info.bytes_out, "ratio": round(ratio, 3)}
@@ -130,23 +144,89 @@ def _stream(ctx, program: Program, sinks: dict[str, ShardSink], reporter,
     layers, bytes_in = [], 0
     reporter.task(f"quantize ({program.algorithm}) + write", len(program.jobs))
     for job in program.jobs:
-        tensors, stats = execute(job, program, ctx.source)
+        tensors, stats = _job_tensors(job, program, ctx.source)
         bytes_in += _job_source_bytes(job, ctx.source)
-        for spec in job.outputs:
-            if job.source is None and spec.name.endswith(SCALE_SUFFIXES):  # computed, not copied
-                check_scale_tensor(spec.name, tensors[spec.name])  # never ship a NaN/zero scale
-            sinks[""].put(spec.name, tensors[spec.name])
-        if "modelopt" in sinks:
-            for name, t in _job_modelopt(job, program, tensors):
-                sinks["modelopt"].put(name, t)
-        if view is not None:  # the engine view: gathered / fused rows, quantized here
-            for name, t in view.tensors(job, tensors, ctx.source):
-                sinks[view.dir].put(name, t)
+        _put(sinks, job, program, tensors, view, ctx.source)
         layers.extend(stats)
         del tensors
         ctx.source.release()  # RSS follows the jobs in hand, not the bytes read so far
         reporter.advance(1, job.group.key if job.group else job.source)
     return layers, bytes_in
+
+
+def _job_tensors(job, program, source) -> tuple[dict, list[dict]]:
+    """One job's output tensors and per-Linear figures; computed scales checked."""
+    tensors, stats = execute(job, program, source)
+    for spec in job.outputs:
+        if job.source is None and spec.name.endswith(SCALE_SUFFIXES):  # computed, not copied
+            check_scale_tensor(spec.name, tensors[spec.name])  # never ship a NaN/zero scale
+    return tensors, stats
+
+
+def _put(sinks, job, program, tensors, view=None, source=None) -> None:
+    """Hand a job's tensors to every view's sink, in planned order."""
+    for spec in job.outputs:
+        sinks[""].put(spec.name, tensors[spec.name])
+    if "modelopt" in sinks:
+        for name, t in _job_modelopt(job, program, tensors):
+            sinks["modelopt"].put(name, t)
+    if view is not None:  # the engine view: gathered / fused rows, quantized here
+        for name, t in view.tensors(job, tensors, source):
+            sinks[view.dir].put(name, t)
+
+
+def _stream_ranks(ctx, program, sinks, reporter, view=None) -> tuple[dict, int]:
+    """_stream over the ranks: job i computed on one rank (the writer, or for GPTQ the owner of
+    its Hessian), its tensors delivered in order to the ranks owning its shards.
+    Returns ({job: per-layer stats} of the jobs computed here, source bytes of every job)."""
+    world, jobs = ctx.world, program.jobs
+    where = {key: {s.name: shard_owner(i, world.size) for i, p in enumerate(sink.plans) for s in p.specs}
+             for key, sink in sinks.items()}
+    writers = [frozenset({where[""][o.name] for o in job.outputs}
+                         | ({where["modelopt"][o.name] for o in _modelopt_job_specs(job, program)}
+                            if "modelopt" in sinks else set())) for job in jobs]
+    owner = getattr(program.hessians, "owner", lambda key: None)  # GPTQ: the rank holding H
+    compute = [(owner(job.group.key) if job.group is not None and program.algorithm == "gptq" else None)
+               for job in jobs]
+    compute = tuple(min(w) if c is None else c for c, w in zip(compute, writers))
+    specs = tuple(tuple((o.name, o.dtype, tuple(o.shape)) for o in job.outputs) for job in jobs)
+
+    def run(i: int):
+        out = _job_tensors(jobs[i], program, ctx.source)
+        if world.rank not in writers[i]:
+            ctx.source.release()  # (its outputs travel to the writer; deliver releases the others)
+        return out
+
+    def deliver(i: int, tensors: dict) -> None:
+        _put(sinks, jobs[i], program, tensors)
+        ctx.source.release()
+        reporter.advance(1, jobs[i].group.key if jobs[i].group else jobs[i].source)
+
+    reporter.task(f"quantize + write (rank {world.rank})", sum(world.rank in w for w in writers))
+    extras = run_jobs(world, Plan(compute, tuple(writers), specs), run, deliver)
+    return extras, sum(_job_source_bytes(job, ctx.source) for job in jobs)
+
+
+def _merge_ranks(world, extras: dict, files: dict, sources: dict, nbytes: int):
+    """(layers in job order, files, source hashes, bytes out) of the whole artifact, on every rank."""
+    layers, all_files, all_sources, total = {}, {}, {}, 0
+    for part in world.all_objects("pack/result", (extras, files, sources, nbytes)):
+        layers.update(part[0])
+        all_files.update(part[1])
+        all_sources.update(part[2])
+        total += part[3]
+    return ([x for i in sorted(layers) for x in layers[i]], all_files, dict(sorted(all_sources.items())),
+            total)
+
+
+def _write_indexes(sinks) -> dict[str, str]:
+    """model.safetensors.index.json of each sharded view (the per-rank sinks leave it to rank 0)."""
+    out = {}
+    for sink in sinks.values():
+        index = write_index(sink.out_dir, sink.plans)
+        if index is not None:
+            out[sink.rel + index.name] = sha256_file(index)
+    return out
 
 
 def _job_source_bytes(job: Job, source: Checkpoint) -> int:
@@ -167,19 +247,17 @@ def _job_source_bytes(job: Job, source: Checkpoint) -> int:
 
 
 def _modelopt_specs(program: Program) -> list[OutSpec]:
-    specs = []
-    for job in program.jobs:
-        if job.kind == "const":  # KV scale: modelopt name, fp32 (0-d when per tensor)
-            spec = job.outputs[0]
-            shape = () if spec.shape == (1,) else spec.shape
-            specs.append(OutSpec(modelopt_kv_name(spec.name), torch.float32, shape))
-            continue
-        if job.group is None:  # copies and overrides keep their source name and dtype
-            specs.extend(job.outputs)
-            continue
-        for t in job.group.members:
-            specs.extend(modelopt_outputs(program.scheme, t.module, *t.shape))
-    return specs
+    return [spec for job in program.jobs for spec in _modelopt_job_specs(job, program)]
+
+
+def _modelopt_job_specs(job: Job, program: Program) -> list[OutSpec]:
+    if job.kind == "const":  # KV scale: modelopt name, fp32 (0-d when per tensor)
+        spec = job.outputs[0]
+        shape = () if spec.shape == (1,) else spec.shape
+        return [OutSpec(modelopt_kv_name(spec.name), torch.float32, shape)]
+    if job.group is None:  # copies and overrides keep their source name and dtype
+        return list(job.outputs)
+    return [spec for t in job.group.members for spec in modelopt_outputs(program.scheme, t.module, *t.shape)]
 
 
 def _job_modelopt(job: Job, program: Program, tensors: dict[str, torch.Tensor]):

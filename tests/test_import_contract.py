@@ -28,17 +28,18 @@ LAYERS = [
     ["tfcompile", "tfcompile.errors", "tfcompile.settings", "tfcompile.reporter"],
     ["tfcompile.io", "tfcompile.kernels", "tfcompile.kernels.formats", "tfcompile.families"],
     ["tfcompile.schemes", "tfcompile.kernels.triton", "tfcompile.kernels.cutlass", "tfcompile.io.sources",
-     "tfcompile.checkpoint_check"],
+     "tfcompile.checkpoint_check", "tfcompile.dist"],
     ["tfcompile.ir"],
     ["tfcompile.artifact"],
     ["tfcompile.calibration", "tfcompile.layout", "tfcompile.tune", "tfcompile.onnx_export"],
     ["tfcompile.evaluate"],
     ["tfcompile.runtime", "tfcompile.distill", "tfcompile.report"],
     ["tfcompile.pipeline"],
-    ["tfcompile.recipe"],
+    ["tfcompile.recipe", "tfcompile.estimate"],
     ["tfcompile.passes"],
     ["tfcompile.api"],
     ["tfcompile.cli"],
+    ["tfcompile.__main__"],
 ]
 # Third-party packages slow enough to import (or needed only on some paths) that a module may
 # defer them to the function that uses them.

@@ -12,11 +12,14 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 import tfcompile.passes.builtin  # noqa: F401  (registers the built-in passes)
 from tfcompile.artifact.signing import load_private_key, sign_artifact
+from tfcompile.dist import world as dist_world
+from tfcompile.dist.world import World
 from tfcompile.errors import UserError
 from tfcompile.io.atomic import atomic_output_dir
 from tfcompile.io.paths import allowed_roots
 from tfcompile.pipeline import manager
 from tfcompile.pipeline.context import Context
+from tfcompile.pipeline.distributed import run_distributed
 from tfcompile.pipeline.recipe import Recipe
 from tfcompile.recipe.build import build_recipe
 from tfcompile.reporter import Reporter
@@ -24,7 +27,7 @@ from tfcompile.reporter import Reporter
 
 def run_pipeline(model_dir: Path, out_dir: Path | None, recipe: Recipe, *,
                  overwrite: bool = False, reporter: Reporter | None = None,
-                 sign_key: Path | None = None) -> Context:
+                 sign_key: Path | None = None, world: World | None = None) -> Context:
     """Validate and run `recipe` on `model_dir`.
 
     When the recipe packs an artifact, it is built in a temporary sibling of
@@ -32,10 +35,19 @@ def run_pipeline(model_dir: Path, out_dir: Path | None, recipe: Recipe, *,
     (tfcompile/io/atomic.py: output rules, lock, publish). A recipe cut before
     `pack` (--until) writes nothing. `sign_key`: an ed25519 private key file;
     the manifest is signed last, in the staging dir (tfcompile/artifact/signing.py).
+    Under torchrun (or with a `world` of several ranks) every rank runs it:
+    tfcompile/pipeline/distributed.py.
     """
     manager.validate(recipe)  # fail before touching the output directory
     packs = "pack" in recipe.names() and out_dir is not None
     signer = _signer(sign_key, out_dir, packs)  # a bad key fails before any work
+    warn = getattr(reporter, "warn", None)
+    world = world if world is not None else dist_world.current()
+    if world.distributed:
+        return run_distributed(world, model_dir, out_dir if packs else None, recipe, reporter=reporter,
+                               open_output=lambda: atomic_output_dir(out_dir, overwrite=overwrite,
+                                                                     protect=allowed_roots(Path(model_dir)), warn=warn),
+                               finish=(lambda staging: sign_artifact(staging, signer)) if signer else None)
     if not packs:
         ctx = Context(source_path=Path(model_dir), out_dir=None, recipe=recipe)
         return manager.run(ctx, recipe, reporter)

@@ -139,6 +139,8 @@ class CalibStats:
     expert_tokens: Mapping[str, int] = field(default_factory=dict)
     moe_all_experts: bool = False
     moe_min_tokens: int = 0
+    # under torchrun: group key -> the rank holding its Hessian (which solves its GPTQ); {} = this process
+    hessian_owner: Mapping[str, int] = field(default_factory=dict)
 
 
 # -- quantize ------------------------------------------------------------------------------
@@ -198,6 +200,7 @@ class Program:
     gptq_expert_batch: int = 8  # gptq: routed experts of one shape solved together (gptq_moe.py)
     # per-run working memory of an algorithm (gptq_moe.py: a batch of solved experts until written)
     scratch: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    device: Any = "cpu"  # torch.device of the GPTQ solves (quantize.device; the AWQ search runs on the CPU)
 
     def specs(self) -> list[OutSpec]:
         return [o for j in self.jobs for o in j.outputs]

@@ -32,11 +32,18 @@ ENV = {
                                 "never logged",
     "TFCOMPILE_CHROMIUM": "the Chromium that renders report pages (screenshots, tests); default: "
                           "the first chromium on PATH",
+    "TFCOMPILE_DIST_TIMEOUT": "under torchrun: seconds a rank waits for a peer (collectives, barriers, "
+                              "rank 0's results) before failing the run (default 3600)",
+    "TFCOMPILE_FAULT": "testing knob under torchrun: RANK:PASS:raise|kill fails that rank at the start "
+                       "of PASS (docs/distributed.md)",
+    "TFCOMPILE_THROUGHPUTS": "plan --estimate: a JSON file of this machine's measured throughputs in "
+                             "place of the committed ones (`python bench/estimate.py --measure`)",
 }
 # Read by the test suite only (docs/ci.md): TFCOMPILE_ALLOW_SKIPS, TFCOMPILE_FAMILY_MATRIX,
 # TFCOMPILE_FUZZ_EXAMPLES, TFCOMPILE_CUTLASS_TEST_CACHE.
 DEFAULT_PROGRESS_INTERVAL_S = 10.0
 DEFAULT_PYTHON_DOC = Path("/usr/share/doc/python3.11/html/_sources")
+DEFAULT_DIST_TIMEOUT_S = 3600.0  # a slow rank writing a large shard is not a dead one
 CLI_ENV = {
     "TFCOMPILE_FORMAT": "--format of quantize, distill and plan",
     "TFCOMPILE_RECIPE": "--recipe of quantize, distill and plan",
@@ -52,6 +59,9 @@ class Settings:
     python_doc: Path = DEFAULT_PYTHON_DOC  # TFCOMPILE_PYTHON_DOC
     key_passphrase: str | None = field(default=None, repr=False)  # TFCOMPILE_KEY_PASSPHRASE (a secret)
     chromium: str | None = None  # TFCOMPILE_CHROMIUM
+    dist_timeout: float = DEFAULT_DIST_TIMEOUT_S  # TFCOMPILE_DIST_TIMEOUT, seconds
+    fault: str = ""  # TFCOMPILE_FAULT, RANK:PASS:raise|kill (tests)
+    throughputs: Path | None = None  # TFCOMPILE_THROUGHPUTS
 
     @property
     def sha256_cache(self) -> Path:
@@ -78,7 +88,10 @@ def settings(environ: Mapping[str, str] | None = None) -> Settings:
                     progress_interval=_seconds(env.get("TFCOMPILE_PROGRESS_INTERVAL"), DEFAULT_PROGRESS_INTERVAL_S),
                     python_doc=Path(env.get("TFCOMPILE_PYTHON_DOC") or DEFAULT_PYTHON_DOC),
                     key_passphrase=env.get("TFCOMPILE_KEY_PASSPHRASE") or None,
-                    chromium=env.get("TFCOMPILE_CHROMIUM") or None)
+                    chromium=env.get("TFCOMPILE_CHROMIUM") or None,
+                    dist_timeout=_seconds(env.get("TFCOMPILE_DIST_TIMEOUT"), DEFAULT_DIST_TIMEOUT_S),
+                    fault=env.get("TFCOMPILE_FAULT", ""),
+                    throughputs=Path(env["TFCOMPILE_THROUGHPUTS"]) if env.get("TFCOMPILE_THROUGHPUTS") else None)
 
 
 def _seconds(raw: str | None, default: float) -> float:

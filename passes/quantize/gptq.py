@@ -15,17 +15,19 @@ batch updates. With H = I no error is propagated and GPTQ equals RTN.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 
 import torch
 
 from tfcompile.calibration.moe_policy import summarize
+from tfcompile.families.experts import is_expert_group
 from tfcompile.io.checkpoint import Checkpoint
 from tfcompile.io.jsonfile import JsonDict
 from tfcompile.ir import CalibStats, Job, LayerStats, Program, QuantPlan, register_algorithm
 from tfcompile.kernels import formats as F
-from tfcompile.passes.quantize.gptq_moe import is_expert_group, run_gptq_experts
+from tfcompile.passes.quantize.gptq_moe import run_gptq_experts
 from tfcompile.passes.quantize.rtn import quantize_weight, run_rtn
 from tfcompile.reporter import Reporter
 
@@ -34,38 +36,68 @@ BLOCK = 128
 
 
 def _inverse_hessian(h: torch.Tensor, w: torch.Tensor, damp: float) -> torch.Tensor:
-    """Upper Cholesky factors of (H + damp*mean(diag) I)^-1, batched [B, K, K]; dead inputs pinned to 1."""
+    """Upper Cholesky factors of (H + damp*mean(diag) I)^-1, batched [B, K, K]; dead inputs pinned to 1.
+
+    Called on one CPU thread (`_sweep`): MKL's blocked Cholesky gives different bits for
+    different thread counts (measured, K=256: 1 vs 2 threads differ), and a torchrun rank has
+    fewer threads than one process, so this keeps GPTQ byte-identical for any number of
+    processes (the matmuls were measured thread-count invariant)."""
     h = h.clone()
     diag = h.diagonal(dim1=1, dim2=2)
     dead = diag == 0  # [B, K]
     diag[dead] = 1.0
     w.masked_fill_(dead[:, None, :], 0.0)
-    h += torch.eye(h.shape[-1]) * (damp * diag.mean(1))[:, None, None]
+    h += torch.eye(h.shape[-1], device=h.device) * (damp * diag.mean(1))[:, None, None]
     return torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
 
 
+@contextlib.contextmanager
+def _one_thread(on: bool):
+    old = torch.get_num_threads()
+    if on:
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
 def gptq_values(w: torch.Tensor, h: torch.Tensor, m: torch.Tensor, grid: F.WeightQuantizer, *,
-                damp: float = DAMP, act_order: bool = True, block: int = BLOCK) -> torch.Tensor:
-    """Quantized values (dequantized, float32) of w [N, K] under fixed multipliers m [N, K] and
-    Hessian h [K, K], rounded on `grid`'s element grid (its `round_to_grid`); or of a batch
-    [B, N, K] / [B, K, K] solved together (MoE experts of one shape: passes/quantize/gptq_moe.py),
-    each exactly as it would be alone up to float rounding."""
+                damp: float = DAMP, act_order: bool = True, block: int = BLOCK,
+                device: torch.device | str = "cpu") -> torch.Tensor:
+    """Quantized values (dequantized, float32, on the CPU) of w [N, K] under fixed multipliers m
+    [N, K] and Hessian h [K, K], rounded on `grid`'s element grid (its `round_to_grid`); or of a
+    batch [B, N, K] / [B, K, K] solved together (MoE experts of one shape:
+    passes/quantize/gptq_moe.py), each exactly as it would be alone up to float rounding.
+    Computed on `device` (the final encoding is the caller's, on the CPU)."""
     single = w.dim() == 2
     if single:
         w, h, m = w[None], h[None], m[None]
-    w = w.float().clone()
+    w = w.to(device=device, dtype=torch.float32, copy=True)
+    h, m = h.to(device=device, dtype=torch.float32), m.to(device=device, dtype=torch.float32)
     b, n, k = w.shape
-    perm = (torch.argsort(h.diagonal(dim1=1, dim2=2), dim=1, descending=True) if act_order
-            else torch.arange(k).expand(b, k))
+    # stable: ties (e.g. dead inputs) keep index order on every device and thread count
+    perm = (torch.argsort(h.diagonal(dim1=1, dim2=2), dim=1, descending=True, stable=True) if act_order
+            else torch.arange(k, device=w.device).expand(b, k))
     inv = torch.argsort(perm, dim=1)
     cols = perm[:, None, :].expand(b, n, k)
-    w, m = w.gather(2, cols), m.float().gather(2, cols)
-    h = h[torch.arange(b)[:, None, None], perm[:, :, None], perm[:, None, :]]
+    w, m = w.gather(2, cols), m.gather(2, cols)
+    h = h[torch.arange(b, device=w.device)[:, None, None], perm[:, :, None], perm[:, None, :]]
+    with _one_thread(w.device.type == "cpu"):
+        out = _sweep(w, m, h, grid, damp, block).gather(2, inv[:, None, :].expand(b, n, k)).cpu()
+    return out[0] if single else out
+
+
+def _sweep(w, m, h, grid: F.WeightQuantizer, damp: float, block: int) -> torch.Tensor:
+    """The column sweep (columns already in visiting order), [B, N, K]. On the CPU it runs on one
+    thread: its ops are column-sized, and an OpenMP team per op cost 4.4x on this 2-core machine
+    under load (demo LM GPTQ quantize: 17 s with 1 thread, 75 s with 2)."""
+    b, n, k = w.shape
     hinv = _inverse_hessian(h, w, damp)
     out = torch.zeros_like(w)
     for c0 in range(0, k, block):
         c1 = min(c0 + block, k)
-        wb, errs = w[:, :, c0:c1].clone(), torch.zeros(b, n, c1 - c0)
+        wb, errs = w[:, :, c0:c1].clone(), torch.zeros(b, n, c1 - c0, device=w.device)
         hb = hinv[:, c0:c1, c0:c1]
         for j in range(c1 - c0):
             col, mj = wb[:, :, j], m[:, :, c0 + j]
@@ -75,12 +107,12 @@ def gptq_values(w: torch.Tensor, h: torch.Tensor, m: torch.Tensor, grid: F.Weigh
             wb[:, :, j + 1:] -= e[:, :, None] * hb[:, None, j, j + 1:]
             errs[:, :, j] = e
         w[:, :, c1:] -= errs @ hinv[:, c0:c1, c1:]  # lazy batch update of the remaining columns
-    out = out.gather(2, inv[:, None, :].expand(b, n, k))
-    return out[0] if single else out
+    return out
 
 
 def gptq_quantize(w: torch.Tensor, h: torch.Tensor, q_rtn: F.QTensor, **opts) -> F.QTensor:
-    """Re-encode w by GPTQ under q_rtn's fixed scales; returns a QTensor of the same format."""
+    """Re-encode w by GPTQ under q_rtn's fixed scales; returns a QTensor of the same format.
+    `device=` runs the sweep there; the encoding below is the CPU reference's either way."""
     wq = F.quantizer_of(q_rtn)
     m = wq.multipliers(q_rtn)  # each element's dequant multiplier under the fixed RTN scales
     return encode(q_rtn, gptq_values(w, h, m, wq, **opts))  # exactly code * multiplier for every element
@@ -124,7 +156,7 @@ def run_gptq(job: Job, program: Program, source: Checkpoint) -> tuple[dict[str, 
     def quantizer(w, prog, gscale, name, model_dtype):
         t0 = time.perf_counter()
         q = quantize_weight(w, prog, gscale, name, model_dtype)
-        q = gptq_quantize(w, h, q, act_order=prog.gptq_act_order, damp=prog.gptq_damp)
+        q = gptq_quantize(w, h, q, act_order=prog.gptq_act_order, damp=prog.gptq_damp, device=prog.device)
         solve.append(time.perf_counter() - t0)
         return q
 

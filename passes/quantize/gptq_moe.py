@@ -18,25 +18,18 @@ their Hessians, held in the program's scratch until their jobs are written.
 
 from __future__ import annotations
 
-import re
 import time
 from typing import Callable
 
 import torch
 
+from tfcompile.families.experts import EXPERT_GROUP as _EXPERT_GROUP
 from tfcompile.io.checkpoint import Checkpoint
 from tfcompile.ir import Job, LayerStats, Program, QuantGroup, load_target
 from tfcompile.kernels.formats import QTensor, quantizer_of
 from tfcompile.passes.quantize.rtn import quantize_weight, run_rtn
 
-_EXPERT_GROUP = re.compile(r"^(?P<parent>.*\.experts)\.(?P<e>\d+)\.(?P<role>[^.]+)$")
-
-
-def is_expert_group(key: str) -> bool:
-    return _EXPERT_GROUP.match(key) is not None
-
-
-# gptq.py's solver: (w, h, multipliers, grid quantizer, damp=, act_order=) -> values, batched [B, N, K]
+# gptq.py's solver: (w, h, multipliers, grid quantizer, damp=, act_order=, device=) -> values, batched [B, N, K]
 SolveFn = Callable[..., torch.Tensor]
 EncodeFn = Callable[[QTensor, torch.Tensor], QTensor]  # (RTN QTensor, solved values) -> QTensor
 
@@ -101,7 +94,7 @@ def _solve_batch(key: str, program: Program, source: Checkpoint, solve: SolveFn)
     if len(shapes) > 1:  # a batch is one shape by construction (same module, role)
         raise RuntimeError(f"gptq: expert batch of {key} mixes shapes {sorted(shapes)}")
     vals = solve(torch.stack(ws), torch.stack(hs), torch.stack(ms), grid,
-                 damp=program.gptq_damp, act_order=program.gptq_act_order)
+                 damp=program.gptq_damp, act_order=program.gptq_act_order, device=program.device)
     seconds = (time.perf_counter() - t0) / max(len(ws), 1)
     at = 0
     for g, n in zip(groups, counts):

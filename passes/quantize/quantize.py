@@ -10,12 +10,13 @@ An algorithm with plan-time work (AWQ's search) does it here, before pack stream
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping
 
 import torch
 
 from tfcompile.artifact.naming import ct_outputs
+from tfcompile.dist.devices import check_device, resolve_device
 from tfcompile.errors import RecipeError
 from tfcompile.io.checkpoint import Checkpoint
 from tfcompile.io.dtypes import torch_dtype_of
@@ -38,6 +39,11 @@ class QuantizeConfig:
     gptq_expert_batch: int = 8  # gptq: MoE experts of one shape solved together (memory: that many experts)
     mx_rule: str = ""  # "floor" | "ceil"; empty = the formats module default
     sqnr_rows: int = 16  # rows per Linear sampled for the manifest's weight SQNR (0 = all)
+    # GPTQ solves run here (--device; the AWQ search stays on the CPU); the packed bytes are encoded on the CPU
+    device: str = field(default="auto", metadata={"runtime": True})
+
+    def __post_init__(self) -> None:
+        check_device(self.device, "quantize.device")
 
 
 def _supports(recipe: Recipe, cfg: QuantizeConfig) -> list[Unsupported]:
@@ -88,9 +94,10 @@ def quantize(ctx, cfg: QuantizeConfig, reporter) -> PassResult:
     if cfg.algorithm == "gptq" and not hessians:
         raise RecipeError("quantize.algorithm gptq needs Hessians from the calibrate pass",
                           hint="use --algorithm gptq (it schedules calibrate with hessian=true)")
+    device = resolve_device(cfg.device, ctx.world) if cfg.algorithm != "rtn" else "cpu"
     program = Program(scheme, cfg.algorithm, tuple(jobs + kv_jobs), act, rule, cfg.sqnr_rows,
                       kv_strategy, kv_modules, hessians, cfg.gptq_act_order, cfg.gptq_damp,
-                      gptq_expert_batch=cfg.gptq_expert_batch)
+                      gptq_expert_batch=cfg.gptq_expert_batch, device=device)
     extra = {}
     if algo.prepare is not None:  # plan-time work of the algorithm (AWQ: search and fold)
         program, extra = algo.prepare(plan, ctx.calib, ctx.source, program, reporter)

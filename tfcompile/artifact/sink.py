@@ -24,12 +24,17 @@ class ShardSink:
     """Stream `specs` (in order) into safetensors shards under `out_dir`."""
 
     def __init__(self, out_dir: Path, specs: list, max_shard_bytes: int, rel: str = "",
-                 max_inflight: int = 512 << 20):
+                 max_inflight: int = 512 << 20, owned=None):
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.rel = rel  # prefix of the returned relative paths, e.g. "modelopt/"
         tspecs = [TensorSpec(s.name, s.dtype, tuple(s.shape)) for s in specs]
         self.plans = plan_shards(tspecs, max_shard_bytes)
+        # owned(i) -> bool: write only those shards (tfcompile/dist: shard i is rank i mod N's);
+        # tensors of other shards are dropped, and the index is left to the caller
+        self.owned = [i for i in range(len(self.plans)) if owned is None or owned(i)]
+        self._names = None if owned is None else {s.name for i in self.owned for s in self.plans[i].specs}
+        self._index = owned is None
         self._shard = -1
         self._left = 0  # tensors still to write in the current shard
         self._writer: ShardWriter | None = None
@@ -39,18 +44,19 @@ class ShardSink:
 
     def put(self, name: str, tensor: torch.Tensor) -> None:
         """Queue `tensor` (the next planned one); it must not be modified afterwards."""
-        self._queue.submit(name, tensor)
+        if self._names is None or name in self._names:
+            self._queue.submit(name, tensor)
 
     def close(self) -> dict[str, str]:
         """Finish every shard (and the index); returns {relative path: sha256}."""
         self._queue.drain()
         self._queue.stop()
-        while self._shard < len(self.plans) - 1 or self._left:
+        while self._shard < (self.owned[-1] if self.owned else -1) or self._left:
             if self._left:
                 raise ValueError(f"{self.out_dir}: closed with {self._left} tensors unwritten")
             self._next_shard()
         self._finish_shard()
-        index = write_index(self.out_dir, self.plans)
+        index = write_index(self.out_dir, self.plans) if self._index else None
         if index is not None:
             self._files[index.name] = sha256_file(index)
         return {self.rel + name: digest for name, digest in self._files.items()}
@@ -70,7 +76,7 @@ class ShardSink:
 
     def _next_shard(self) -> None:
         self._finish_shard()
-        self._shard += 1
+        self._shard = next((i for i in self.owned if i > self._shard), len(self.plans))
         if self._shard >= len(self.plans):
             raise ValueError(f"{self.out_dir}: more tensors than planned")
         plan = self.plans[self._shard]

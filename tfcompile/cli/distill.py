@@ -35,5 +35,5 @@ def distill(art: ArtifactOptions, run: RunOptions) -> None:
                      f"perplexity {b['perplexity']:.3f} -> {a['perplexity']:.3f} "
                      f"(reference {a['reference_perplexity']:.3f}), round-to-nearest -> distilled")
     job.print_summary(ctx, *lines)
-    if art.as_json:
+    if job.art.as_json:
         emit_json(job.result(ctx, distill=record))

@@ -10,7 +10,9 @@ from rich.table import Table
 from tfcompile.artifact.manifest import MANIFEST, load_manifest
 from tfcompile.artifact.verify import VerifyReport, check_files
 from tfcompile.cli.model_ref import resolve_params
-from tfcompile.cli.output import RichReporter, emit_json, stderr_console
+from tfcompile.cli.output import RichReporter, emit_json, rank_output
+from tfcompile.dist import current
+from tfcompile.dist.failure import supervise
 from tfcompile.errors import VerifyError
 from tfcompile.evaluate import evaluate, gate_error
 from tfcompile.evaluate.kvcache import KV_MODES, describe
@@ -75,6 +77,9 @@ def layers_table(layers: list[dict]) -> Table:
 @click.option("--max-kl", type=float, help="Gate: mean KL(ref || model) in nats must be <= this.")
 @click.option("--max-ppl-increase", type=float, help="Gate: relative perplexity increase, e.g. 0.05 = 5%.")
 @click.option("--min-top1", type=float, help="Gate: top-1 agreement with the reference must be >= this.")
+@click.option("--device", default="auto", show_default=True, metavar="auto|cpu|cuda|cuda:N",
+              help="Where both models run (auto: the GPU when torch sees one). Under torchrun each rank "
+              "evaluates every N-th batch and the figures equal one process's.")
 @click.option("--layers/--no-layers", default=True, help="Show the per-layer table.")
 @click.option("--layer-kl", is_flag=True, help="Also KL per decoder layer (logit lens: each layer's hidden "
               "states through the final norm and lm_head), as `layer_kl` in --json; tfcompile report plots it.")
@@ -83,7 +88,7 @@ def layers_table(layers: list[dict]) -> Table:
 @click.option("--no-verify", "no_verify", is_flag=True, help="Skip the integrity checks of an artifact MODEL "
               "(verify's manifest integrity, paths, extra files and checksums) run before evaluating it.")
 def eval_cmd(model, reference, revision, text, max_tokens, seq_len, batch_size, dtype, kv_cache, max_kl,
-             max_ppl_increase, min_top1, layers, layer_kl, as_json, quiet, no_verify):
+             max_ppl_increase, min_top1, device, layers, layer_kl, as_json, quiet, no_verify):
     """Evaluate MODEL (artifact or checkpoint) against --reference: perplexity, KL, top-1, layer SQNR.
 
     An artifact is checked first as `verify` checks its files (--no-verify skips it).
@@ -93,12 +98,15 @@ def eval_cmd(model, reference, revision, text, max_tokens, seq_len, batch_size, 
     model, reference = paths["model"], paths["reference"]
     if not no_verify:
         check_artifact_files(Path(model))
-
-    console = stderr_console()
+    console, quiet, as_json = rank_output(quiet, as_json)
     reporter = RichReporter(console, quiet=quiet)
-    doc = evaluate(model, reference, text=text, max_tokens=max_tokens, seq_len=seq_len,
-                   batch_size=batch_size, dtype=dtype, kv_cache=kv_cache, progress=reporter, layer_kl=layer_kl,
-                   thresholds={"max-kl": max_kl, "max-ppl-increase": max_ppl_increase, "min-top1": min_top1})
+    world = current()
+    world.begin_run()
+    with supervise(world):
+        doc = evaluate(model, reference, text=text, max_tokens=max_tokens, seq_len=seq_len,
+                       batch_size=batch_size, dtype=dtype, kv_cache=kv_cache, progress=reporter, layer_kl=layer_kl,
+                       thresholds={"max-kl": max_kl, "max-ppl-increase": max_ppl_increase, "min-top1": min_top1},
+                       device=device, world=world)
     reporter._stop()
     for w in doc["warnings"]:
         reporter.warn(w)
@@ -109,7 +117,7 @@ def eval_cmd(model, reference, revision, text, max_tokens, seq_len, batch_size, 
         if layers and doc["layers"]:
             console.print(layers_table(doc["layers"]))
     err = gate_error(doc["gates"])
-    if err is not None:
+    if err is not None and world.is_root:  # under torchrun rank 0 reports the missed gate (exit 1)
         raise err
 
 

@@ -121,11 +121,15 @@ recipe_options = option_group([
     click.option("--kv-cache", type=click.Choice(["fp8"]), help="Quantize the KV cache: calibrate "
                  "k_scale/v_scale for an FP8 E4M3 cache (adds the calibrate pass)."),
     click.option("--kv-per-head", is_flag=True, default=None, help="One KV scale per KV head."),
+    click.option("--device", metavar="auto|cpu|cuda|cuda:N", help="Where calibration, GPTQ, "
+                 "distillation and eval compute (default auto: the GPU when torch sees one; under "
+                 "torchrun each rank's own GPU). Sets every scheduled pass's device; packed bytes "
+                 "are encoded on the CPU either way."),
     click.option("--skip", multiple=True, metavar="PASS", help="Drop a pass from the pipeline."),
     click.option("--until", metavar="PASS", help="Stop after this pass (nothing is written before pack)."),
 ], lambda v, kw: _update_run(
     kw, fmt=v["fmt"], recipe_file=v["recipe_file"], sets=v["sets"], ignore=v["ignore"], exports=v["exports"],
-    algorithm=v["algorithm"], skip=v["skip"], until=v["until"],
+    algorithm=v["algorithm"], skip=v["skip"], until=v["until"], device=v["device"],
     calib=CalibOptions(data=v["calib"], samples=v["calib_samples"], seq_len=v["calib_seq_len"],
                        seed=v["calib_seed"], observer=v["observer"], kv_cache=v["kv_cache"],
                        kv_per_head=v["kv_per_head"], all_experts=v["calib_all_experts"])))

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import sys
@@ -23,6 +24,7 @@ from rich.markup import escape
 from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
                            TimeRemainingColumn)
 
+from tfcompile.dist import current
 from tfcompile.settings import settings
 
 
@@ -31,6 +33,13 @@ def stderr_console() -> Console:
     plain = bool(os.environ.get("NO_COLOR")) or os.environ.get("TERM") == "dumb"
     return Console(stderr=True, no_color=plain, highlight=False,
                    force_terminal=None if sys.stderr.isatty() else False)
+
+
+def rank_output(quiet: bool, as_json: bool) -> tuple[Console, bool, bool]:
+    """(console, quiet, as_json): under torchrun only rank 0 prints progress, warnings, tables and
+    --json; the other ranks print only their errors (main's `error:` lines)."""
+    root = current().is_root
+    return stderr_console() if root else Console(file=io.StringIO()), quiet or not root, as_json and root
 
 
 def live_progress_allowed(console: Console) -> bool:

@@ -26,10 +26,10 @@ def quantize(art: ArtifactOptions, run: RunOptions) -> None:
     try:
         ctx = job.run()
     except TfcompileError as e:  # a missed --eval gate: its figures on stderr / in --json, then exit 1
-        quantize_eval_failed(e, console=job.console, quiet=art.quiet, as_json=art.as_json, recipe=job.recipe,
+        quantize_eval_failed(e, console=job.console, quiet=job.art.quiet, as_json=job.art.as_json, recipe=job.recipe,
                              warnings=job.reporter.warnings)
         raise
     evaluation = (ctx.manifest or {}).get("eval")
     job.print_summary(ctx, *([quantize_eval_table(evaluation)] if evaluation else []))
-    if art.as_json:
+    if job.art.as_json:
         emit_json(job.result(ctx, layers=ctx.manifest["layers"] if ctx.manifest else None, eval=evaluation))

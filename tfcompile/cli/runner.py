@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from tfcompile.cli.options import ArtifactOptions
-from tfcompile.cli.output import RichReporter, live_progress_allowed, stderr_console
+from tfcompile.cli.output import RichReporter, live_progress_allowed, rank_output
 from tfcompile.cli.tables import summary_table
 from tfcompile.pipeline.context import Context
 from tfcompile.pipeline.recipe import Recipe
@@ -18,11 +20,11 @@ class ArtifactRun:
         # commands that run passes pay it, and importing it registers the passes the recipe names
         from tfcompile import api
 
-        self.api, self.art = api, art
         self.recipe: Recipe = run.to_recipe()
-        self.console = stderr_console()
-        self.reporter = RichReporter(self.console, quiet=art.quiet)
-        if notes and not art.quiet and not live_progress_allowed(self.console):
+        self.console, quiet, as_json = rank_output(art.quiet, art.as_json)  # torchrun: rank 0 prints
+        self.api, self.art = api, dataclasses.replace(art, quiet=quiet, as_json=as_json)
+        self.reporter = RichReporter(self.console, quiet=quiet)
+        if notes and not quiet and not live_progress_allowed(self.console):
             self.reporter.note = self.console.print  # plain progress lines (loss, ETA) off a TTY
 
     def run(self) -> Context:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tfcompile.dist.devices import check_device
 from tfcompile.errors import RecipeError
 
 TRAIN = ("weights", "scales", "lora")
@@ -69,6 +70,7 @@ class DistillConfig:
     log_every: int = 10  # steps between metrics lines
     resume_dir: str = runtime("")  # --resume-dir: checkpoints, metrics.jsonl, teacher cache
     metrics: str = runtime("")  # --metrics FILE: JSON lines (default RESUME_DIR/metrics.jsonl)
+    device: str = runtime("auto")  # --device: where teacher and student run (tfcompile/dist/devices.py)
 
     def __post_init__(self) -> None:
         for name, allowed in (("train", TRAIN), ("mode", MODES), ("teacher", TEACHERS),
@@ -84,6 +86,7 @@ class DistillConfig:
         if self.train_unquantized and self.train != "weights":
             raise RecipeError(f"distill.train_unquantized goes with distill.train weights, not {self.train}",
                               hint="--set distill.train=weights, or drop distill.train_unquantized")
+        check_device(self.device, "distill.device")
         if self.impl not in ("auto", "reference"):
             raise RecipeError(f"distill.impl {self.impl!r} is not auto or reference",
                               hint="--set distill.impl=reference (the plain-torch formats)")

@@ -26,11 +26,13 @@ def heldout_metrics(student: torch.nn.Module, teacher: torch.nn.Module, rows: li
     if not rows:
         return None
     m = LogitMetrics()
+    device = next(student.parameters()).device
     was = student.training
     student.eval()
     try:
         with torch.no_grad():
             for ids in batches(rows, batch_size):
+                ids = ids.to(device)
                 m.update(ids, student(input_ids=ids).logits, teacher(input_ids=ids).logits)
                 if release is not None:
                     release()

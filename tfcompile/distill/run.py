@@ -8,6 +8,7 @@ mode (no dropout), so teacher and student see the same network.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import gc
@@ -21,8 +22,12 @@ import torch
 
 from tfcompile.calibration.forward import load_hf_model, load_tokenizer
 from tfcompile.calibration.sequential import find_layers
+from tfcompile.dist import LOCAL
+from tfcompile.dist.devices import resolve_device
+from tfcompile.dist.world import World
 from tfcompile.distill.checkpoint import METRICS, ResumeDir
 from tfcompile.distill.config import DistillConfig
+from tfcompile.distill.ddp import check_data_parallel, data_parallel, mean_over_ranks, micro_share
 from tfcompile.distill.data import BlockOrder, load_data
 from tfcompile.distill.heldout import heldout_metrics, sig
 from tfcompile.distill.layerwise import run_layerwise
@@ -48,6 +53,7 @@ class Inputs:
     plan: QuantPlan
     program: Program
     recipe: JsonDict  # the recorded recipe (Recipe.to_dict()): part of a --resume-dir's fingerprint
+    world: World | None = None  # under torchrun: DDP over the ranks (distill/ddp.py); None = one process
 
 
 @dataclass(frozen=True)
@@ -61,13 +67,18 @@ class Outcome:
 def distill_checkpoint(ctx: Inputs, cfg: DistillConfig, reporter: Reporter, work_dir: Path) -> Outcome:
     """Distill the plan's Linears of ctx.source_path; write their weights into work_dir."""
     t0 = time.perf_counter()
-    teacher = load_hf_model(ctx.source_path, torch.float32)
+    world = ctx.world or LOCAL
+    device = resolve_device(cfg.device, world)
+    if world.distributed:
+        check_data_parallel(cfg, world)
+    teacher = load_hf_model(ctx.source_path, torch.float32).to(device)
     convert = functools.partial(build_student, plan=ctx.plan, program=ctx.program, train=cfg.train,
                                 lora_rank=cfg.lora_rank, lora_alpha=cfg.lora_alpha, seed=cfg.seed,
                                 dtype=ctx.dtype, impl=cfg.impl)
     # block-wise without held-out figures: one model, made the student layer by layer (memory: once)
     progressive = cfg.mode == "layerwise" and not cfg.heldout_tokens
-    student = Student.frozen(teacher) if progressive else convert(load_hf_model(ctx.source_path, torch.float32))
+    student = Student.frozen(teacher) if progressive else \
+        convert(load_hf_model(ctx.source_path, torch.float32).to(device))
     if cfg.train_unquantized:
         student.train_unquantized(set(ctx.plan.passthrough), ctx.dtype)
     resume = ResumeDir.open(cfg.resume_dir, fingerprint(ctx)) if cfg.resume_dir else None
@@ -117,11 +128,14 @@ def _train(ctx: Inputs, cfg: DistillConfig, reporter: Reporter, teacher, student
            work_dir: Path, convert=None):
     """Run the training loop; returns (teacher, loop, training seconds). The teacher may be
     freed while training with the disk cache and loaded again for the held-out figures."""
+    world = ctx.world or LOCAL
+    device = next(student.model.parameters()).device
     per_step = cfg.batch * cfg.grad_accum
     metrics = Path(cfg.metrics) if cfg.metrics else (resume.path / METRICS if resume else None)
     total = cfg.steps * (1 if cfg.mode == "model" else _num_layers(teacher))
-    loop = Loop(cfg, resume=resume, metrics_path=metrics, reporter=reporter, total_steps=total,
-                tokens_per_step=per_step * cfg.seq_len)
+    loop = Loop(cfg, resume=resume, metrics_path=metrics if world.is_root else None, reporter=reporter,
+                total_steps=total, tokens_per_step=per_step * cfg.seq_len)
+    loop.saves = world.is_root
     t = time.perf_counter()
     if cfg.mode == "layerwise":
         run_layerwise(teacher, student, data.train, cfg, loop, convert)
@@ -129,47 +143,61 @@ def _train(ctx: Inputs, cfg: DistillConfig, reporter: Reporter, teacher, student
     loop.adopt(student.parameters())
     if cfg.teacher == "cache":
         where = resume.teacher_dir if resume else work_dir / "teacher"
+        if resume is not None and world.distributed and not world.is_root:
+            world.barrier("teacher cache")  # rank 0 builds the shared cache once
         target = CachedTeacher.open_or_build(where, teacher, data.train, cfg.topk, cfg.batch, reporter)
+        if resume is not None and world.distributed and world.is_root:
+            world.barrier("teacher cache")
         teacher = None
         gc.collect()
     else:
         target = OnlineTeacher(teacher, cfg.hidden_weight > 0)
     t = time.perf_counter()
-    loop.run(_model_segment(student, target, data.train, cfg))
+    loop.run(_model_segment(student, target, data.train, cfg, world, device))
     seconds = time.perf_counter() - t
     if teacher is None and data.heldout:
-        teacher = load_hf_model(ctx.source_path, torch.float32)
+        teacher = load_hf_model(ctx.source_path, torch.float32).to(device)
     return teacher, loop, seconds
 
 
-def _model_segment(student: Student, target, train: torch.Tensor, cfg) -> Segment:
+def _model_segment(student: Student, target, train: torch.Tensor, cfg, world=LOCAL, device="cpu") -> Segment:
     order = BlockOrder(len(train), cfg.batch, cfg.grad_accum, cfg.seed)
     hidden = cfg.hidden_weight > 0
     weights = {"kl": cfg.kl_weight, "ce": cfg.ce_weight, "hidden": cfg.hidden_weight}
+    share = micro_share(cfg, world)  # (micro-batch, its blocks) this rank runs each step
+    model = data_parallel(student.model, world, device)
 
     def step(local: int) -> dict:
         sums = dict.fromkeys(["loss", *[k for k, w in weights.items() if w]], 0.0)
-        for micro in range(cfg.grad_accum):
-            blocks = order.blocks(local, micro)
-            ids = train[blocks]  # [batch, seq_len]
+        for j, (micro, part) in enumerate(share):
+            blocks = order.blocks(local, micro)[part]
+            ids = train[blocks].to(device)  # [batch, seq_len]
             tgt = target(ids, blocks)
-            out = student.model(input_ids=ids, output_hidden_states=hidden, use_cache=False)
-            terms = {}
-            if cfg.kl_weight:
-                terms["kl"] = kl_loss(out.logits, tgt.logits, cfg.temperature)
-            if cfg.ce_weight:
-                terms["ce"] = ce_loss(out.logits, ids)
-            if hidden:
-                terms["hidden"] = hidden_mse(out.hidden_states, tgt.hidden)
-            loss = sum(weights[k] * v for k, v in terms.items())
-            (loss / cfg.grad_accum).backward()
+            sync = model.no_sync() if world.distributed and j + 1 < len(share) else contextlib.nullcontext()
+            with sync:  # DDP all-reduces the gradients on the last micro-batch of the step only
+                out = model(input_ids=ids, output_hidden_states=hidden, use_cache=False)
+                terms = {}
+                if cfg.kl_weight:
+                    terms["kl"] = kl_loss(out.logits, _on(tgt.logits, device), cfg.temperature)
+                if cfg.ce_weight:
+                    terms["ce"] = ce_loss(out.logits, ids)
+                if hidden:
+                    terms["hidden"] = hidden_mse(out.hidden_states, tgt.hidden)
+                loss = sum(weights[k] * v for k, v in terms.items())
+                (loss / len(share)).backward()
             student.release()
             for k, v in [("loss", loss), *terms.items()]:
-                sums[k] += float(v.detach()) / cfg.grad_accum
-        return sums
+                sums[k] += float(v.detach()) / len(share)
+        return mean_over_ranks(sums, world)
 
     student.model.eval()
     return Segment("model", student.parameters(), 0, cfg.steps, step)
+
+
+def _on(t, device):
+    """Teacher targets on the student's device (a cached top-k teacher reads them from disk)."""
+    return dataclasses.replace(t, values=t.values.to(device), indices=t.indices.to(device)) \
+        if dataclasses.is_dataclass(t) else t.to(device)
 
 
 def _num_layers(model) -> int:
@@ -187,7 +215,8 @@ def fingerprint(ctx: Inputs) -> dict:
     src = ctx.source
     tensors = json.dumps([[n, src.info(n).dtype, list(src.info(n).shape)] for n in src.names()])
     return {"recipe": ctx.recipe, "config_sha256": _sha(json.dumps(src.config, sort_keys=True)),
-            "tensors_sha256": _sha(tensors), "torch": torch.__version__, "threads": torch.get_num_threads()}
+            "tensors_sha256": _sha(tensors), "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "processes": (ctx.world or LOCAL).size}
 
 
 def _sha(text: str) -> str:

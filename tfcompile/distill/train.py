@@ -74,6 +74,7 @@ class Loop:
         self.last: dict = dict(self.state.get("losses", {})) if self.state else {}
         self._t0 = time.perf_counter()
         self._stop = False
+        self.saves = True  # under torchrun only rank 0 writes checkpoints (every rank reads them)
 
     def adopt(self, params: list) -> None:
         """Track `params` (name, parameter) for checkpoints; restore them from the checkpoint
@@ -110,7 +111,7 @@ class Loop:
                 self._log(seg, local)
                 self.after_step(self.done)
                 end = local + 1 == seg.steps
-                if self.resume and (self.done % self.cfg.checkpoint_every == 0 or end or self._stop):
+                if self.resume and self.saves and (self.done % self.cfg.checkpoint_every == 0 or end or self._stop):
                     self._save(seg, opt, sched)
                 if self._stop:
                     raise Terminated(self._stop) if type(self._stop) is int else KeyboardInterrupt

@@ -37,7 +37,9 @@ def act_quantizer(act: str | None, module: str, static_scale: torch.Tensor | Non
     if q.static and static_scale is None:
         raise ValueError(f"{module}: activation scheme {act} needs its {q.scale_name}")
     scale = static_scale.detach().clone() if static_scale is not None else None
-    return lambda x: q.fake_quant(x, scale, name=module)
+    if scale is None:
+        return lambda x: q.fake_quant(x, None, name=module)
+    return lambda x: q.fake_quant(x, scale.to(x.device), name=module)  # the activations' device (--device)
 
 
 def pre_hook(fn: ActFn):

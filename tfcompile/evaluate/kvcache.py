@@ -72,6 +72,7 @@ def fake_quant_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     scale: float32, (1,) or (H_kv, 1, 1) (broadcasts over batch, seq and head_dim).
     Division, not multiplication by 1/scale: that is what engines do, and the
     two differ in the last bit."""
+    scale = scale.to(x.device)
     return (cast_e4m3(x.float() / scale).float() * scale).to(x.dtype)
 
 

@@ -64,6 +64,24 @@ class LayerKL:
         """Count a [B, L] batch's positions (call after both models ran on it)."""
         self.positions += self._take(ids.numel())
 
+    def begin(self, offset: int) -> None:
+        """Under torchrun a rank runs every N-th batch: the next one starts at global position
+        `offset`, so it covers the positions one process would give it."""
+        self.positions = min(offset, self.max_positions)
+
+    def take(self) -> list[float]:
+        """The last batch's per-layer sums (zeroed here): what the other ranks replay."""
+        out, self.kl = self.kl, [0.0] * len(self.kl)
+        return out
+
+    def replay(self, parts: list[list[float]], positions: int) -> None:
+        """Every batch's `take()` in batch order, added as one process adds them (bit for bit)."""
+        self.kl = [0.0] * len(self.kl)
+        for part in parts:
+            for i, v in enumerate(part):
+                self.kl[i] += v
+        self.positions = min(positions, self.max_positions)
+
     def _take(self, n: int) -> int:
         return max(0, min(n, self.max_positions - self.positions))
 

@@ -24,19 +24,29 @@ class LogitMetrics:
     agree: int = 0  # positions whose argmax matches
     positions: int = 0  # every position of every row
 
-    def update(self, ids: torch.Tensor, logits: torch.Tensor, ref_logits: torch.Tensor) -> None:
-        """ids [B, L]; logits [B, L, V] of the candidate and the reference."""
+    def update(self, ids: torch.Tensor, logits: torch.Tensor, ref_logits: torch.Tensor) -> list[tuple]:
+        """ids [B, L]; logits [B, L, V] of the candidate and the reference. Returns each row's
+        terms (`add` replays them: a data-parallel eval sums every row's in row order)."""
+        rows = []
         for row, lm, lr in zip(ids, logits.float(), ref_logits.float()):  # one row at a time: V is large
             lp, lpr = F.log_softmax(lm, -1), F.log_softmax(lr, -1)
             kl = (lpr.exp() * (lpr - lp)).sum(-1).clamp_min(0)
-            self.kl += float(kl.double().sum())
-            self.kl_max = max(self.kl_max, float(kl.max()))
-            self.agree += int((lm.argmax(-1) == lr.argmax(-1)).sum())
-            self.positions += row.numel()
             tgt = row[1:]
-            self.nll -= float(lp[:-1].gather(-1, tgt[:, None]).double().sum())
-            self.nll_ref -= float(lpr[:-1].gather(-1, tgt[:, None]).double().sum())
-            self.targets += tgt.numel()
+            rows.append((float(kl.double().sum()), float(kl.max()), int((lm.argmax(-1) == lr.argmax(-1)).sum()),
+                         row.numel(), float(lp[:-1].gather(-1, tgt[:, None]).double().sum()),
+                         float(lpr[:-1].gather(-1, tgt[:, None]).double().sum()), tgt.numel()))
+            self.add(rows[-1])
+        return rows
+
+    def add(self, terms: tuple) -> None:
+        kl, kl_max, agree, positions, lp, lpr, targets = terms
+        self.kl += kl
+        self.kl_max = max(self.kl_max, kl_max)
+        self.agree += agree
+        self.positions += positions
+        self.nll -= lp
+        self.nll_ref -= lpr
+        self.targets += targets
 
     def result(self) -> dict:
         ppl, ppl_ref = _exp(self.nll / self.targets), _exp(self.nll_ref / self.targets)
@@ -112,6 +122,20 @@ class LayerSQNR:
             if y_e2e is not None:
                 a.noise_e2e += _sq(y - y_e2e.float())
         return hook
+
+    def take(self) -> dict[str, tuple[float, float, float]]:
+        """This batch's terms per module, zeroed here (each Linear runs once per forward, so
+        0.0 + term is the term; `add` replays them in batch order, bit for bit)."""
+        out = {n: (a.signal, a.noise_iso, a.noise_e2e) for n, a in self.acc.items()}
+        self.acc = {n: _Acc() for n in self.acc}
+        return out
+
+    def add(self, terms: dict[str, tuple[float, float, float]]) -> None:
+        for name, (sig, iso, e2e) in terms.items():
+            a = self.acc[name]
+            a.signal += sig
+            a.noise_iso += iso
+            a.noise_e2e += e2e
 
     def result(self) -> list[dict]:
         out = []

@@ -9,6 +9,9 @@ from typing import Protocol
 
 import torch
 
+from tfcompile.dist import LOCAL
+from tfcompile.dist.devices import resolve_device
+from tfcompile.dist.world import World
 from tfcompile.evaluate.errors import EvalError
 from tfcompile.evaluate.gates import check_gates
 from tfcompile.evaluate.kvcache import KV_MODES, not_emulated
@@ -40,12 +43,14 @@ def evaluate(model_path: Path, reference: Path, *, text: Path | None = None, max
              seq_len: int | None = None, batch_size: int = 4, dtype: str = "float32",
              kv_cache: str = "auto", thresholds: dict[str, float | None] | None = None,
              progress: Progress | None = None, layer_kl: bool = False,
-             manifest: JsonDict | None = None) -> dict:
+             manifest: JsonDict | None = None, device: str = "auto", world: World | None = None) -> dict:
     """The report as a JSON-ready dict (see docs/ci.md for the fields).
 
     kv_cache: "auto" emulates an artifact's FP8 KV cache (kvcache.py), "off" does not.
     layer_kl: also KL per decoder layer through the logit lens (lens.py), as "layer_kl".
-    manifest: the artifact's manifest when it is not on disk yet (`quantize --eval`)."""
+    manifest: the artifact's manifest when it is not on disk yet (`quantize --eval`).
+    device: where both models run (tfcompile/dist/devices.py). Under torchrun (`world`) batch b
+    runs on rank b mod N and every rank gets the figures one process computes, bit for bit."""
     for name, value in (("--max-tokens", max_tokens), ("--seq-len", seq_len), ("--batch-size", batch_size)):
         _check_positive(name, value)
     if dtype not in DTYPES:
@@ -65,8 +70,11 @@ def evaluate(model_path: Path, reference: Path, *, text: Path | None = None, max
     seq_len = _seq_len(ref, seq_len)
     rows = token_rows(source.text, tokenizer, max_tokens=max_tokens,
                       seq_len=seq_len, vocab=vocab)
+    dev = resolve_device(device, world)
+    cand.model.to(dev)
+    ref.to(dev)
     lens = LayerKL() if layer_kl else None
-    logit_m, layer_m = _run(cand, ref, batches(rows, batch_size), progress, lens)
+    logit_m, layer_m = _run(cand, ref, batches(rows, batch_size), progress, lens, world or LOCAL, dev)
     kv_entry, kv_warnings = _kv_report(cand, kv_cache)
     metrics = logit_m.result()
     shapes = {n: list(q.module.weight.shape) for n, q in cand.linears.items()}
@@ -108,30 +116,62 @@ def _seq_len(ref, seq_len: int | None) -> int:
     return seq_len
 
 
-def _run(cand, ref, work: list[torch.Tensor], progress: Progress | None,
-         lens: LayerKL | None = None) -> tuple[LogitMetrics, LayerSQNR]:
-    """Both models over every [B, L] batch; the running metrics (and `lens`, if given)."""
+def _run(cand, ref, work: list[torch.Tensor], progress: Progress | None, lens: LayerKL | None = None,
+         world=LOCAL, device: torch.device | str = "cpu") -> tuple[LogitMetrics, LayerSQNR]:
+    """Both models over every [B, L] batch (this rank's, under torchrun); the metrics (and
+    `lens`, if given, filled in place)."""
     logit_m, layer_m = LogitMetrics(), LayerSQNR()
     layer_m.attach(cand.linears, ref)
     if lens is not None and not lens.attach(cand.model, ref):
         lens = None
+    mine = range(world.rank, len(work), world.size)
+    starts = [0]  # batch b's first global position (the lens counts positions in batch order)
+    for ids in work:
+        starts.append(starts[-1] + ids.numel())
     if progress is not None:
-        progress.task("eval", len(work))
+        progress.task("eval", len(mine))
+    terms = {}  # batch -> (row terms, layer terms, lens terms): what other ranks replay
     try:
         with torch.inference_mode():
-            for ids in work:
+            for b in mine:
+                ids = work[b].to(device)
+                if lens is not None and world.distributed:
+                    lens.begin(starts[b])
                 logits = cand.model(input_ids=ids).logits  # candidate first: layer_m pairs outputs
                 ref_logits = ref(input_ids=ids).logits
-                logit_m.update(ids, logits, ref_logits)
+                rows = logit_m.update(ids, logits, ref_logits)
                 if lens is not None:
                     lens.batch_done(ids)
+                if world.distributed:
+                    terms[b] = (rows, layer_m.take(), lens.take() if lens is not None else None)
                 if progress is not None:
                     progress.advance(1, f"{ids.numel()} tokens")
     finally:
         layer_m.detach()
         if lens is not None:
             lens.detach()
+    if world.distributed:
+        logit_m, layer_m = _replay(world, cand, terms, len(work), layer_m, lens, starts[-1])
     return logit_m, layer_m
+
+
+def _replay(world, cand, terms: dict, n: int, layer_m: LayerSQNR, lens: LayerKL | None,
+            positions: int) -> tuple[LogitMetrics, LayerSQNR]:
+    """Every rank's batch terms, added in batch order as one process adds them (bit for bit)."""
+    logit_m, layers = LogitMetrics(), LayerSQNR(acc={m: type(a)() for m, a in layer_m.acc.items()})
+    calls = dict(cand.kv.calls) if cand.kv is not None else {}
+    for part, kv_calls in world.all_objects("eval/terms", (terms, calls)):
+        terms.update(part)
+        if cand.kv is not None and part is not terms:  # attention calls of every rank (the report)
+            for m, k in kv_calls.items():
+                cand.kv.calls[m] = cand.kv.calls.get(m, 0) + k
+    for b in range(n):
+        for row in terms[b][0]:
+            logit_m.add(row)
+        layers.add(terms[b][1])
+    if lens is not None:
+        lens.replay([terms[b][2] for b in range(n)], positions)
+    return logit_m, layers
 
 
 def _kv_report(cand, mode: str) -> tuple[dict, list[str]]:

@@ -22,12 +22,27 @@ layout (tests/families/test_experts.py).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import torch
 
 from tfcompile.errors import CheckpointError
 from tfcompile.families.rules import ExpertLayout
+
+# A quantization group of one routed expert: "{parent}.experts.{e}.{role}" (role: gate_up, down_proj)
+EXPERT_GROUP = re.compile(r"^(?P<parent>.*\.experts)\.(?P<e>\d+)\.(?P<role>[^.]+)$")
+
+
+def is_expert_group(key: str) -> bool:
+    return EXPERT_GROUP.match(key) is not None
+
+
+def expert_unit(key: str) -> str | None:
+    """The GPTQ solve unit of an expert group, "{experts module}:{role}" (its batches never leave
+    it; under torchrun one rank holds the unit's Hessians), or None for other groups."""
+    m = EXPERT_GROUP.match(key)
+    return f"{m['parent']}:{m['role']}" if m else None
 
 PROJS = ("gate_proj", "up_proj", "down_proj")
 

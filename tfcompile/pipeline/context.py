@@ -41,6 +41,7 @@ class Context:
     evaluation: JsonDict | None = None  # eval: the figures and gates (manifest "eval")
     manifest: JsonDict | None = None  # tfcompile/manifest.json's content
     verify: VerifyReport | None = None
+    world: World | None = None  # under torchrun: rank, size, store (tfcompile/dist); None = one process
     pass_stats: Mapping[str, Mapping[str, JsonValue]] = field(default_factory=dict)
 
     def with_(self, **changes: object) -> "Context":

@@ -17,6 +17,7 @@ from tfcompile.errors import RecipeError, TfcompileError
 from tfcompile.io.oserrors import write_error
 from tfcompile.pipeline.context import INITIAL_FIELDS, Context
 from tfcompile.pipeline.passes import REGISTRY, PassSpec, Unsupported, get_pass
+from tfcompile.pipeline.ranks import run_pass
 from tfcompile.pipeline.recipe import Recipe
 from tfcompile.reporter import NullReporter, Reporter
 
@@ -93,7 +94,10 @@ def run(ctx: Context, recipe: Recipe, reporter: Reporter | None = None) -> Conte
         reporter.pass_started(spec.name)
         t0 = time.perf_counter()
         try:
-            result = spec.run(ctx, entry.config, reporter)
+            if ctx.world is None:
+                result = spec.run(ctx, entry.config, reporter)
+            else:  # torchrun: root-only passes, barriers, failure records (pipeline/ranks.py)
+                result = run_pass(ctx.world, spec, ctx, entry.config, reporter)
         except (KeyboardInterrupt, PassFailed):
             raise
         except BaseException as e:  # noqa: BLE001 - re-raised with the pass named
@@ -107,8 +111,8 @@ def run(ctx: Context, recipe: Recipe, reporter: Reporter | None = None) -> Conte
         ctx = result.ctx.with_(pass_stats=dict(stats))
         reporter.pass_finished(spec.name, seconds, result.stats)
         done.append(spec.name)
-    for spec in specs:
-        if spec.finish is not None:
+    for spec in specs:  # the files written once (manifest, report); by rank 0 under torchrun
+        if spec.finish is not None and (ctx.world is None or ctx.world.is_root):
             try:
                 ctx = spec.finish(ctx)
             except (KeyboardInterrupt, PassFailed):

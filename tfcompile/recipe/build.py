@@ -7,6 +7,7 @@ standard pipeline of a format runs is declared by the passes themselves (their `
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import tomllib
 from pathlib import Path
@@ -91,8 +92,10 @@ def build_recipe(
     skip: Iterable[str] = (),
     until: str | None = None,
     overrides: Mapping[str, Mapping[str, Any]] | None = None,
+    device: str | None = None,
 ) -> Recipe:
-    """Presets < recipe file < CLI options (`overrides`) < --set; then --skip/--until."""
+    """Presets < recipe file < CLI options (`overrides`, `device`) < --set; then --skip/--until.
+    `device` (--device) sets the `device` of every scheduled pass that has one."""
     data = load_recipe_file(recipe_file) if recipe_file else {"version": RECIPE_VERSION}
     fmt = fmt or data.get("format")
     edits = [(n, t, f"recipe passes.{n}") for n, t in (data.get("passes") or {}).items()]
@@ -108,6 +111,10 @@ def build_recipe(
         raise RecipeError("no pipeline: give --format or a recipe with `format` or `pipeline`",
                           hint="e.g. tfcompile quantize --format nvfp4 MODEL -o OUT")
     values: dict[str, dict[str, Any]] = {n: {} for n in pipeline}
+    if device is not None:  # after the recipe file, before --set (a CLI option)
+        at = next((i for i, (_, _, w) in enumerate(edits) if w.startswith("--set")), len(edits))
+        edits[at:at] = [(n, {"device": device}, "--device") for n in pipeline
+                        if "device" in {f.name for f in dataclasses.fields(get_pass(n).config)}]
     if fmt and "select" in values:
         values["select"]["format"] = fmt
     for name, implied in implied_settings(settings).items():  # under the user's own settings

@@ -69,6 +69,7 @@ class RunOptions:
     distill: Mapping[str, Any] | None = None  # tfcompile distill: distill.* fields given
     report: bool | None = None  # --report: OUT/tfcompile/report.html (passes/report.py)
     allow_unknown_architecture: bool | None = None  # load.allow_unknown_architecture
+    device: str | None = None  # --device: every scheduled pass's `device` (tfcompile/dist/devices.py)
     skip: tuple[str, ...] = ()
     until: str | None = None
 
@@ -103,7 +104,7 @@ class RunOptions:
     def to_recipe(self) -> Recipe:
         fmt = self.fmt if self.fmt is not None or self.recipe_file is not None else DEFAULT_FORMAT
         return build_recipe(fmt=fmt, recipe_file=self.recipe_file, sets=self.sets, skip=self.skip,
-                            until=self.until, overrides=self.pass_settings())
+                            until=self.until, overrides=self.pass_settings(), device=self.device)
 
 
 def _given(opts: object) -> dict[str, Any]:

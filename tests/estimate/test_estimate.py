@@ -1,0 +1,85 @@
+"""`tfcompile plan --estimate`: the output size is exact (the real select/quantize passes plan it
+from config.json alone), and the resource model answers for DeepSeek-V3 671B on 1 and 4 nodes
+of 8 H200 (docs/distributed.md "Resource plan")."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tfcompile.errors import RecipeError
+from tfcompile.estimate.plan import estimate, parse_devices
+from tfcompile.recipe.build import build_recipe
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIGS = ROOT / "examples" / "configs"
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4a16", "fp8-block", "mxfp4"])
+def test_output_size_is_the_artifacts_to_the_byte(fmt, model_factory, tmp_path, run_cli):
+    """Estimated from a directory holding only config.json, against the artifact quantized from
+    the weights (the manifest's bytes_out: every tensor of the compressed-tensors view)."""
+    src = model_factory.make_tiny_qwen3_moe(tmp_path / "moe")
+    res = run_cli("quantize", src, "-o", tmp_path / "out", "--format", fmt, "--json")
+    assert res.code == 0, res.err
+    only_config = tmp_path / "config-only"
+    only_config.mkdir()
+    (only_config / "config.json").write_bytes((src / "config.json").read_bytes())
+    doc = estimate(only_config, build_recipe(fmt=fmt))
+    assert doc["output_bytes"] == res.json()["summary"]["bytes_out"]
+    assert doc["model"]["quantized_linears"] == res.json()["summary"]["quantized_linears"]
+
+
+DSV3 = ["--calib-samples", "512", "--calib-seq-len", "2048", "--estimate", "--devices", "8xH200", "--json"]
+
+
+def test_deepseek_v3_on_one_and_four_nodes_of_eight_h200(run_cli):
+    one, four = (run_cli("plan", CONFIGS / "deepseek-v3", "--format", "nvfp4", *DSV3, "--nodes", str(n))
+                 for n in (1, 4))
+    assert one.code == 0 and four.code == 0, one.err + four.err
+    a, b = one.json(), four.json()
+    assert a["model"]["params"] == 671_026_419_200  # transformers' DeepseekV3Config() (without MTP)
+    assert a["model"]["layers"] == 61 and a["cluster"]["ranks"] == 8 and b["cluster"]["ranks"] == 32
+    assert a["output_gb"] == b["output_gb"] and 370 < a["output_gb"] < 390  # ~4.5 bits per weight
+    for doc in (a, b):  # one layer (an MoE layer: 22.5 GB bf16) + activations fits an H200
+        assert 22.5 < doc["memory"]["device_gb_per_rank"] < 60 and doc["memory"]["fits"]["device"]
+        assert set(doc["passes"]) == {"calibrate", "pack"} and doc["disk"]["hessian_spill_gb_per_rank"] == 0
+    assert b["passes"]["pack"]["seconds"] < a["passes"]["pack"]["seconds"]  # 4x the disks and cores
+    assert b["passes"]["calibrate"]["batches_per_rank"] * 4 == a["passes"]["calibrate"]["batches_per_rank"]
+
+
+def test_deepseek_v3_gptq_counts_every_routed_experts_hessian(run_cli):
+    """Each routed expert has its own Hessians (gate/up: K = 7168, down: K = 2048; fp32), all 256 of
+    a projection on the rank that solves them: 256 x 7168^2 x 4 B = 52.6 GB for one layer's
+    gate/up, beside the layer (22.5 GB) and one round's partial Hessians of every expert."""
+    one, four = (run_cli("plan", CONFIGS / "deepseek-v3", "--format", "nvfp4a16", "--algorithm", "gptq", *DSV3,
+                         "--nodes", str(n)).json() for n in (1, 4))
+    expert_h = 256 * 4 * (7168 ** 2 + 2048 ** 2) / 1e9  # one MoE layer's expert Hessians, GB
+    for doc in (one, four):
+        assert doc["memory"]["device_gb_per_rank"] > 22.5 + 52.6
+        # the spill: 58 MoE layers' expert Hessians (and the dense ones) over the ranks, LPT-balanced
+        spill = doc["disk"]["hessian_spill_gb_per_rank"]
+        assert 58 * expert_h / doc["cluster"]["ranks"] < spill < 1.3 * 61 * expert_h / doc["cluster"]["ranks"]
+    assert one["memory"]["fits"]["device"] is False  # said before a run OOMs (docs/distributed.md)
+    assert four["passes"]["pack"]["gptq_solve_s"] < one["passes"]["pack"]["gptq_solve_s"]  # 4x the owners
+
+
+def test_table_on_stderr_and_errors(run_cli, tmp_path):
+    res = run_cli("plan", CONFIGS / "llama-3.1-8b", "--format", "nvfp4", "--estimate", "--devices", "8xH100")
+    assert res.code == 0 and res.out == "" and "8.0B params" in res.err and "device" in res.err
+    assert run_cli("plan", "--format", "nvfp4", "--estimate").code == 2  # MODEL is needed
+    res = run_cli("plan", tmp_path, "--format", "nvfp4", "--estimate")
+    assert res.code == 1 and "config.json" in res.err
+    with pytest.raises(RecipeError, match="--devices"):
+        parse_devices("8xA100", 1)
+    assert parse_devices("2xcpu", 1).ranks == 2 and parse_devices("H200", 4).ranks == 4
+
+
+def test_more_calibration_tokens_need_more_device_memory_and_time():
+    small, large = (estimate(CONFIGS / "llama-3.1-8b", build_recipe(fmt="nvfp4", overrides={
+        "calibrate": {"samples": n, "seq_len": 2048}}), "8xH100") for n in (64, 1024))
+    assert large["memory"]["device_gb_per_rank"] > small["memory"]["device_gb_per_rank"]
+    assert large["passes"]["calibrate"]["seconds"] > small["passes"]["calibrate"]["seconds"]
+    assert json.dumps(large)  # JSON-ready

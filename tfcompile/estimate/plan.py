@@ -1,0 +1,283 @@
+"""`tfcompile plan MODEL --estimate`: output size, memory per rank, disk and time per pass.
+
+From config.json alone (tfcompile/estimate/shapes.py). The output tensors are not guessed:
+the select and quantize passes plan them on a stand-in checkpoint of the meta model's tensors,
+so the artifact size is exact (tests check it against real artifacts). Memory and time follow
+the pipeline's own structure (docs/distributed.md "Resource plan"):
+
+- calibrate (layer by layer): per layer, read its weights (disk, once per node), copy them to
+  the device, run this rank's batches (ceil(B/P) of B batches; 2 x active params + attention
+  FLOPs per token, and 2 x tokens x K^2 per Hessian for X_b^T X_b), send those K x K partials
+  to the groups' owners (network), which add them in batch order. Memory: one layer + this
+  rank's activations + one batch's temporaries + one round's Hessian partials.
+- pack: each rank reads, quantizes and writes its own shards (the slowest rank counts:
+  whole shards go to ranks), streams overlapped; GPTQ adds each rank's solves (LPT
+  assignment, as calibrate assigns them); the source hash runs beside it.
+- the rest (load, select, quantize, manifest, verify) is metadata and small reads.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from tfcompile.dist.partition import hessian_owners, shard_owner
+from tfcompile.errors import RecipeError
+from tfcompile.io.writer import TensorSpec, plan_shards
+from tfcompile.ir import CalibStats, ModelInfo
+from tfcompile.pipeline.context import Context
+from tfcompile.pipeline.passes import get_pass
+from tfcompile.reporter import NullReporter
+from tfcompile.families.experts import is_expert_group
+from tfcompile.estimate.shapes import ModelShape, model_shape
+from tfcompile.estimate.throughputs import ACCELERATORS, ASSUMED, NODES, this_machine
+
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class Cluster:
+    kind: str  # "cpu" or an ACCELERATORS key
+    per_node: int  # ranks (GPUs) per node
+    nodes: int
+
+    @property
+    def ranks(self) -> int:
+        return self.per_node * self.nodes
+
+    @property
+    def gpu(self):
+        return ACCELERATORS.get(self.kind)
+
+
+def parse_devices(spec: str, nodes: int) -> Cluster:
+    """'8xH200', 'H100', 'cpu', '2xcpu' (processes on this machine) -> Cluster."""
+    m = re.fullmatch(r"(?:(\d+)x)?(\w+)", spec.strip())
+    kind = m.group(2).upper() if m else ""
+    kind = "cpu" if kind == "CPU" else kind
+    if not m or (kind != "cpu" and kind not in ACCELERATORS) or nodes < 1:
+        raise RecipeError(f"--devices {spec!r} / --nodes {nodes} is not understood",
+                          hint="e.g. --devices 8xH200 --nodes 4 (devices: " + ", ".join(ACCELERATORS) +
+                               ", or NxCPU: processes on this machine)")
+    return Cluster(kind, int(m.group(1) or 1), nodes)
+
+
+def estimate(model: Path, recipe, devices: str = "cpu", nodes: int = 1) -> dict:
+    """The resource plan as a JSON-ready dict (GB = 1e9 bytes, seconds)."""
+    cluster = parse_devices(devices, nodes)
+    shape = model_shape(model)
+    program, plan = _program(shape, recipe)
+    names = recipe.names()
+    calib = recipe.config("calibrate") if "calibrate" in names else None
+    algo = recipe.config("quantize").algorithm if "quantize" in names else "rtn"
+    out_specs = program.specs()
+    out_bytes = sum(math.prod(s.shape) * s.dtype.itemsize for s in out_specs)
+    shard_mb = recipe.config("pack").max_shard_mb if "pack" in names else 4096
+    hess = _hessian_groups(plan, shape) if calib is not None and calib.hessian else {}
+    owners = hessian_owners([g for g in plan.groups if g.key in hess], cluster.ranks)  # as calibrate assigns them
+    batch = recipe.config("quantize").gptq_expert_batch if "quantize" in names else 8
+    passes = {}
+    if calib is not None:
+        passes["calibrate"] = _calibrate(shape, calib, cluster, hess, owners)
+    passes["pack"] = _pack(shape, out_specs, shard_mb, cluster, algo, hess, owners, batch)
+    mem_host = max(p["host_gb"] for p in passes.values())
+    mem_dev = max((p.get("device_gb", 0.0) for p in passes.values()), default=0.0)
+    spill = max((sum(4 * hess[k][1] ** 2 for k in hess if owners[k] == r) for r in range(cluster.ranks)),
+                default=0) / GB
+    node = _node(cluster)
+    doc = {
+        "model": {"path": str(model), "architecture": (shape.config.get("architectures") or ["?"])[0],
+                  "params": shape.params, "layers": len(shape.layers), "source_gb": round(shape.source_bytes / GB, 3),
+                  "quantized_linears": len(plan.targets()), "groups": len(plan.groups)},
+        "format": plan.scheme.name, "algorithm": algo,
+        "cluster": {"devices": cluster.kind, "per_node": cluster.per_node, "nodes": cluster.nodes,
+                    "ranks": cluster.ranks, "cpu_cores_per_rank": node["cores"] / cluster.per_node},
+        "output_gb": round(out_bytes / GB, 3), "output_bytes": out_bytes,
+        "disk": {"output_gb": round(out_bytes / GB, 3), "hessian_spill_gb_per_rank": round(spill, 3),
+                 "note": "OUT is staged beside itself (same file system) and renamed: no second copy"},
+        "memory": {"host_gb_per_rank": round(mem_host, 3), "device_gb_per_rank": round(mem_dev, 3),
+                   "host_gb_per_node": round(mem_host * cluster.per_node, 3),
+                   "fits": _fits(cluster, node, mem_host, mem_dev)},
+        "passes": passes,
+        "total_s": round(sum(p["seconds"] for p in passes.values()), 1),
+    }
+    return doc
+
+
+def _node(cluster: Cluster) -> dict:
+    if cluster.kind == "cpu":
+        m = this_machine()
+        return {"cores": m["cpu_cores"], "ram_gb": m["ram_gb"], "read": m["read_gbps"], "write": m["write_gbps"],
+                "net": m["gloo_gbps"]}
+    n = NODES[cluster.kind]
+    return {"cores": n.cpu_cores, "ram_gb": n.ram_gb, "read": n.disk_read_gbps, "write": n.disk_write_gbps,
+            "net": n.network_gbps}
+
+
+def _fits(cluster, node, host, dev) -> dict:
+    out = {"host": host * cluster.per_node <= node["ram_gb"]}
+    if cluster.gpu:
+        out["device"] = dev <= cluster.gpu.memory_gb
+    return out
+
+
+def _program(shape: ModelShape, recipe):
+    """The select + quantize passes on a stand-in checkpoint of the model's tensors (the pass
+    registry is filled by the caller: tfcompile.api, which the CLI imports)."""
+    source = _MetaSource(shape)
+    dominant = max(("BF16", "F16", "F32"), key=lambda c: sum(t.dtype == c for t in shape.tensors))
+    ctx = Context(source_path=Path("."), out_dir=None, recipe=recipe, source=source,
+                  model=ModelInfo.from_config(shape.config, dominant))
+    cfg = recipe.config("select") if "select" in recipe.names() else get_pass("select").config(format=recipe.format)
+    ctx = get_pass("select").run(ctx, cfg, NullReporter()).ctx
+    ctx = ctx.with_(calib=CalibStats({t.module: 1.0 for t in ctx.plan.targets()}, 0, "estimate"))
+    qcfg = get_pass("quantize").config()  # RTN: every algorithm writes the same tensors
+    return get_pass("quantize").run(ctx, qcfg, NullReporter()).ctx.program, ctx.plan
+
+
+class _MetaSource:
+    """What select and quantize read of a checkpoint: names, dtypes and shapes (no data)."""
+
+    def __init__(self, shape: ModelShape):
+        self._t = {t.name: t for t in shape.tensors}
+        self.config = shape.config
+
+    def names(self):
+        return list(self._t)
+
+    def info(self, name: str):
+        t = self._t[name]
+        return type("Info", (), {"dtype": t.dtype if t.dtype != "F8_E4M3" else "BF16", "shape": t.shape,
+                                 "nbytes": t.nbytes})()
+
+
+def _hessian_groups(plan, shape: ModelShape) -> dict[str, tuple[tuple[int, ...], int, float]]:
+    """Group key -> (rows of each member, K, share of the layer's tokens it sees) for every group
+    calibration records a Hessian for: every Linear group, and each routed expert's own (gate/up
+    and down_proj: calibration/moe.py), which sees top-k / E of the tokens on average (the
+    estimate assumes balanced routing, so every expert has enough tokens for its Hessian)."""
+    routed = {layer.index: layer.routed for layer in shape.layers}
+    out = {}
+    for g in plan.groups:
+        m = re.search(r"\.layers\.(\d+)\.", g.key)
+        share = routed.get(int(m.group(1)), 1.0) if m and is_expert_group(g.key) else 1.0
+        out[g.key] = (tuple(t.shape[0] for t in g.members), g.members[0].shape[1], share)
+    return out
+
+
+def _calibrate(shape: ModelShape, cfg, cl: Cluster, hess: dict, owners: dict) -> dict:
+    node, gpu = _node(cl), cl.gpu
+    batches = -(-cfg.samples // cfg.batch)
+    rounds = -(-batches // cl.ranks)
+    tokens_rank = rounds * cfg.batch * cfg.seq_len  # the busiest rank's tokens
+    tokens = cfg.samples * cfg.seq_len
+    cores = node["cores"] / cl.per_node
+    M = this_machine()
+    scale = cores / M["cpu_cores"]  # CPU figures are for the whole measured machine
+    seconds, host, dev = 0.0, 0.0, 0.0
+    for layer in shape.layers:
+        heads, qk, v = layer.attn
+        attn_ctx = cfg.seq_len / 2 if gpu else cfg.seq_len  # flash skips the causal half; CPU SDPA does not
+        fwd = tokens_rank * (2 * layer.active + 2 * attn_ctx * heads * (qk + v))
+        groups = [k for k in hess if re.search(rf"\.layers\.{layer.index}\.", k)]
+        kk = sum(hess[k][1] ** 2 for k in groups)
+        hflops = 2 * tokens_rank * sum(hess[k][2] * hess[k][1] ** 2 for k in groups)  # X_b^T X_b, routed rows
+        replay = rounds * kk * 4 * (cl.ranks > 1)  # one fp32 partial per group per round to its owner
+        bf16 = layer.params * 2
+        load = layer.source_bytes / node["read"] / GB
+        if gpu:
+            compute = fwd / (gpu.bf16_tflops * 1e12 * ASSUMED["gpu_forward_efficiency"]) + \
+                hflops / (gpu.fp32_tflops * 1e12 * ASSUMED["gpu_fp32_efficiency"])
+            link = gpu.nvlink_gbps if cl.nodes == 1 else node["net"]
+            load += bf16 / gpu.h2d_gbps / GB
+        else:
+            attn = tokens_rank * 2 * attn_ctx * heads * (qk + v)
+            elementwise = tokens_rank * (4 * layer.hidden + 3 * layer.inter) * M["elementwise_ns"] / 1e9
+            compute = (fwd - attn) / (M["bf16_gemm_gflops"] * 1e9 * scale) + \
+                attn / (M["attn_gflops"] * 1e9 * scale) + elementwise / scale + \
+                hflops / (M["fp32_gemm_gflops"] * 1e9 * scale)
+            link = node["net"]
+        net = replay / (link * GB * ASSUMED["link_efficiency"])
+        seconds += load + compute + net + rounds * ASSUMED["sync_ms"] / 1e3 * (cl.ranks > 1)
+        act = tokens_rank * layer.hidden * 2 * 2  # inputs kept for the next layer + this layer's outputs
+        temps = cfg.batch * cfg.seq_len * (layer.inter * 2 + 3 * layer.hidden) * 2 + \
+            cfg.batch * heads * cfg.seq_len * cfg.seq_len * 4 * (not gpu)  # CPU SDPA materialises scores
+        owned = max((sum(hess[k][1] ** 2 for k in groups if owners[k] == r) for r in range(cl.ranks)), default=0)
+        hmem = 4 * (owned + kk * (cl.ranks > 1))  # the sums it owns + this round's partials
+        if gpu:
+            dev = max(dev, (bf16 + act + temps + hmem) / GB)
+            host = max(host, M["calibrate_rss_gb"] + layer.source_bytes / GB)
+        else:
+            host = max(host, M["calibrate_rss_gb"] + (layer.source_bytes + act + temps + hmem) / GB)
+    seconds += M["calibrate_setup_s"]  # CPU-side, whatever the device
+    out = {"seconds": round(seconds, 2), "host_gb": round(host, 3), "tokens": tokens,
+           "batches_per_rank": rounds, "note": "layer by layer; --calib self adds sampling the tokens on rank 0"}
+    if gpu:
+        out["device_gb"] = round(dev, 3)
+    return out
+
+
+def _pack(shape: ModelShape, specs, shard_mb: float, cl: Cluster, algo: str, hess: dict, owners: dict,
+          expert_batch: int = 8) -> dict:
+    node = _node(cl)
+    shards = plan_shards([TensorSpec(s.name, s.dtype, tuple(s.shape)) for s in specs], int(shard_mb * 2 ** 20))
+    out_share = max(sum(p.nbytes for i, p in enumerate(shards) if shard_owner(i, cl.ranks) == r)
+                    for r in range(cl.ranks))
+    total_out = sum(p.nbytes for p in shards)
+    src = shape.source_bytes * out_share / max(total_out, 1)  # RTN: the writer quantizes its own shards
+    cores = node["cores"] / cl.per_node
+    m = this_machine()
+    # the rank's pack as measured here end to end (quantize, write, hash), on its share of the
+    # node's cores, unless its share of the node's disks is slower
+    busy_per_node = min(cl.per_node, len(shards))
+    # the pass's fixed cost (thread pools, writer, files; measured) + streaming its bytes
+    stream = m["pack_setup_s"] + max(src / (node["read"] / busy_per_node), out_share / (node["write"] / busy_per_node),
+                                     src / (m["pack_gbps"] * cores / m["cpu_cores"])) / GB
+    solve, solve_mem = 0.0, 0.0
+    if algo == "gptq" and hess:
+        per = {}
+        for k, (rows, kk, _) in hess.items():  # each member on its own (passes/quantize/gptq.py); routed
+            together = expert_batch * len(rows) if is_expert_group(k) else 1  # experts in batches (gptq_moe.py)
+            for n in rows:
+                per[owners[k]] = per.get(owners[k], 0.0) + _solve_seconds(n, kk, cl, m, together)
+        solve = max(per.values())
+        solve_mem = max(_solve_bytes(n, kk) * (expert_batch * len(rows) if is_expert_group(k) else 1)
+                        for k, (rows, kk, _) in hess.items() for n in rows) / GB
+    # a job's mapped source (the largest tensor), its outputs and temporaries; the writer keeps up
+    # with the quantizers (O_DIRECT at several times their rate), so its queue stays short. A GPTQ
+    # solve runs inside one job (a Linear of the layer, not the embedding): the larger of the two.
+    largest = max(t.nbytes for t in shape.tensors)
+    host = m["base_rss_gb"] + max(2.5 * largest / GB, 0.0 if cl.gpu else solve_mem)
+    out = {"seconds": round(stream + solve, 2), "host_gb": round(host, 3),
+           "shards": len(shards), "busiest_rank_output_gb": round(out_share / GB, 3),
+           "stream_s": round(stream, 2)}
+    if algo == "gptq":
+        out["gptq_solve_s"] = round(solve, 2)
+        if cl.gpu:
+            out["device_gb"] = round(solve_mem, 3)
+    return out
+
+
+def _solve_bytes(n: int, k: int) -> int:
+    """Peak working set of one GPTQ solve of an [n, k] weight (passes/quantize/gptq.py, fp32):
+    five K x K (the Hessian handed in, its act-order permutation, `_inverse_hessian`'s clone,
+    the damping's eye and its scaled copy; later the Cholesky factor and inverse, no more than
+    five at once) and six N x K (the weight handed in, its fp32 copy and permutation, the fixed
+    multipliers and their permutation, the output). Checked: a [1024, 4096] solve allocates 310 MB
+    beyond the Hessian, weight and multipliers it is given; this count says 335."""
+    return 4 * (5 * k * k + 6 * n * k)
+
+
+def _solve_seconds(n: int, k: int, cl: Cluster, m: dict, together: int = 1) -> float:
+    """One GPTQ solve of an [n, k] weight: the three factorisations (4/3 k^3 flops) and the
+    column sweep with its lazy block updates (fitted per column, element and n k^2). `together`
+    solves share one sweep (a batch of routed experts): each pays 1/together of its per-column
+    cost, the launch- or interpreter-bound part."""
+    if cl.gpu:
+        rate = cl.gpu.fp32_tflops * 1e12 * ASSUMED["gpu_fp32_efficiency"]
+        return k * ASSUMED["gpu_gptq_column_us"] / 1e6 / together + (4 / 3 * k ** 3 + 2 * n * k * k) / rate
+    sw = m["gptq_sweep"]  # one thread (gptq.py `_sweep`)
+    return 4 / 3 * k ** 3 / (m["chol_gflops"] * 1e9) + k * sw["column_us"] / 1e6 / together + \
+        n * k * sw["element_ns"] / 1e9 + n * k * k * sw["lazy_ps"] / 1e12

@@ -1,0 +1,58 @@
+"""One pipeline over N ranks: the same passes on every rank, one staging directory, one publish.
+
+- Rank 0 creates the staging directory beside OUT (tfcompile/io/atomic.py) and shares its
+  path; every rank writes its own shards into it (pack), rank 0 writes config.json, the index
+  and the manifest, runs verify (and emit, onnx), then renames it into place after
+  every rank has finished. So OUT appears complete or not at all, whichever rank fails.
+- Each pass on each rank: tfcompile/pipeline/ranks.py (rank 0 alone for the passes that only
+  write files or read the finished artifact; a barrier after every pass).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from tfcompile.dist.failure import supervise
+from tfcompile.dist.world import World
+from tfcompile.pipeline import manager
+from tfcompile.pipeline.context import Context
+from tfcompile.pipeline.recipe import Recipe
+from tfcompile.reporter import Reporter
+
+
+def run_distributed(world: World, model_dir: Path, out_dir: Path | None, recipe: Recipe, *,
+                    reporter: Reporter | None, open_output, finish=None) -> Context:
+    """`api.run_pipeline` on rank `world.rank` of `world.size`. `open_output()`: the atomic output
+    directory context (rank 0 only); `finish(staging)`: rank 0's last step before it is published
+    (signing)."""
+    world.begin_run()
+    staging: Path | None = None
+    with supervise(world):
+        manager.validate(recipe)
+        if "pack" not in recipe.names() or out_dir is None:
+            return manager.run(Context(source_path=Path(model_dir), out_dir=None, recipe=recipe, world=world),
+                               recipe, reporter)
+        try:
+            if world.is_root:
+                with open_output() as staging:
+                    world.share("staging", str(staging))
+                    ctx = _run(world, model_dir, staging, recipe, reporter)
+                    if finish is not None:
+                        finish(staging)
+            else:
+                staging = Path(world.fetch("staging"))
+                ctx = _run(world, model_dir, staging, recipe, reporter)
+            world.barrier("published")  # nobody reports success before OUT exists
+        except BaseException:
+            if staging is not None:  # rank 0's own cleanup may not run (it may be the one killed)
+                shutil.rmtree(staging, ignore_errors=True)
+            raise
+    return ctx.with_(out_dir=Path(out_dir))
+
+
+def _run(world: World, model_dir: Path, staging: Path, recipe: Recipe, reporter: Reporter | None) -> Context:
+    ctx = Context(source_path=Path(model_dir), out_dir=staging, recipe=recipe, world=world)
+    ctx = manager.run(ctx, recipe, reporter)
+    world.barrier("before publish")
+    return ctx
