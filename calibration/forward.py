@@ -4,7 +4,8 @@ This is the simple, whole-model loop: the model is instantiated by
 transformers from the checkpoint directory (no remote code, `trust_remote_code`
 never set) and run in its dtype on CPU, with forward pre-hooks recording
 max |x| per observed module. Tokens come from `calibration.datasets`: by
-default sequences the model samples itself (seeded), so it needs no data set.
+default (`auto`) the python-doc calib split when installed and the tokenizer encodes it, else
+short sequences the model samples itself (seeded), so it needs no data set.
 """
 
 from __future__ import annotations
@@ -56,18 +57,28 @@ def load_tokenizer(model_dir: Path):
         return None
 
 
+def model_vocab(model) -> int:
+    return int(getattr(model.config, "vocab_size", None) or model.get_input_embeddings().num_embeddings)
+
+
+def resolve_data(model_dir: Path, model, data: str, samples: int, seq_len: int) -> tuple[str, object]:
+    """(the source calibration really uses, the checkpoint's tokenizer or None): `auto` and
+    `self` resolved (calibration.datasets.effective_source) before any token is made."""
+    tokenizer = load_tokenizer(model_dir)
+    return effective_source(data, model, tokenizer, vocab=model_vocab(model), tokens=samples * seq_len), tokenizer
+
+
 def calibration_ids(model_dir: Path, model, *, data: str, samples: int, seq_len: int,
-                    seed: int) -> torch.Tensor:
+                    seed: int, tokenizer=None) -> torch.Tensor:
     """The calibration token ids, int64 [samples, seq_len] (see calibration.datasets)."""
     from tfcompile.calibration.datasets import calibration_tokens
 
-    tokenizer = load_tokenizer(model_dir)
-    if tokenizer is None and data not in ("self", "random"):
+    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model_dir)
+    if tokenizer is None and data not in ("self", "random", "auto"):
         raise CheckpointError(f"{model_dir}: no tokenizer files, so calibration text cannot be tokenized",
                               hint="add the tokenizer to the checkpoint, or use --calib self / random")
-    vocab = int(getattr(model.config, "vocab_size", None) or model.get_input_embeddings().num_embeddings)
     return calibration_tokens(data, tokenizer, samples=samples, seq_len=seq_len, seed=seed,
-                              model=model, vocab=vocab)
+                              model=model, vocab=model_vocab(model))
 
 
 def observe_input_amax(model_dir: Path, modules: set[str], *, data: str, samples: int, seq_len: int,
@@ -79,9 +90,10 @@ def observe_input_amax(model_dir: Path, modules: set[str], *, data: str, samples
     calibration tokens, running the whole model at once (the model must fit in RAM).
     `awq_groups` (member Linear -> group key) adds AWQ statistics (calibration.awq_stats)."""
     model = load_hf_model(model_dir, dtype)
-    data = effective_source(data, model)  # `self` on a model that cannot generate: random ids
+    data, tokenizer = resolve_data(model_dir, model, data, samples, seq_len)  # auto, self -> the real source
     # Tokens first: sampling them from the model (`self`) runs it, and no hook may see that.
-    ids = calibration_ids(model_dir, model, data=data, samples=samples, seq_len=seq_len, seed=seed)
+    ids = calibration_ids(model_dir, model, data=data, samples=samples, seq_len=seq_len, seed=seed,
+                          tokenizer=tokenizer)
     rec = Recorders(model, modules, observer=observer, observer_params=observer_params,
                     hessian_groups=hessian_groups, kv=kv,
                     awq_groups=awq_groups)

