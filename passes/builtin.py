@@ -1,7 +1,7 @@
 """Import every built-in pass module so each registers itself (explicit list)."""
 
 from tfcompile.passes import calibrate, load, manifest, pack, select, verify  # noqa: F401
-from tfcompile.passes.quantize import awq, gptq, mse, rtn  # noqa: F401
+from tfcompile.passes.quantize import awq, gptq, mse, rtn, smoothquant  # noqa: F401
 from tfcompile.passes import evaluate  # noqa: F401  (quantize --eval)
 from tfcompile.passes import emit  # noqa: F401,E402  (quantize --target)
 from tfcompile.passes import layout  # noqa: F401,E402  (--layout, --tp: passes/layout.py)

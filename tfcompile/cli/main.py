@@ -54,9 +54,11 @@ def recipe_options(f):
         click.option("--observer", type=click.Choice(["max", "percentile", "mse"]), help="Static activation "
                      "amax: max (default), percentile (99.99th of |x|; --set calibrate.percentile=P), mse "
                      "(clipping that minimises the format's quantization error)."),
-        click.option("--algorithm", type=click.Choice(["rtn", "mse", "gptq", "awq"]), help="Weight rounding: "
-                     "rtn (default), mse (block-scale search), gptq (Hessian-aware; adds calibration), "
-                     "awq (activation-aware scales folded into the norms; adds calibration)."),
+        click.option("--algorithm", type=click.Choice(["rtn", "mse", "gptq", "awq", "smoothquant"]),
+                     help="Weight rounding: rtn (default), mse (block-scale search), gptq (Hessian-aware; adds "
+                     "calibration), awq (activation-aware scales folded into the norms; adds calibration), "
+                     "smoothquant (activation outliers migrated into the weights through the norms; adds "
+                     "calibration)."),
         click.option("--kv-cache", type=click.Choice(["fp8"]), help="Quantize the KV cache: calibrate "
                      "k_scale/v_scale for an FP8 E4M3 cache (adds the calibrate pass)."),
         click.option("--kv-per-head", is_flag=True, default=None, help="One KV scale per KV head."),

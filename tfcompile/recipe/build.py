@@ -88,7 +88,8 @@ def build_recipe(
     kv = any(n == "calibrate" and isinstance(t, Mapping) and t.get("kv_cache") for n, t, _ in edits)
     gptq = any(n == "quantize" and isinstance(t, Mapping) and t.get("algorithm") == "gptq"
                for n, t, _ in edits)
-    awq = any(n == "quantize" and isinstance(t, Mapping) and t.get("algorithm") == "awq"
+    # AWQ and SmoothQuant both need each norm-fed group's input statistics
+    awq = any(n == "quantize" and isinstance(t, Mapping) and t.get("algorithm") in ("awq", "smoothquant")
               for n, t, _ in edits)
     evaluate = any(n == "eval" for n, _, _ in edits)  # any eval setting (--eval, --max-kl ...) runs it
     emit = any(n == "emit" and isinstance(t, Mapping) and t.get("targets") for n, t, _ in edits)  # --target
