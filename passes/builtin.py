@@ -8,3 +8,4 @@ from tfcompile.passes import layout  # noqa: F401,E402  (--layout, --tp: passes/
 from tfcompile.passes import onnx  # noqa: F401,E402  (quantize --export onnx: passes/onnx.py)
 from tfcompile.passes import distill  # noqa: F401,E402  (tfcompile distill: passes/distill.py)
 from tfcompile.passes import emit_cutlass  # noqa: F401,E402  (CUTLASS kernels: passes/emit_cutlass.py)
+from tfcompile.passes import rotate  # noqa: F401,E402  (rotate.*: passes/rotate.py)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 
 from tfcompile.calibration.forward import observe_input_amax
 from tfcompile.calibration.observers import OBSERVERS
@@ -45,7 +46,8 @@ class CalibrateConfig:
 @register_pass("calibrate", config=CalibrateConfig, requires=("source", "model", "plan"),
                produces=("calib",))
 def calibrate(ctx, cfg: CalibrateConfig, reporter) -> PassResult:
-    """Observe |x| at every quantized Linear's input (calibrate.observer; calibrate.data, default auto)."""
+    """Observe |x| at every quantized Linear's input (calibrate.observer; calibrate.data, default auto).
+    The model is read from ctx.source's directory: the source, or what `rotate` made of it."""
     if cfg.kv_cache not in ("", "fp8"):
         raise RecipeError(f"calibrate.kv_cache {cfg.kv_cache!r} is not supported",
                           hint="use --kv-cache fp8 (FP8 E4M3 with calibrated scales)")
@@ -63,7 +65,7 @@ def calibrate(ctx, cfg: CalibrateConfig, reporter) -> PassResult:
             raise RecipeError("calibrate.awq needs the whole-model loop, not calibrate.mode sequential",
                               hint="use --set calibrate.mode=auto (or whole) with --algorithm awq")
         awq_groups = {t.module: g.key for g in ctx.plan.groups for t in g.members}
-        stats, loop = observe_input_amax(ctx.source_path, modules, awq_groups=awq_groups, **common), "whole"
+        stats, loop = observe_input_amax(Path(ctx.source.path), modules, awq_groups=awq_groups, **common), "whole"
     else:
         stats, loop = _observe(ctx, cfg, modules, reporter, common)
     if cfg.kv_cache:
@@ -107,7 +109,7 @@ def _observe(ctx, cfg: CalibrateConfig, modules: set[str], reporter, common: dic
             layer_times.append(round(seconds, 4))
 
         try:
-            stats = observe_sequential(ctx.source_path, ctx.source, modules, batch=cfg.batch,
+            stats = observe_sequential(Path(ctx.source.path), ctx.source, modules, batch=cfg.batch,
                                        on_layer=on_layer, **common)
             return dataclasses.replace(stats, layer_seconds=tuple(layer_times)), "sequential"
         except Unsupported as e:
@@ -115,7 +117,7 @@ def _observe(ctx, cfg: CalibrateConfig, modules: set[str], reporter, common: dic
                 raise RecipeError(f"calibrate.mode sequential: {e}",
                                   hint="use --set calibrate.mode=whole (the model must fit in RAM)") from None
             reporter.warn(f"calibrate: layer-by-layer loop not possible ({e}); running the whole model")
-    return observe_input_amax(ctx.source_path, modules, **common), "whole"
+    return observe_input_amax(Path(ctx.source.path), modules, **common), "whole"
 
 
 def _timings(stats) -> dict:
