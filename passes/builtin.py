@@ -9,3 +9,4 @@ from tfcompile.passes import onnx  # noqa: F401,E402  (quantize --export onnx: p
 from tfcompile.passes import distill  # noqa: F401,E402  (tfcompile distill: passes/distill.py)
 from tfcompile.passes import emit_cutlass  # noqa: F401,E402  (CUTLASS kernels: passes/emit_cutlass.py)
 from tfcompile.passes import rotate  # noqa: F401,E402  (rotate.*: passes/rotate.py)
+from tfcompile.passes import mixed  # noqa: F401,E402  (mixed.*: passes/mixed.py)

@@ -74,6 +74,8 @@ def manifest(ctx, cfg: ManifestConfig, reporter) -> PassResult:
         "layers": [_clean(x) for x in art.layers],
         "summary": summarize(list(art.layers), art.bytes_in, art.bytes_out),
     }
+    if getattr(plan, "mixed", None):  # mixed precision: the search and each group's format (passes/mixed.py)
+        doc["mixed"] = plan.mixed
     # a pass that replaced source weights (distill: tfcompile/io/overlay.py) says how, e.g. {"distill": ...}
     doc.update(getattr(ctx.source, "provenance", None) or {})
     if getattr(plan, "layout", None) is not None:  # --layout: what each transform did (passes/layout.py)

@@ -210,7 +210,12 @@ def _write_configs(out: Path, ctx, cfg: PackConfig) -> dict[str, str]:
     ignore = list(ctx.plan.ignore)
     written = {}
     kv = ctx.program.kv_strategy
-    ct = dict(base, quantization_config=ct_quantization_config(ctx.plan.scheme, ignore, kv))
+    if getattr(ctx.plan, "mixed", None):  # mixed precision: a config group per scheme (tfcompile/mixed/config.py)
+        from tfcompile.mixed.config import ct_mixed_config
+
+        ct = dict(base, quantization_config=ct_mixed_config(ctx.plan, ignore, kv))
+    else:
+        ct = dict(base, quantization_config=ct_quantization_config(ctx.plan.scheme, ignore, kv))
     written["config.json"] = _dump(out / "config.json", ct)
     if "modelopt" in cfg.export:
         hf_quant, mo_cfg = modelopt_quant_config(ctx.plan.scheme, ignore + list(ctx.plan.embeddings), kv)

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Mapping
 
 from tfcompile.errors import CheckpointError, FormatError, RecipeError
 from tfcompile.pipeline.passes import PassResult, register_pass
@@ -71,9 +71,24 @@ class QuantPlan:
     embeddings: tuple[str, ...]  # embedding modules (modelopt lists them in exclude_modules)
     sources: frozenset[str]  # source tensors consumed by quantized groups
     layout: Any = None  # tfcompile.layout.plan.LayoutPlan, attached by the `layout` pass
+    # mixed precision (passes/mixed.py): group key -> its scheme where it is not `scheme`
+    group_schemes: Mapping[str, Scheme] = field(default_factory=dict)
+    mixed: Any = None  # JSON-able record of the mixed-precision search (the manifest's "mixed")
 
     def targets(self) -> list[QuantTarget]:
         return [t for g in self.groups for t in g.members]
+
+    def scheme_of(self, group: QuantGroup) -> Scheme:
+        """The scheme a group is quantized with: its mixed-precision choice, else the plan's."""
+        return self.group_schemes.get(group.key, self.scheme)
+
+    def schemes(self) -> list[Scheme]:
+        """Every scheme in use, the plan's first (one entry unless mixed precision chose others)."""
+        out = [self.scheme]
+        for g in self.groups:
+            if (s := self.scheme_of(g)) not in out:
+                out.append(s)
+        return out
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ class Job:
     source: str | None  # the tensor copied verbatim when group is None
     outputs: tuple  # tuple[OutSpec, ...] in write order
     const: Any = None  # a small tensor computed by the pass itself (e.g. a KV-cache scale)
+    scheme: Any = None  # mixed precision: this group's Scheme when it is not Program.scheme
 
     @property
     def kind(self) -> str:
@@ -111,6 +112,8 @@ def execute(job: Job, program: Program, source) -> tuple[dict[str, torch.Tensor]
         return {job.outputs[0].name: job.const}, []
     if job.group is None:
         return {job.source: source.get(job.source)}, []
+    if job.scheme is not None:  # a mixed-precision group: the algorithm runs under its own scheme
+        program = dataclasses.replace(program, scheme=job.scheme)
     return ALGORITHMS[program.algorithm](job, program, source)
 
 

@@ -60,17 +60,15 @@ def quantize(ctx, cfg: QuantizeConfig, reporter) -> PassResult:
     """Plan every output tensor (names, dtypes, shapes) for round-to-nearest quantization."""
     plan, model_dtype = ctx.plan, torch_dtype(ctx.model.dtype)
     scheme = plan.scheme
-    jobs = [Job(g, None, tuple(o for t in g.members
-                               for o in ct_outputs(scheme, t.module, *t.shape, model_dtype)))
-            for g in plan.groups]
+    jobs = [_group_job(g, plan, model_dtype) for g in plan.groups]
     for name in plan.passthrough:
         info = ctx.source.info(name)
         jobs.append(Job(None, name, (_spec(name, info),)))
     act = dict(ctx.calib.input_amax) if ctx.calib is not None else {}
-    if scheme.act_static:
-        missing = [t.module for t in plan.targets() if t.module not in act]
-        if missing:
-            raise RuntimeError(f"{scheme.name} needs calibrated input scales; none for {missing[:3]}")
+    missing = [t.module for g in plan.groups if plan.scheme_of(g).act_static
+               for t in g.members if t.module not in act]
+    if missing:
+        raise RuntimeError(f"{scheme.name} needs calibrated input scales; none for {missing[:3]}")
     rule = cfg.mx_rule or (F.DEFAULT_MXFP8_RULE if scheme.weight == "mxfp8" else F.DEFAULT_MX_RULE)
     if rule not in ("floor", "ceil"):
         raise RecipeError(f"quantize.mx_rule {rule!r} is not floor or ceil", hint="--set quantize.mx_rule=ceil")
@@ -92,6 +90,13 @@ def quantize(ctx, cfg: QuantizeConfig, reporter) -> PassResult:
         program, extra = PREPARE[cfg.algorithm](ctx, program, reporter)
     return PassResult(ctx.with_(program=program),
                       {"jobs": len(jobs), "outputs": len(program.specs()), "mx_rule": rule, **extra})
+
+
+def _group_job(g, plan, model_dtype) -> Job:
+    """One fusion group's job; a mixed-precision group carries its own scheme (Job.scheme)."""
+    scheme = plan.scheme_of(g)
+    outputs = tuple(o for t in g.members for o in ct_outputs(scheme, t.module, *t.shape, model_dtype))
+    return Job(g, None, outputs, scheme=scheme if scheme != plan.scheme else None)
 
 
 def kv_scale_jobs(calib, model_dtype: torch.dtype) -> list[Job]:

@@ -24,6 +24,7 @@ from torch import nn
 
 from tfcompile.evaluate.actquant import STATIC_SCALE, ActFn, act_quantizer, pre_hook
 from tfcompile.evaluate.errors import EvalError
+from tfcompile.artifact.verify import layer_scheme
 from tfcompile.evaluate.kvcache import KINDS, KV_MODES, KVEmulator, KVScales, install, read_kv_scales
 from tfcompile.io.checkpoint import Checkpoint, open_checkpoint
 from tfcompile.kernels.formats import QTensor, dequantize
@@ -135,7 +136,8 @@ def _build_artifact(path: Path, ckpt: Checkpoint, manifest: dict, scheme: Scheme
         model = cls._from_config(cfg, dtype=dtype).eval()
     cand = Candidate(model, "artifact", scheme)
     layers = {la["module"]: tuple(la["shape"]) for la in manifest.get("layers", [])}
-    qnames = {s.name for m, (n, k) in layers.items() for s in ct_outputs(scheme, m, n, k, torch.bfloat16)}
+    schemes = {la["module"]: layer_scheme(la, scheme) for la in manifest.get("layers", [])}  # mixed precision
+    qnames = {s.name for m, (n, k) in layers.items() for s in ct_outputs(schemes[m], m, n, k, torch.bfloat16)}
     missing = sorted(q for q in qnames if q not in set(ckpt.names()))
     if missing:
         raise EvalError(f"{path}: quantized tensor {missing[0]} is missing ({len(missing)} in all)",
@@ -146,8 +148,8 @@ def _build_artifact(path: Path, ckpt: Checkpoint, manifest: dict, scheme: Scheme
     modules = dict(model.named_modules())
     expert_inputs: dict[str, ActFn | None] = {}
     for name, (n, k) in sorted(layers.items()):
-        w = dequantize(qtensor_of(ckpt, scheme, name, n, k), torch.float32)
-        act = _act_fn(ckpt, scheme, name)
+        w = dequantize(qtensor_of(ckpt, schemes[name], name, n, k), torch.float32)
+        act = _act_fn(ckpt, schemes[name], name)
         mod = modules.get(name)
         if isinstance(mod, nn.Linear):
             if tuple(mod.weight.shape) != (n, k):

@@ -15,11 +15,13 @@ from tfcompile.schemes import get_scheme
 
 def preset_pipeline(fmt: str, kv_cache: bool = False, evaluate: bool = False, emit: bool = False,
                     layout: bool = False, onnx: bool = False, distill: bool = False,
-                    cutlass: bool = False, rotate: bool = False) -> list[str]:
+                    cutlass: bool = False, rotate: bool = False, mixed: bool = False) -> list[str]:
     """The pass list `tfcompile quantize --format FMT [--kv-cache fp8] [--eval] [--target T] [--layout E]
     [--export onnx]` runs (`tfcompile distill`: distill=True; any emit_cutlass setting: cutlass=True)."""
     scheme = get_scheme(fmt)
     names = ["load"] + (["rotate"] if rotate else []) + ["select"]  # rotate: passes/rotate.py
+    if mixed:
+        names.append("mixed")  # per-group formats (passes/mixed.py), before calibration and layout
     if layout:
         names.append("layout")  # engine layout checks and plan, before any slow pass (passes/layout.py)
     if scheme.act_static or kv_cache:
@@ -98,8 +100,9 @@ def build_recipe(
     distill = any(n == "distill" for n, _, _ in edits)  # tfcompile distill, or any distill.* setting
     cutlass = any(n == "emit_cutlass" for n, _, _ in edits)  # any emit_cutlass.* setting (passes/emit_cutlass.py)
     rotate = any(n == "rotate" for n, _, _ in edits)  # any rotate.* setting (passes/rotate.py)
+    mixed = any(n == "mixed" for n, _, _ in edits)  # any mixed.* setting (passes/mixed.py)
     pipeline = list(data.get("pipeline") or (preset_pipeline(fmt, kv or gptq or awq, evaluate, emit, layout, onnx,
-                                                             distill, cutlass, rotate) if fmt else []))
+                                                             distill, cutlass, rotate, mixed) if fmt else []))
     if not pipeline:
         raise RecipeError("no pipeline: give --format or a recipe with `format` or `pipeline`",
                           hint="e.g. tfcompile quantize --format nvfp4 MODEL -o OUT")
