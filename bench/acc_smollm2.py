@@ -30,27 +30,39 @@ from lm_eval import HeldOut  # noqa: E402
 
 DOC = REPO / "docs" / "accuracy.md"
 HEADING = "## SmolLM2-135M-Instruct: quantization accuracy"
-SAMPLES, SEQ = 32, 512
+SAMPLES, SEQ = 16, 512
 CALIB = ["--calib", "python-doc", "--calib-samples", str(SAMPLES), "--calib-seq-len", str(SEQ)]
+FOS = ["--set", "quantize.nvfp4_scales=four_over_six"]  # four over six (passes/quantize/four_over_six.py)
+ROT = ["--set", "rotate.kind=hadamard"]  # R1 + R2 fused (passes/rotate.py)
+GPTQ = ["--algorithm", "gptq"]
 
-# row name -> (format, method label, extra CLI arguments). Order = table order.
+# row key (format/method) -> (format, method label, extra CLI arguments). Order = table order.
 ROWS: dict[str, tuple[str, str, list[str]]] = {}
 
 
-def row(fmt: str, method: str, *args: str) -> None:
-    ROWS[f"{fmt}/{method}"] = (fmt, method, list(args))
+def row(fmt: str, method: str, *args: str, label: str | None = None) -> None:
+    ROWS[f"{fmt}/{method}"] = (fmt, label or method, list(args))
 
 
 for _f in ("nvfp4a16", "nvfp4"):
     row(_f, "rtn")
     row(_f, "mse", "--algorithm", "mse")
-    row(_f, "gptq", "--algorithm", "gptq")
+    row(_f, "fos", *FOS, label="4/6")
+    row(_f, "gptq", *GPTQ)
+    row(_f, "gptq+fos", *GPTQ, *FOS, label="gptq + 4/6")
     row(_f, "awq", "--algorithm", "awq")
+    if _f == "nvfp4":
+        row(_f, "smoothquant", "--algorithm", "smoothquant")
+    row(_f, "rotate", *ROT)
+    row(_f, "rotate+gptq", *ROT, *GPTQ, label="rotate + gptq")
+    row(_f, "rotate+gptq+fos", *ROT, *GPTQ, *FOS, label="rotate + gptq + 4/6")
 for _f in ("mxfp4a16", "mxfp4"):
     row(_f, "rtn")
-    row(_f, "gptq", "--algorithm", "gptq")
+    row(_f, "gptq", *GPTQ)
+    row(_f, "rotate+gptq", *ROT, *GPTQ, label="rotate + gptq")
 for _f in ("mxfp8", "fp8", "fp8-dynamic", "fp8-block"):
     row(_f, "rtn")
+row("fp8", "smoothquant", "--algorithm", "smoothquant")
 
 
 def results_path() -> Path:

@@ -15,6 +15,7 @@ class CalibStats:
     # attention module -> (max|K|, max|V|), float32 [kv_heads] each, post-RoPE as cached
     kv_amax: Mapping[str, tuple[Any, Any]] = field(default_factory=dict)
     kv_strategy: str | None = None  # None (no KV quantization) | "tensor" | "attn_head"
+    kv_format: str = "fp8"  # the KV cache's format: "fp8" (E4M3) | "nvfp4" (E2M1, E4M3 scales per 16)
     # GPTQ: fusion-group key -> H = X^T X / n over that group's (shared) input, float32 [K, K]
     hessians: Mapping[str, Any] = field(default_factory=dict)
     hessian_seconds: Mapping[str, float] = field(default_factory=dict)  # group key -> seconds computing H

@@ -22,7 +22,8 @@ class CalibrateConfig:
     samples: int = 16  # sequences
     seq_len: int = 128  # tokens per sequence
     seed: int = 0
-    kv_cache: str = ""  # "" (keep the engine's default KV dtype) | "fp8": calibrate k_scale/v_scale
+    # "" (keep the engine's default KV dtype) | "fp8" | "nvfp4": calibrate k_scale/v_scale (amax / 448)
+    kv_cache: str = ""
     kv_per_head: bool = False  # one KV scale per KV head instead of per tensor
     hessian: bool = False  # record H = X^T X / n per fusion group (for quantize.algorithm=gptq)
     awq: bool = False  # record AWQ statistics per norm-fed fusion group (quantize.algorithm=awq)
@@ -38,6 +39,13 @@ class CalibrateConfig:
         if self.observer not in OBSERVERS:
             raise RecipeError(f"calibrate.observer {self.observer!r} is unknown",
                               hint="--observer " + "|".join(sorted(OBSERVERS)) + " (default max)")
+        if self.kv_cache not in ("", "fp8", "nvfp4"):
+            raise RecipeError(f"calibrate.kv_cache {self.kv_cache!r} is not supported",
+                              hint="use --kv-cache fp8 (FP8 E4M3) or nvfp4 (NVFP4, blocks of 16), with calibrated "
+                                   "scales")
+        if self.kv_cache == "nvfp4" and self.kv_per_head:
+            raise RecipeError("--kv-per-head is not supported with --kv-cache nvfp4 (one global scale per tensor; "
+                              "its E4M3 block scales already follow every 16 channels)", hint="drop --kv-per-head")
         if not 0 < self.percentile <= 100:
             raise RecipeError(f"calibrate.percentile {self.percentile!r} is not in (0, 100]",
                               hint="e.g. --set calibrate.percentile=99.99 (100 is the max)")
@@ -48,9 +56,6 @@ class CalibrateConfig:
 def calibrate(ctx, cfg: CalibrateConfig, reporter) -> PassResult:
     """Observe |x| at every quantized Linear's input (calibrate.observer; calibrate.data, default auto).
     The model is read from ctx.source's directory: the source, or what `rotate` made of it."""
-    if cfg.kv_cache not in ("", "fp8"):
-        raise RecipeError(f"calibrate.kv_cache {cfg.kv_cache!r} is not supported",
-                          hint="use --kv-cache fp8 (FP8 E4M3 with calibrated scales)")
     if cfg.mode not in MODES:
         raise RecipeError(f"calibrate.mode {cfg.mode!r} is not one of {', '.join(MODES)}",
                           hint="auto (default) calibrates layer by layer when it can")
@@ -69,7 +74,8 @@ def calibrate(ctx, cfg: CalibrateConfig, reporter) -> PassResult:
     else:
         stats, loop = _observe(ctx, cfg, modules, reporter, common)
     if cfg.kv_cache:
-        stats = dataclasses.replace(stats, kv_strategy="attn_head" if cfg.kv_per_head else "tensor")
+        stats = dataclasses.replace(stats, kv_strategy="attn_head" if cfg.kv_per_head else "tensor",
+                                    kv_format=cfg.kv_cache)
     for m in stats.fallback:
         reporter.warn(f"calibrate: no token reached {m}; used the fallback scale")
     return PassResult(ctx.with_(calib=stats), {"tokens": stats.tokens, "source": stats.source, "loop": loop,

@@ -64,7 +64,8 @@ def manifest(ctx, cfg: ManifestConfig, reporter) -> PassResult:
                    "granularity": plan.scheme.granularity, "block": list(plan.scheme.block),
                    "activations": plan.scheme.act, "mx_rule": ctx.program.mx_rule
                    if plan.scheme.weight.startswith("mx") else None,
-                   "kv_cache": {"dtype": "fp8_e4m3", "strategy": ctx.program.kv_strategy}
+                   "kv_cache": {"dtype": "nvfp4" if ctx.program.kv_format == "nvfp4" else "fp8_e4m3",
+                                "strategy": ctx.program.kv_strategy}
                    if ctx.program.kv_strategy else None},
         "kv_modules": list(ctx.program.kv_modules),
         "views": list(art.views),

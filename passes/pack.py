@@ -213,12 +213,14 @@ def _write_configs(out: Path, ctx, cfg: PackConfig) -> dict[str, str]:
     if getattr(ctx.plan, "mixed", None):  # mixed precision: a config group per scheme (tfcompile/mixed/config.py)
         from tfcompile.mixed.config import ct_mixed_config
 
-        ct = dict(base, quantization_config=ct_mixed_config(ctx.plan, ignore, kv))
+        ct = dict(base, quantization_config=ct_mixed_config(ctx.plan, ignore, kv, ctx.program.kv_format))
     else:
-        ct = dict(base, quantization_config=ct_quantization_config(ctx.plan.scheme, ignore, kv))
+        ct = dict(base, quantization_config=ct_quantization_config(ctx.plan.scheme, ignore, kv,
+                                                                   ctx.program.kv_format))
     written["config.json"] = _dump(out / "config.json", ct)
     if "modelopt" in cfg.export:
-        hf_quant, mo_cfg = modelopt_quant_config(ctx.plan.scheme, ignore + list(ctx.plan.embeddings), kv)
+        hf_quant, mo_cfg = modelopt_quant_config(ctx.plan.scheme, ignore + list(ctx.plan.embeddings), kv,
+                                                 ctx.program.kv_format)
         written["modelopt/config.json"] = _dump(out / "modelopt" / "config.json",
                                                 dict(base, quantization_config=mo_cfg))
         written["modelopt/hf_quant_config.json"] = _dump(out / "modelopt" / "hf_quant_config.json",

@@ -63,6 +63,7 @@ class Program:
     awq: Mapping[str, Any] = field(default_factory=dict)  # group key -> passes.quantize.awq.AWQFold
     awq_skipped: Mapping[str, str] = field(default_factory=dict)  # group key -> why it stays RTN
     nvfp4_scales: str = "max"  # NVFP4 block-scale rule: "max" | "four_over_six" (four_over_six.py)
+    kv_format: str = "fp8"  # "fp8" | "nvfp4" (calibrate.kv_cache): same k_scale/v_scale, another cache
 
     def specs(self) -> list:
         return [o for j in self.jobs for o in j.outputs]

@@ -84,7 +84,7 @@ def quantize(ctx, cfg: QuantizeConfig, reporter) -> PassResult:
                           hint="use --algorithm gptq (it schedules calibrate with hessian=true)")
     program = Program(scheme, cfg.algorithm, tuple(jobs + kv_jobs), act, rule, cfg.sqnr_rows,
                       kv_strategy, kv_modules, hessians, cfg.gptq_act_order, cfg.gptq_damp,
-                      nvfp4_scales=cfg.nvfp4_scales)
+                      nvfp4_scales=cfg.nvfp4_scales, kv_format=ctx.calib.kv_format if kv_jobs else "fp8")
     extra = {}
     if cfg.algorithm in PREPARE:  # plan-time work of the algorithm (AWQ: search and fold)
         program, extra = PREPARE[cfg.algorithm](ctx, program, reporter)
@@ -101,6 +101,8 @@ def _group_job(g, plan, model_dtype) -> Job:
 
 def kv_scale_jobs(calib, model_dtype: torch.dtype) -> list[Job]:
     """k_scale / v_scale per attention module: max|K| / 448 (dequant multiplier, as vLLM reads it).
+    An NVFP4 KV cache stores the same value (as modelopt exports it for TensorRT-LLM): its global
+    dequant multiplier is k_scale / 6 (evaluate/kvcache.py).
 
     Per tensor: shape (1,); per KV head ("attn_head"): (kv_heads, 1, 1). Stored in the
     model dtype, rounded up like the FP8 input scales; a head no token reached gets 1.0."""

@@ -59,8 +59,8 @@ def recipe_options(f):
                      "calibration), awq (activation-aware scales folded into the norms; adds calibration), "
                      "smoothquant (activation outliers migrated into the weights through the norms; adds "
                      "calibration)."),
-        click.option("--kv-cache", type=click.Choice(["fp8"]), help="Quantize the KV cache: calibrate "
-                     "k_scale/v_scale for an FP8 E4M3 cache (adds the calibrate pass)."),
+        click.option("--kv-cache", type=click.Choice(["fp8", "nvfp4"]), help="Quantize the KV cache: "
+                     "calibrate k_scale/v_scale for an FP8 E4M3 or an NVFP4 cache (adds the calibrate pass)."),
         click.option("--kv-per-head", is_flag=True, default=None, help="One KV scale per KV head."),
         click.option("--skip", multiple=True, metavar="PASS", help="Drop a pass from the pipeline."),
         click.option("--until", metavar="PASS", help="Stop after this pass (nothing is written before pack)."),

@@ -18,9 +18,9 @@ from tfcompile.schemes import get_scheme
 MIXED_FORMAT = "mixed-precision"
 
 
-def ct_mixed_config(plan, ignore: list[str], kv: str | None = None) -> dict:
+def ct_mixed_config(plan, ignore: list[str], kv: str | None = None, kv_format: str = "fp8") -> dict:
     """config.json["quantization_config"] of a plan with several schemes (QuantPlan.group_schemes)."""
-    qc = ct_quantization_config(plan.scheme, ignore, kv)
+    qc = ct_quantization_config(plan.scheme, ignore, kv, kv_format)
     groups = {}
     for i, scheme in enumerate(plan.schemes()):
         targets = sorted(t.module for g in plan.groups if plan.scheme_of(g) == scheme for t in g.members)
