@@ -66,9 +66,6 @@ def kv_dtype(requested: str, calibrated: str, model_dtype: str | None) -> str:
         raise RecipeError(f"layout.kv_dtype {requested} needs calibrated KV scales",
                           hint=f"add --kv-cache {'nvfp4' if requested == 'nvfp4' else 'fp8'} (it calibrates "
                                "k_scale/v_scale)")
-    if requested in ("fp8_e4m3", "nvfp4") and requested != {"fp8": "fp8_e4m3"}.get(calibrated, calibrated):
-        raise RecipeError(f"layout.kv_dtype {requested} contradicts --kv-cache {calibrated}",
-                          hint="use --set layout.kv_dtype=auto (it follows --kv-cache)")
     if requested in ("bf16", "fp16") and calibrated:
         raise RecipeError(f"layout.kv_dtype {requested} contradicts --kv-cache {calibrated}: the artifact's "
                           f"kv_cache_scheme makes engines quantize the cache",
