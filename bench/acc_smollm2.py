@@ -14,9 +14,7 @@ Results are kept in $TFCOMPILE_CACHE/bench/smollm2-accuracy.json (keyed by row n
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -26,11 +24,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 from common import cpu_busy, replace_doc_section  # noqa: E402
-from lm_eval import HeldOut  # noqa: E402
+from lm_eval import ACCURACY_DOC as DOC, CALIB_SAMPLES as SAMPLES, CALIB_SEQ as SEQ, HeldOut, Results, bench_parser  # noqa: E402,E501
 
-DOC = REPO / "docs" / "accuracy.md"
+STORE = Results("smollm2-accuracy")
+
 HEADING = "## SmolLM2-135M-Instruct: quantization accuracy"
-SAMPLES, SEQ = 16, 512
 CALIB = ["--calib", "python-doc", "--calib-samples", str(SAMPLES), "--calib-seq-len", str(SEQ)]
 FOS = ["--set", "quantize.nvfp4_scales=four_over_six"]  # four over six (passes/quantize/four_over_six.py)
 ROT = ["--set", "rotate.kind=hadamard"]  # R1 + R2 fused (passes/rotate.py)
@@ -63,11 +61,6 @@ for _f in ("mxfp4a16", "mxfp4"):
 for _f in ("mxfp8", "fp8", "fp8-dynamic", "fp8-block"):
     row(_f, "rtn")
 row("fp8", "smoothquant", "--algorithm", "smoothquant")
-
-
-def results_path() -> Path:
-    root = Path(os.environ.get("TFCOMPILE_CACHE") or Path.home() / ".cache" / "tfcompile")
-    return root / "bench" / "smollm2-accuracy.json"
 
 
 def needs_calib(fmt: str, args: list[str]) -> bool:
@@ -109,18 +102,7 @@ def measure(names: list[str], model: Path, held: HeldOut, results: dict) -> None
             print(f"{name:28s} kl={m['kl_mean']:.5f} ppl={m['perplexity']:.3f} "
                   f"({100 * m['ppl_increase']:+.2f}%) top1={m['top1_agreement']:.4f} q={q['quantize_s']}s",
                   file=sys.stderr, flush=True)
-            save(results)
-
-
-def save(results: dict) -> None:
-    path = results_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(results, indent=1, sort_keys=True))
-
-
-def load() -> dict:
-    path = results_path()
-    return json.loads(path.read_text()) if path.is_file() else {}
+            STORE.save(results)
 
 
 def table(results: dict) -> str:
@@ -167,14 +149,17 @@ def body(results: dict, tokens: int) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--max-tokens", type=int, default=8192)
-    ap.add_argument("--only", nargs="+", metavar="ROW")
-    ap.add_argument("--write-docs", action="store_true")
+    ap = bench_parser(__doc__)
     ap.add_argument("--list", action="store_true", help="print the row names and exit")
     args = ap.parse_args()
     if args.list:
         print("\n".join(ROWS))
+        return 0
+    if args.table:
+        results = STORE.load()
+        print(table(results))
+        if args.write_docs:
+            replace_doc_section(HEADING, body(results, args.max_tokens), DOC)
         return 0
     from tfcompile.fixtures.smollm2 import smollm2_checkpoint
 
@@ -183,7 +168,7 @@ def main() -> int:
     unknown = [n for n in names if n not in ROWS]
     if unknown:
         raise SystemExit(f"unknown rows {unknown}; --list prints them")
-    results = load() if args.only else {}
+    results = STORE.load() if args.only else {}
     held = HeldOut(model, max_tokens=args.max_tokens, dtype="bfloat16")
     print(f"reference: {held.tokens} tokens in {held.reference_seconds:.0f}s", file=sys.stderr)
     measure(names, model, held, results)

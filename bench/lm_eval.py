@@ -17,12 +17,14 @@ transformers + compressed-tensors load it, or any torch module with a causal-LM 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import time
 from pathlib import Path
 
 import torch
 
+from tfcompile.fixtures.smollm2 import cache_root
 from tfcompile.io.hashing import sha256_file
 from tfcompile.evaluate.metrics import LogitMetrics
 from tfcompile.evaluate.runner import DTYPES
@@ -30,6 +32,36 @@ from tfcompile.evaluate.text import batches, load_text, load_tokenizer, token_ro
 
 SEQ_LEN = 256  # tfcompile eval's default row length
 BATCH = 4
+ACCURACY_DOC = Path(__file__).resolve().parents[1] / "docs" / "accuracy.md"
+# calibration for every SmolLM2 bench row (acc_smollm2, peers): samples x tokens of the python-doc calib split
+CALIB_SAMPLES, CALIB_SEQ = 16, 512
+
+
+def bench_parser(doc: str):
+    """The options every SmolLM2 accuracy bench takes: --max-tokens, --only ROW..., --write-docs, --table."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--max-tokens", type=int, default=8192, help="held-out tokens scored")
+    ap.add_argument("--only", nargs="+", metavar="ROW", help="measure these rows, keep the others' saved results")
+    ap.add_argument("--write-docs", action="store_true")
+    ap.add_argument("--table", action="store_true", help="only print/write the table from saved results")
+    return ap
+
+
+class Results:
+    """A bench's measured rows, kept in $TFCOMPILE_CACHE/bench/NAME.json between runs (so `--only`
+    remeasures some rows and keeps the others); saved after every row."""
+
+    def __init__(self, name: str):
+        self.path = cache_root() / "bench" / f"{name}.json"
+
+    def load(self) -> dict:
+        return json.loads(self.path.read_text()) if self.path.is_file() else {}
+
+    def save(self, results: dict) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(json.dumps(results, indent=1, sort_keys=True))
 
 
 def _cached(path: Path, compute) -> list[torch.Tensor]:
@@ -77,8 +109,7 @@ class HeldOut:
         for ids in self.work:
             h.update(ids.numpy().tobytes())
         h.update(self.dtype.encode())
-        root = Path(os.environ.get("TFCOMPILE_CACHE") or Path.home() / ".cache" / "tfcompile")
-        return root / "bench" / f"ref-{h.hexdigest()[:16]}.safetensors"
+        return cache_root() / "bench" / f"ref-{h.hexdigest()[:16]}.safetensors"
 
     def score(self, model: torch.nn.Module) -> dict:
         """tfcompile eval's metrics (perplexity, KL(ref || model), top-1 agreement ...) of `model`."""

@@ -19,9 +19,7 @@ venv (`--llmc-python`, default /work/venvs/t19-peers/bin/python; create it with
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -33,22 +31,17 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 from common import cpu_busy, replace_doc_section  # noqa: E402
-from lm_eval import HeldOut  # noqa: E402
+from lm_eval import ACCURACY_DOC as DOC, CALIB_SAMPLES as SAMPLES, CALIB_SEQ as SEQ, HeldOut, Results, bench_parser  # noqa: E402,E501
 
-DOC = REPO / "docs" / "accuracy.md"
+STORE = Results("smollm2-peers")
+
 HEADING = "## SmolLM2-135M-Instruct: side by side with llm-compressor and modelopt"
-SAMPLES, SEQ = 16, 512
 LLMC_PYTHON = "/work/venvs/t19-peers/bin/python"
 # row -> (our --format, compressed-tensors preset llm-compressor takes, method)
 ROWS = {f"{fmt}/{m}": (fmt, preset, m) for fmt, preset in (
     ("nvfp4a16", "NVFP4A16"), ("nvfp4", "NVFP4"), ("mxfp4a16", "MXFP4A16"), ("fp8-dynamic", "FP8_DYNAMIC"),
     ("fp8", "FP8"), ("fp8-block", "FP8_BLOCK")) for m in ("rtn", "gptq")}
 MODELOPT = {"fp8/rtn": "FP8_DEFAULT_CFG"}
-
-
-def results_path() -> Path:
-    root = Path(os.environ.get("TFCOMPILE_CACHE") or Path.home() / ".cache" / "tfcompile")
-    return root / "bench" / "smollm2-peers.json"
 
 
 def calib_ids(model: Path, path: Path) -> Path:
@@ -119,21 +112,10 @@ def measure(names: list[str], model: Path, held: HeldOut, results: dict, python:
                 row[tool] = {**held.score_compressed_tensors(out), "quantize_s": seconds, "busy_cores": round(busy, 2)}
                 print(f"{name:22s} {tool:15s} kl={row[tool]['kl_mean']:.5f} ppl={row[tool]['perplexity']:.3f}",
                       file=sys.stderr, flush=True)
-                save(results)
+                STORE.save(results)
             if name in MODELOPT:
                 row["modelopt"] = modelopt_fp8(model, ids, held)
-                save(results)
-
-
-def save(results: dict) -> None:
-    path = results_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(results, indent=1, sort_keys=True))
-
-
-def load() -> dict:
-    path = results_path()
-    return json.loads(path.read_text()) if path.is_file() else {}
+                STORE.save(results)
 
 
 def _cell(r: dict | None) -> str:
@@ -155,14 +137,10 @@ def table(results: dict) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--max-tokens", type=int, default=8192)
-    ap.add_argument("--only", nargs="+", metavar="ROW")
-    ap.add_argument("--write-docs", action="store_true")
-    ap.add_argument("--table", action="store_true", help="print/write the table from saved results only")
+    ap = bench_parser(__doc__)
     ap.add_argument("--llmc-python", default=LLMC_PYTHON)
     args = ap.parse_args()
-    results = load()
+    results = STORE.load()
     if not args.table:
         from tfcompile.fixtures.smollm2 import smollm2_checkpoint
 
