@@ -36,10 +36,14 @@ GPTQ = ["--algorithm", "gptq"]
 
 # row key (format/method) -> (format, method label, extra CLI arguments). Order = table order.
 ROWS: dict[str, tuple[str, str, list[str]]] = {}
+SHOWN: dict[str, str] = {}
 
 
-def row(fmt: str, method: str, *args: str, label: str | None = None) -> None:
-    ROWS[f"{fmt}/{method}"] = (fmt, label or method, list(args))
+def row(fmt: str, method: str, *args: str, label: str | None = None, shown: str | None = None) -> None:
+    """A table row; `shown` is the format column when it is not `fmt` (the bf16-weights KV rows)."""
+    ROWS[f"{fmt if shown is None else shown}/{method}"] = (fmt, label or method, list(args))
+    if shown is not None:
+        SHOWN[f"{shown}/{method}"] = shown
 
 
 for _f in ("nvfp4a16", "nvfp4"):
@@ -65,6 +69,11 @@ for _f in ("mxfp4a16", "mxfp4"):
 for _f in ("mxfp8", "fp8", "fp8-dynamic", "fp8-block"):
     row(_f, "rtn")
 row("fp8", "smoothquant", "--algorithm", "smoothquant")
+# KV cache: the weights left bf16 (every Linear ignored) so the row is the KV cache alone, then under nvfp4a16
+for _kv in ("fp8", "nvfp4"):
+    row("nvfp4a16", f"kv-{_kv}", "--ignore", "re:.*", "--kv-cache", _kv, label=f"{_kv} KV cache", shown="bf16")
+for _kv in ("fp8", "nvfp4"):
+    row("nvfp4a16", f"rtn+kv-{_kv}", "--kv-cache", _kv, label=f"rtn, {_kv} KV cache")
 
 
 def needs_calib(fmt: str, args: list[str]) -> bool:
@@ -102,7 +111,7 @@ def measure(names: list[str], model: Path, held: HeldOut, results: dict) -> None
             out = Path(tmp) / name.replace("/", "-")
             q = quantize(model, out, fmt, args)
             m = held.score_artifact(out)
-            results[name] = {"format": fmt, "method": method, **q, **m}
+            results[name] = {"format": SHOWN.get(name, fmt), "method": method, **q, **m}
             print(f"{name:28s} kl={m['kl_mean']:.5f} ppl={m['perplexity']:.3f} "
                   f"({100 * m['ppl_increase']:+.2f}%) top1={m['top1_agreement']:.4f} q={q['quantize_s']}s",
                   file=sys.stderr, flush=True)
