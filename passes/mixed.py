@@ -22,7 +22,7 @@ modelopt/onnx, --layout, --target (each handles one scheme today).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tfcompile.errors import RecipeError
@@ -44,6 +44,8 @@ class MixedConfig:
     samples: int = 2
     seq_len: int = 256
     seed: int = 0
+    # reuse the sensitivities measured for the same model, groups and settings (tfcompile/mixed/cache.py)
+    cache: bool = field(default=True, metadata={"runtime": True})
 
 
 def _supports(recipe, cfg: MixedConfig) -> str | None:
@@ -77,14 +79,23 @@ def _supports(recipe, cfg: MixedConfig) -> str | None:
 def mixed(ctx, cfg: MixedConfig, reporter) -> PassResult:
     """Measure each group's sensitivity per format and pick formats under the budget."""
     from tfcompile.kernels import formats as F
+    from tfcompile.mixed import cache
     from tfcompile.mixed.sensitivity import measure
 
     plan = ctx.plan
     quantize_cfg = ctx.recipe.config("quantize") if "quantize" in ctx.recipe.names() else None
     rule = (quantize_cfg.mx_rule if quantize_cfg else "") or F.DEFAULT_MX_RULE
-    costs, measured = measure(Path(ctx.source.path), plan, list(cfg.formats), data=cfg.data, samples=cfg.samples,
-                              seq_len=cfg.seq_len, seed=cfg.seed, dtype=torch_dtype(ctx.model.dtype),
-                              mx_rule=rule, reporter=reporter)
+    settings = dict(formats=list(cfg.formats), data=cfg.data, samples=cfg.samples, seq_len=cfg.seq_len,
+                    seed=cfg.seed, dtype=ctx.model.dtype, mx_rule=rule)
+    key = cache.key(ctx.source, plan, settings)
+    hit = cache.load(key) if cfg.cache else None
+    if hit is None:
+        costs, measured = measure(Path(ctx.source.path), plan, list(cfg.formats), data=cfg.data,
+                                  samples=cfg.samples, seq_len=cfg.seq_len, seed=cfg.seed,
+                                  dtype=torch_dtype(ctx.model.dtype), mx_rule=rule, reporter=reporter)
+        cache.store(key, costs, measured)
+    else:
+        costs, measured = hit
     pick = choose(costs, plan.scheme.name, avg_bits=cfg.avg_bits, max_kl=cfg.max_kl)
     record = {"budget": {"avg_bits": cfg.avg_bits} if cfg.avg_bits else {"max_kl": cfg.max_kl},
               "base": plan.scheme.name, **summary(costs, pick),
@@ -93,4 +104,5 @@ def mixed(ctx, cfg: MixedConfig, reporter) -> PassResult:
               "groups": dict(pick)}
     new = mixed_plan.apply(plan, pick, ctx.source.names(), record)
     stats = {k: record[k] for k in ("avg_bits", "predicted_kl", "groups_per_format")}
-    return PassResult(ctx.with_(plan=new), {**stats, "sensitivity_seconds": measured["seconds"]})
+    return PassResult(ctx.with_(plan=new), {**stats, "sensitivity_seconds": measured["seconds"],
+                                            "sensitivity_cached": hit is not None})

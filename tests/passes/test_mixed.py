@@ -183,3 +183,18 @@ def test_bad_budgets_are_refused(run_cli):
     assert res.code == 1 and "not more bits" in res.err
     res = run_cli("plan", "--format", "nvfp4a16", "--set", "mixed.avg_bits=6", "--export", "modelopt")
     assert res.code == 1 and "cannot be combined" in res.err
+
+
+def test_sensitivity_is_measured_once_per_model_and_settings(tiny_llama_src, tmp_path, monkeypatch, run_cli):
+    """A second budget reuses the measured sensitivities; the artifact is the same bytes either way."""
+    monkeypatch.setenv("TFCOMPILE_CACHE", str(tmp_path / "cache"))
+    runs = []
+    for i, bits in enumerate(("6.0", "5.0", "6.0")):
+        res = run_cli("quantize", tiny_llama_src, "-o", tmp_path / f"o{i}", "--format", "nvfp4a16", "--set",
+                      f"mixed.avg_bits={bits}", "--json", "-q", *SENS)
+        assert res.code == 0, res.err
+        runs.append(res.json()["passes"]["mixed"])
+    assert [r["sensitivity_cached"] for r in runs] == [False, True, True]
+    assert runs[1]["avg_bits"] < runs[0]["avg_bits"]
+    for f in sorted(p.relative_to(tmp_path / "o0") for p in (tmp_path / "o0").rglob("*") if p.is_file()):
+        assert (tmp_path / "o0" / f).read_bytes() == (tmp_path / "o2" / f).read_bytes(), f
