@@ -26,7 +26,9 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 from common import replace_doc_section  # noqa: E402
-from lm_eval import HeldOut  # noqa: E402
+from lm_eval import HeldOut, Results  # noqa: E402
+
+STORE = Results("smollm2-mixed")
 
 DOC = REPO / "docs" / "accuracy.md"
 PNG = REPO / "docs" / "mixed_precision_smollm2.png"
@@ -71,7 +73,16 @@ def main() -> int:
     ap.add_argument("--bits", type=float, nargs="+", default=[5.0, 5.5, 6.0, 7.0])
     ap.add_argument("--max-tokens", type=int, default=8192)
     ap.add_argument("--write-docs", action="store_true")
+    ap.add_argument("--table", action="store_true", help="only write the table and curve from saved results")
     args = ap.parse_args()
+    if args.table:
+        saved = STORE.load()
+        body = report(saved["rows"], saved["check"], saved["tokens"])
+        print(body)
+        if args.write_docs:
+            plot(saved["rows"])
+            replace_doc_section(HEADING, body, DOC)
+        return 0
     from tfcompile.fixtures.smollm2 import smollm2_checkpoint
 
     model = smollm2_checkpoint()
@@ -92,6 +103,7 @@ def main() -> int:
                   file=sys.stderr, flush=True)
             if budget == args.bits[len(args.bits) // 2] and check is None:
                 check = loader_check(model, out)
+            STORE.save({"rows": rows, "check": check, "tokens": args.max_tokens})
     body = report(rows, check, args.max_tokens)
     print(body)
     if args.write_docs:
