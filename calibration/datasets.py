@@ -43,7 +43,7 @@ AUTO_MARGIN = 1.25  # auto picks python-doc when its calib split holds this many
 
 
 def calibration_tokens(source: str, tokenizer: Any, *, samples: int, seq_len: int, seed: int,
-                       model: Any = None, vocab: int | None = None) -> torch.Tensor:
+                       model: Any = None, vocab: int | None = None, progress: Any = None) -> torch.Tensor:
     """int64 [samples, seq_len] token ids for calibration (see the module doc for `source`)."""
     if samples <= 0 or seq_len <= 0:
         raise UserError(f"calibration needs positive --calib-samples and --calib-seq-len "
@@ -55,7 +55,8 @@ def calibration_tokens(source: str, tokenizer: Any, *, samples: int, seq_len: in
     if source == "self":
         from tfcompile.calibration.sampling import sample_from_model
 
-        return sample_from_model(model, tokenizer, samples=samples, seq_len=seq_len, seed=seed)
+        return sample_from_model(model, tokenizer, samples=samples, seq_len=seq_len, seed=seed,
+                                 progress=progress)
     texts = load_texts(source, tokenizer, seed)
     return pack_blocks(texts, tokenizer, samples=samples, seq_len=seq_len, source=source)
 

@@ -21,6 +21,14 @@ from tfcompile.calibration.stats import CalibStats
 from tfcompile.errors import CheckpointError
 
 
+class Silent:
+    """The progress protocol of a pipeline reporter (task / advance), doing nothing."""
+
+    def task(self, description: str, total: int | None) -> None: ...
+
+    def advance(self, n: int = 1, detail: str | None = None) -> None: ...
+
+
 def model_class(model_dir: Path, cfg):
     """The transformers class named by config.json's architectures (never remote code)."""
     import transformers
@@ -35,11 +43,16 @@ def model_class(model_dir: Path, cfg):
 
 
 def load_hf_model(model_dir: Path, dtype: torch.dtype):
-    """The transformers model for config.json's architecture, weights loaded."""
+    """The transformers model for config.json's architecture, weights loaded (a published quantized
+    checkpoint: decoded by tfcompile, tfcompile/io/sources/model.py)."""
     import transformers
+
+    from tfcompile.io.sources.model import is_published, load_decoded_model
 
     transformers.utils.logging.disable_progress_bar()  # stderr belongs to our reporter
     cfg = transformers.AutoConfig.from_pretrained(model_dir, trust_remote_code=False)
+    if is_published(cfg.to_dict()):
+        return load_decoded_model(model_dir, dtype)
     cls = model_class(model_dir, cfg)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -69,7 +82,7 @@ def resolve_data(model_dir: Path, model, data: str, samples: int, seq_len: int) 
 
 
 def calibration_ids(model_dir: Path, model, *, data: str, samples: int, seq_len: int,
-                    seed: int, tokenizer=None) -> torch.Tensor:
+                    seed: int, tokenizer=None, progress=None) -> torch.Tensor:
     """The calibration token ids, int64 [samples, seq_len] (see calibration.datasets)."""
     from tfcompile.calibration.datasets import calibration_tokens
 
@@ -78,29 +91,33 @@ def calibration_ids(model_dir: Path, model, *, data: str, samples: int, seq_len:
         raise CheckpointError(f"{model_dir}: no tokenizer files, so calibration text cannot be tokenized",
                               hint="add the tokenizer to the checkpoint, or use --calib self / random")
     return calibration_tokens(data, tokenizer, samples=samples, seq_len=seq_len, seed=seed,
-                              model=model, vocab=model_vocab(model))
+                              model=model, vocab=model_vocab(model), progress=progress)
 
 
 def observe_input_amax(model_dir: Path, modules: set[str], *, data: str, samples: int, seq_len: int,
                        seed: int, dtype: torch.dtype, kv: bool = False, observer: str = "max",
                        observer_params: dict | None = None,
                        hessian_groups: dict[str, str] | None = None,
-                       awq_groups: dict[str, str] | None = None) -> CalibStats:
+                       awq_groups: dict[str, str] | None = None, all_experts: bool = False,
+                       moe_min_tokens: int = 16, progress=None) -> CalibStats:
     """Statistics of every module in `modules` (see `Recorders`) over `samples` x `seq_len`
     calibration tokens, running the whole model at once (the model must fit in RAM).
     `awq_groups` (member Linear -> group key) adds AWQ statistics (calibration.awq_stats)."""
     model = load_hf_model(model_dir, dtype)
     data, tokenizer = resolve_data(model_dir, model, data, samples, seq_len)  # auto, self -> the real source
     # Tokens first: sampling them from the model (`self`) runs it, and no hook may see that.
+    progress = progress or Silent()
     ids = calibration_ids(model_dir, model, data=data, samples=samples, seq_len=seq_len, seed=seed,
-                          tokenizer=tokenizer)
+                          tokenizer=tokenizer, progress=progress)
     rec = Recorders(model, modules, observer=observer, observer_params=observer_params,
-                    hessian_groups=hessian_groups, kv=kv,
-                    awq_groups=awq_groups)
+                    hessian_groups=hessian_groups, kv=kv, awq_groups=awq_groups,
+                    all_experts=all_experts, moe_min_tokens=moe_min_tokens)
+    progress.task(f"calibrate {len(ids)} sequences (whole model)", len(ids))
     try:
         with torch.inference_mode():
             for row in ids:
                 model(input_ids=row[None])
+                progress.advance(1)
     finally:
         rec.remove()
     stats = rec.stats(int(ids.numel()), f"{data}(seed={seed})", model_dir)

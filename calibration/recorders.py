@@ -2,7 +2,11 @@
 
 The whole-model loop (calibration.forward) and the layer-by-layer loop
 (calibration.sequential) install the same `Recorders` on modules found by
-name, so both produce the same `CalibStats` for the same tokens.
+name, so both produce the same `CalibStats` for the same tokens. Names are the
+checkpoint's (the plan's); `NameMap` finds the module transformers gives each
+in memory (Qwen2.5-VL: `model.language_model.layers...`). Fused MoE experts have
+no Linear per expert: calibration/moe.py runs them expert by expert and feeds
+the same observers and Hessians under the per-expert names.
 """
 
 from __future__ import annotations
@@ -14,9 +18,12 @@ import torch
 from torch import nn
 
 from tfcompile.calibration.awq_stats import AWQRecorder
+from tfcompile.calibration.moe import MoERecorder
+from tfcompile.calibration.moe_policy import resolve_amax
 from tfcompile.calibration.observers import Observer, make_observer
 from tfcompile.calibration.stats import CalibStats
 from tfcompile.errors import CheckpointError
+from tfcompile.families.names import NameMap
 
 
 class Recorders:
@@ -25,16 +32,20 @@ class Recorders:
     def __init__(self, model: nn.Module, modules: set[str], *, observer: str = "max",
                  observer_params: dict | None = None,
                  hessian_groups: dict[str, str] | None = None, kv: bool = False,
-                 awq_groups: dict[str, str] | None = None):
+                 awq_groups: dict[str, str] | None = None, all_experts: bool = False,
+                 moe_min_tokens: int = 16):
         self.modules = set(modules)
-        self.observers: dict[str, Observer] = {}
+        self.moe_min_tokens = moe_min_tokens
+        names = NameMap(model)
+        self.observers = {m: make_observer(observer, **(observer_params or {})) for m in sorted(self.modules)}
+        in_memory = {names.to_model(m): m for m in self.modules}  # model module name -> checkpoint name
         self.hooks = []
         for name, mod in model.named_modules():
-            if name in self.modules or _expert_parent(name, self.modules):
-                self.observers[name] = make_observer(observer, **(observer_params or {}))
-                self.hooks.append(mod.register_forward_pre_hook(_observe(self.observers[name])))
-        self.hessians = HessianRecorder(model, hessian_groups or {})
+            if name in in_memory:
+                self.hooks.append(mod.register_forward_pre_hook(_observe(self.observers[in_memory[name]])))
+        self.hessians = HessianRecorder(model, hessian_groups or {}, names)
         self.hooks += self.hessians.hooks
+        self.moe = MoERecorder(model, self._expert_input, all_experts=all_experts)
         self.awq = AWQRecorder(model, awq_groups or {})  # member -> group key; {} installs nothing
         self.hooks += self.awq.hooks
         self.kv = None
@@ -42,12 +53,21 @@ class Recorders:
             from tfcompile.calibration.kv import KVObserver, install
 
             self.kv = KVObserver(model)
-            model.set_attn_implementation(install(self.kv))
+            model.set_attn_implementation(install(self.kv, model))
+
+    def _expert_input(self, name: str, x: torch.Tensor) -> None:
+        """One expert's Linear input (calibration/moe.py), under the artifact's per-expert name."""
+        if name in self.observers:
+            self.observers[name].update(x)
+        self.hessians.add(name, x)
 
     def remove(self) -> None:
         for h in self.hooks:
             h.remove()
         self.hooks = []
+        self.moe.remove()
+        if self.kv is not None:
+            self.kv.remove()
 
     def stats(self, tokens: int, source: str, model_dir=None) -> CalibStats:
         """The statistics; with `kv`, raises if no attention call reached the KV observer."""
@@ -56,12 +76,15 @@ class Recorders:
                                   "AttentionInterface, so KV-cache scales cannot be calibrated",
                                   hint="this architecture is not supported for --kv-cache yet")
         amax = {n: v for n, o in self.observers.items() if (v := o.amax()) is not None}
-        resolved, fallback = _resolve(self.modules, amax)
+        resolved, fallback = resolve_amax(self.modules, amax, self.moe.seen, self.moe_min_tokens, model_dir)
         kv_amax = {} if self.kv is None else {n: (self.kv.k[n], self.kv.v[n]) for n in sorted(self.kv.k)}
         awq, awq_skipped = self.awq.result()  # after kv_amax: its fold check runs the model
-        return CalibStats(resolved, tokens, source, tuple(fallback), kv_amax, hessians=self.hessians.result(),
+        hessians = {k: h for k, h in self.hessians.result().items()
+                    if _enough(k, self.moe.seen, self.moe_min_tokens)}  # too few tokens: RTN (quantize warns)
+        return CalibStats(resolved, tokens, source, tuple(fallback), kv_amax, hessians=hessians,
                           hessian_seconds=dict(sorted(self.hessians.seconds.items())),
-                          awq=awq, awq_skipped=awq_skipped)
+                          awq=awq, awq_skipped=awq_skipped, expert_tokens=dict(sorted(self.moe.tokens.items())),
+                          moe_all_experts=self.moe.all_experts, moe_min_tokens=self.moe_min_tokens)
 
 
 class HessianRecorder:
@@ -69,23 +92,34 @@ class HessianRecorder:
 
     Memory: one float32 [K, K] per group observed so far."""
 
-    def __init__(self, model: nn.Module, groups: dict[str, str]):
+    def __init__(self, model: nn.Module, groups: dict[str, str], names: NameMap | None = None):
         self._h: dict[str, torch.Tensor] = {}
         self._n: dict[str, int] = {}
+        self.groups = dict(groups)  # member Linear (checkpoint name) -> group key
         self.seconds: dict[str, float] = {}  # group key -> seconds spent accumulating its H
-        self.hooks = [mod.register_forward_pre_hook(self._hook(groups[name]))
-                      for name, mod in model.named_modules() if name in groups]
+        in_memory = {(names.to_model(m) if names is not None else m): k for m, k in groups.items()}
+        self.hooks = [mod.register_forward_pre_hook(self._hook(in_memory[name]))
+                      for name, mod in model.named_modules() if name in in_memory]
 
     def _hook(self, key: str):
         def hook(mod: nn.Module, args):
-            t0 = time.perf_counter()
-            x = args[0].detach().reshape(-1, args[0].shape[-1]).float()
-            h = x.T @ x
-            self._h[key] = h if key not in self._h else self._h[key] + h
-            self._n[key] = self._n.get(key, 0) + x.shape[0]
-            self.seconds[key] = self.seconds.get(key, 0.0) + time.perf_counter() - t0
+            self._accumulate(key, args[0])
 
         return hook
+
+    def add(self, member: str, x: torch.Tensor) -> None:
+        """Input x of group member `member` (fused experts: calibration/moe.py)."""
+        key = self.groups.get(member)
+        if key is not None:
+            self._accumulate(key, x)
+
+    def _accumulate(self, key: str, x: torch.Tensor) -> None:
+        t0 = time.perf_counter()
+        x = x.detach().reshape(-1, x.shape[-1]).float()
+        h = x.T @ x
+        self._h[key] = h if key not in self._h else self._h[key] + h
+        self._n[key] = self._n.get(key, 0) + x.shape[0]
+        self.seconds[key] = self.seconds.get(key, 0.0) + time.perf_counter() - t0
 
     def result(self) -> dict[str, torch.Tensor]:
         return {k: self._h[k] / self._n[k] for k in sorted(self._h)}
@@ -107,28 +141,7 @@ def _observe(obs: Observer):
     return hook
 
 
-def _expert_parent(name: str, modules: set[str]) -> bool:
-    """A fused experts module (transformers v5) whose per-expert Linears we quantize."""
-    return name.endswith("experts") and any(m.startswith(name + ".") for m in modules)
-
-
-def _resolve(modules: set[str], amax: dict[str, float]) -> tuple[dict[str, float], list[str]]:
-    """Give every module a positive amax; modules no token reached get a fallback.
-
-    Fallback (documented in docs/design.md): a fused expert's gate/up input is
-    the experts module's input; anything else takes the largest amax observed
-    in the same decoder layer, else the model-wide largest. Never zero.
-    """
-    out, fallback = {}, []
-    top = max(amax.values(), default=1.0) or 1.0
-    for m in sorted(modules):
-        v = amax.get(m)
-        if v is None and re.search(r"\.experts\.\d+\.(gate_proj|up_proj)$", m):
-            v = amax.get(m.rsplit(".", 2)[0])
-        if not v:
-            layer = re.match(r"(.*?\.\d+)\.", m)
-            same = [a for k, a in amax.items() if layer and k.startswith(layer.group(1) + ".")]
-            v = max(same, default=0.0) or top
-            fallback.append(m)
-        out[m] = v
-    return out, fallback
+def _enough(key: str, tokens: dict[str, int], min_tokens: int) -> bool:
+    """A fused expert's group keeps its Hessian only when min_tokens were routed to the expert."""
+    m = re.match(r"(.*\.experts\.\d+)\.", key)
+    return m is None or m.group(1) not in tokens or tokens[m.group(1)] >= min_tokens

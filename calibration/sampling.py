@@ -29,11 +29,18 @@ BATCH = 256  # sequences per generate() call
 TOP_K = 50
 
 
-def sample_from_model(model: Any, tokenizer: Any, *, samples: int, seq_len: int, seed: int) -> torch.Tensor:
-    """int64 [samples, seq_len]: short model-sampled sequences from BOS, packed (module doc)."""
+def sample_from_model(model: Any, tokenizer: Any, *, samples: int, seq_len: int, seed: int,
+                      progress: Any = None) -> torch.Tensor:
+    """int64 [samples, seq_len]: short model-sampled sequences from BOS, packed (module doc).
+    `progress` (a pipeline reporter) advances once per decode step of every batch."""
     start = tokenizer.bos_token_id if tokenizer is not None and tokenizer.bos_token_id is not None else 0
     length = min(seq_len, SEQ_TOKENS)
     count = math.ceil(samples * seq_len / length)
+    extra = {}
+    if progress is not None and length > 1:
+        progress.task(f"sample {count} x {length} calibration tokens from the model",
+                      math.ceil(count / BATCH) * (length - 1))
+        extra["stopping_criteria"] = _progress_criteria(progress)
     from transformers.utils import logging as hf_logging
 
     verbosity = hf_logging.get_verbosity()
@@ -41,7 +48,7 @@ def sample_from_model(model: Any, tokenizer: Any, *, samples: int, seq_len: int,
     try:
         with torch.random.fork_rng(), torch.inference_mode():  # seeded; the caller's RNG untouched
             torch.manual_seed(seed)
-            rows = [_generate(model, min(BATCH, count - i), length, int(start))
+            rows = [_generate(model, min(BATCH, count - i), length, int(start), extra)
                     for i in range(0, count, BATCH)]
     finally:
         hf_logging.set_verbosity(verbosity)
@@ -49,11 +56,24 @@ def sample_from_model(model: Any, tokenizer: Any, *, samples: int, seq_len: int,
     return flat[: samples * seq_len].reshape(samples, seq_len).to(torch.int64)
 
 
-def _generate(model: Any, batch: int, length: int, start: int) -> torch.Tensor:
+def _progress_criteria(progress: Any) -> Any:
+    """A `generate` stopping criterion that never stops: it advances `progress` once per step."""
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    class _Progress(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            progress.advance(1)
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
+    return StoppingCriteriaList([_Progress()])
+
+
+def _generate(model: Any, batch: int, length: int, start: int, extra: dict) -> torch.Tensor:
     """[batch, length] token ids: BOS then length - 1 sampled tokens."""
     prompt = torch.full((batch, 1), start, dtype=torch.int64)
     if length == 1:
         return prompt
     out = model.generate(prompt, do_sample=True, top_k=TOP_K, temperature=1.0, max_new_tokens=length - 1,
-                         min_new_tokens=length - 1, pad_token_id=start, attention_mask=torch.ones_like(prompt))
+                         min_new_tokens=length - 1, pad_token_id=start, attention_mask=torch.ones_like(prompt),
+                         **extra)
     return out[:, :length]

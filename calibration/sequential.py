@@ -38,9 +38,15 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from tfcompile.calibration.forward import calibration_ids, model_class, resolve_data
+from tfcompile.calibration.forward import Silent, calibration_ids, model_class, resolve_data
 from tfcompile.calibration.recorders import Recorders
 from tfcompile.calibration.stats import CalibStats
+from tfcompile.families import V5
+from tfcompile.families.experts import PROJS, fuse_bias, fuse_weight, module_layout
+from tfcompile.families.names import RenamedView
+from tfcompile.io.locks import owner_token, sweep_stale_in
+
+SPILL_PREFIX = "tfcompile-hessians-"
 
 
 class Unsupported(Exception):
@@ -51,10 +57,12 @@ def observe_sequential(model_dir: Path, ckpt, modules: set[str], *, data: str, s
                        seq_len: int, seed: int, dtype: torch.dtype, kv: bool = False,
                        observer: str = "max", observer_params: dict | None = None,
                        hessian_groups: dict[str, str] | None = None,
-                       batch: int = 4, on_layer=None) -> CalibStats:
+                       batch: int = 4, on_layer=None, all_experts: bool = False,
+                       moe_min_tokens: int = 16, progress=None) -> CalibStats:
     """Same statistics as `forward.observe_input_amax`, computed one decoder layer at a time.
 
-    `ckpt` is the open `Checkpoint`; `on_layer(i, n, seconds)` reports progress.
+    `ckpt` is the open `Checkpoint`; `on_layer(i, n, seconds)` reports each layer's time and
+    `progress` (a pipeline reporter: task/advance) every batch of every layer.
     Raises `Unsupported` before running anything if a parameter has no tensor."""
     import time
 
@@ -62,13 +70,17 @@ def observe_sequential(model_dir: Path, ckpt, modules: set[str], *, data: str, s
     model = _skeleton(model_dir, dtype)
     data, tokenizer = resolve_data(model_dir, model, data, samples, seq_len)  # auto, self -> the real source
     path, layers = find_layers(model)
+    ckpt = RenamedView(ckpt, model)  # the checkpoint under the model's names (Qwen2.5-VL: language_model.)
     _check_layers(model, ckpt, path)
+    progress = progress or Silent()
     ids = _tokens(model_dir, model, ckpt, dtype, path, layers,
-                  dict(data=data, samples=samples, seq_len=seq_len, seed=seed, tokenizer=tokenizer))
+                  dict(data=data, samples=samples, seq_len=seq_len, seed=seed, tokenizer=tokenizer,
+                       progress=progress))
     inputs = _catch_inputs(model, layers, ids, batch)
     rec = Recorders(model, modules, observer=observer, observer_params=observer_params,
-                    hessian_groups=hessian_groups, kv=kv)
+                    hessian_groups=hessian_groups, kv=kv, all_experts=all_experts, moe_min_tokens=moe_min_tokens)
     spill = _Spill()
+    progress.task(f"calibrate {len(layers)} layers x {len(inputs)} batches", len(layers) * len(inputs))
     try:
         with torch.inference_mode():
             for i, layer in enumerate(layers):
@@ -76,11 +88,15 @@ def observe_sequential(model_dir: Path, ckpt, modules: set[str], *, data: str, s
                 _bind(layer, ckpt, dtype, prefix=f"{path}.{i}.")
                 for b, (hidden, kwargs) in enumerate(inputs):
                     inputs[b] = (_first(layer(hidden, **kwargs)), kwargs)
+                    progress.advance(1, f"layer {i + 1}/{len(layers)}")
                 _unbind(layer)
                 ckpt.release()
                 spill.put(i, rec.hessians.take())
                 if on_layer:
                     on_layer(i, len(layers), time.perf_counter() - t0)
+    except BaseException:  # Ctrl-C, SIGTERM, a failed layer: no Hessian spill outlives the run
+        spill.cleanup()
+        raise
     finally:
         rec.remove()
     stats = rec.stats(int(ids.numel()), f"{data}(seed={seed})", model_dir)
@@ -164,23 +180,24 @@ def _params_on_meta():
         nn.Module.register_parameter = real
 
 
-def _tensor_for(ckpt, name: str, names: set[str]) -> torch.Tensor | None:
-    """The checkpoint tensor for parameter `name`, fusing per-expert tensors when the
-    model holds experts fused (transformers 5: experts.gate_up_proj [E, 2I, H] =
-    per expert cat(gate_proj, up_proj) on dim 0; experts.down_proj [E, H, I])."""
+def _tensor_for(ckpt, name: str, names: set[str], owner: nn.Module | None = None) -> torch.Tensor | None:
+    """The checkpoint tensor for parameter `name`, fusing per-expert tensors when the model
+    holds experts fused (transformers 5) in the layout of its experts module `owner`
+    (tfcompile/families/experts.py: v5 [E, 2I, H] halves, GPT-OSS [E, H, 2I] interleaved)."""
     if name in names:
         return ckpt.get(name)
-    m = re.fullmatch(r"(.*\.experts)\.(gate_up_proj|down_proj)", name)
+    m = re.fullmatch(r"(.*\.experts)\.(gate_up_proj|down_proj)(_bias)?", name)
     if not m:
         return None
-    base, kind = m.groups()
+    base, kind, bias = m.groups()
     n = sum(1 for x in names if re.fullmatch(re.escape(base) + r"\.\d+\.down_proj\.weight", x))
-    if n == 0:
+    if n == 0 or (bias and f"{base}.0.down_proj.bias" not in names):
         return None
-    if kind == "down_proj":
-        return torch.stack([ckpt.get(f"{base}.{e}.down_proj.weight") for e in range(n)])
-    return torch.stack([torch.cat([ckpt.get(f"{base}.{e}.gate_proj.weight"),
-                                   ckpt.get(f"{base}.{e}.up_proj.weight")]) for e in range(n)])
+    leaf = "bias" if bias else "weight"
+    parts = {p: [ckpt.get(f"{base}.{e}.{p}.{leaf}") for e in range(n)] for p in PROJS}
+    layout = module_layout(owner) if owner is not None else V5
+    fused = fuse_bias(parts, layout) if bias else fuse_weight(parts, layout)
+    return fused[kind]
 
 
 def _check_layers(model: nn.Module, ckpt, path: str) -> None:
@@ -189,8 +206,9 @@ def _check_layers(model: nn.Module, ckpt, path: str) -> None:
     for name, p in model.named_parameters():
         if not name.startswith(path + ".") or name in names:
             continue
-        m = re.fullmatch(r"(.*\.experts)\.(gate_up_proj|down_proj)", name)
-        if not (m and f"{m.group(1)}.0.down_proj.weight" in names):
+        m = re.fullmatch(r"(.*\.experts)\.(gate_up_proj|down_proj)(_bias)?", name)
+        leaf = "bias" if m and m.group(3) else "weight"
+        if not (m and f"{m.group(1)}.0.down_proj.{leaf}" in names):
             raise Unsupported(f"parameter {name} has no tensor in the checkpoint")
 
 
@@ -206,7 +224,8 @@ def _bind(module: nn.Module, ckpt, dtype: torch.dtype, prefix: str = "", skip: s
     for group in tied.values():
         if skip and all((prefix + n).startswith(skip) for n in group):
             continue
-        found = next(((n, t) for n in group if (t := _tensor_for(ckpt, prefix + n, names)) is not None), None)
+        found = next(((n, t) for n in group
+                      if (t := _tensor_for(ckpt, prefix + n, names, _owner(module, n)[0])) is not None), None)
         if found is None:
             continue  # not in the checkpoint: stays on meta; using it raises (-> Unsupported)
         name, t = found
@@ -287,10 +306,17 @@ class _Spill:
         if not hessians:
             return
         if self.dir is None:
-            self.dir = tempfile.TemporaryDirectory(prefix="tfcompile-hessians-")
+            # the owner token in the name lets a later run delete the spill of a killed one (io/locks.py)
+            sweep_stale_in(Path(tempfile.gettempdir()), SPILL_PREFIX)
+            self.dir = tempfile.TemporaryDirectory(prefix=f"{SPILL_PREFIX}{owner_token()}-")
         f = Path(self.dir.name) / f"layer{layer}.safetensors"
         save_file({k: v.contiguous() for k, v in hessians.items()}, f)
         self.files.update({k: f for k in hessians})
+
+    def cleanup(self) -> None:
+        if self.dir is not None:
+            self.dir.cleanup()
+            self.dir, self.files = None, {}
 
 
 class SpilledHessians(Mapping):

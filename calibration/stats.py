@@ -24,3 +24,9 @@ class CalibStats:
     awq: Mapping[str, Any] = field(default_factory=dict)
     awq_skipped: Mapping[str, str] = field(default_factory=dict)  # group key -> why it has no AWQ stats
     layer_seconds: tuple[float, ...] = ()  # layer-by-layer loop: wall seconds per decoder layer
+    # MoE (calibration/moe.py): routed tokens per expert "{experts module}.{e}"; whether every token
+    # also went through every expert for the statistics; experts below moe_min_tokens take the
+    # layer's max over experts (calibration/moe_policy.py) and lose their Hessian (GPTQ -> RTN)
+    expert_tokens: Mapping[str, int] = field(default_factory=dict)
+    moe_all_experts: bool = False
+    moe_min_tokens: int = 0

@@ -10,3 +10,4 @@ from tfcompile.passes import distill  # noqa: F401,E402  (tfcompile distill: pas
 from tfcompile.passes import emit_cutlass  # noqa: F401,E402  (CUTLASS kernels: passes/emit_cutlass.py)
 from tfcompile.passes import rotate  # noqa: F401,E402  (rotate.*: passes/rotate.py)
 from tfcompile.passes import mixed  # noqa: F401,E402  (mixed.*: passes/mixed.py)
+from tfcompile.passes import report  # noqa: F401,E402  (quantize --report: passes/report.py)

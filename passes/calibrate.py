@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tfcompile.calibration.forward import observe_input_amax
+from tfcompile.calibration.moe_policy import summarize
 from tfcompile.calibration.observers import OBSERVERS
 from tfcompile.calibration.sequential import Unsupported, observe_sequential
 from tfcompile.passes.quantize.program import torch_dtype
@@ -34,6 +35,10 @@ class CalibrateConfig:
     # static activation amax per module (calibration/observers.py): "max" | "percentile" | "mse"
     observer: str = "max"
     percentile: float = 99.99  # observer "percentile": p-th percentile of |x|, in (0, 100]
+    # MoE (calibration/moe.py): every token through every expert for the statistics (--calib-all-experts);
+    # experts routed fewer tokens take the layer's max over experts and GPTQ's RTN (moe_policy.py)
+    all_experts: bool = False
+    moe_min_tokens: int = 16
 
     def __post_init__(self) -> None:  # checked when the recipe is built, before anything runs
         if self.observer not in OBSERVERS:
@@ -49,6 +54,13 @@ class CalibrateConfig:
         if not 0 < self.percentile <= 100:
             raise RecipeError(f"calibrate.percentile {self.percentile!r} is not in (0, 100]",
                               hint="e.g. --set calibrate.percentile=99.99 (100 is the max)")
+        for name, option in (("samples", "--calib-samples"), ("seq_len", "--calib-seq-len"), ("batch", None)):
+            if getattr(self, name) < 1:
+                raise RecipeError(f"calibrate.{name} = {getattr(self, name)} must be at least 1"
+                                  + (f" ({option})" if option else ""), hint="calibration needs some tokens")
+        if self.moe_min_tokens < 0:
+            raise RecipeError(f"calibrate.moe_min_tokens {self.moe_min_tokens} is negative",
+                              hint="e.g. --set calibrate.moe_min_tokens=16 (0: every expert keeps its own)")
 
 
 @register_pass("calibrate", config=CalibrateConfig, requires=("source", "model", "plan"),
@@ -59,12 +71,18 @@ def calibrate(ctx, cfg: CalibrateConfig, reporter) -> PassResult:
     if cfg.mode not in MODES:
         raise RecipeError(f"calibrate.mode {cfg.mode!r} is not one of {', '.join(MODES)}",
                           hint="auto (default) calibrates layer by layer when it can")
+    _check_seq_len(cfg.seq_len, ctx.source.config)
     modules = {t.module for t in ctx.plan.targets()}
+    if cfg.data == "self" and getattr(ctx.source, "source_format", None):
+        raise RecipeError(f"calibrating a {ctx.source.source_format['format']} checkpoint with --calib self would "
+                          f"hold the whole decoded bf16 model in memory to sample from it",
+                          hint="give calibration text (--calib FILE or python-doc), or --calib random")
     common = dict(data=cfg.data, samples=cfg.samples, seq_len=cfg.seq_len, seed=cfg.seed,
                   dtype=torch_dtype(ctx.model.dtype), kv=bool(cfg.kv_cache),
                   hessian_groups={g.members[0].module: g.key for g in ctx.plan.groups}
                   if cfg.hessian else None)
-    common.update(observer=cfg.observer, observer_params=observer_params(cfg, ctx.plan.scheme))
+    common.update(observer=cfg.observer, observer_params=observer_params(cfg, ctx.plan.scheme),
+                  all_experts=cfg.all_experts, moe_min_tokens=cfg.moe_min_tokens, progress=reporter)
     if cfg.awq:  # AWQ statistics and their fold check run the whole model (calibration/awq_stats.py)
         if cfg.mode == "sequential":
             raise RecipeError("calibrate.awq needs the whole-model loop, not calibrate.mode sequential",
@@ -76,8 +94,10 @@ def calibrate(ctx, cfg: CalibrateConfig, reporter) -> PassResult:
     if cfg.kv_cache:
         stats = dataclasses.replace(stats, kv_strategy="attn_head" if cfg.kv_per_head else "tensor",
                                     kv_format=cfg.kv_cache)
-    for m in stats.fallback:
-        reporter.warn(f"calibrate: no token reached {m}; used the fallback scale")
+    if stats.fallback:  # one warning listing them (calibration/moe_policy.py: the policy)
+        reporter.warn(f"calibrate: {len(stats.fallback)} module(s) saw no token, or are experts routed fewer "
+                      f"than {cfg.moe_min_tokens} tokens; they took the fallback amax (their layer's max): "
+                      + summarize(list(stats.fallback)))
     return PassResult(ctx.with_(calib=stats), {"tokens": stats.tokens, "source": stats.source, "loop": loop,
                                                "fallback_modules": list(stats.fallback),
                                                "kv_attention_modules": len(stats.kv_amax),
@@ -104,6 +124,15 @@ def observer_params(cfg: CalibrateConfig, scheme) -> dict:
     if cfg.observer == "mse":
         return {"fmt": fmt}
     return {}
+
+
+def _check_seq_len(seq_len: int, config: dict) -> None:
+    """Sequences longer than the model's positions would run on for minutes, then mean nothing."""
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    max_pos = text.get("max_position_embeddings") or text.get("n_positions")
+    if isinstance(max_pos, int) and seq_len > max_pos:
+        raise RecipeError(f"--calib-seq-len {seq_len} (calibrate.seq_len) exceeds the model's "
+                          f"max_position_embeddings {max_pos}", hint=f"pass --calib-seq-len {max_pos} or less")
 
 
 def _observe(ctx, cfg: CalibrateConfig, modules: set[str], reporter, common: dict):

@@ -41,6 +41,9 @@ class EvalConfig:
     max_kl: float | None = None  # gate: kl_mean (nats/token) <= this
     max_ppl_increase: float | None = None  # gate: perplexity / reference - 1 <= this
     min_top1: float | None = None  # gate: top-1 agreement >= this
+    # also store per-layer figures: each Linear's output SQNR and the KL per decoder layer (logit
+    # lens); quantize --report sets it, for the report's plots
+    details: bool = False
 
 
 def _supports(recipe, cfg: EvalConfig) -> str | None:
@@ -67,10 +70,10 @@ def evaluate_artifact(ctx, cfg: EvalConfig, reporter) -> PassResult:
     doc = evaluate(Path(ctx.out_dir), Path(ctx.source_path),
                    text=None if cfg.text == CORPUS else Path(cfg.text), max_tokens=cfg.max_tokens,
                    seq_len=cfg.seq_len or None, batch_size=cfg.batch_size, dtype=cfg.dtype,
-                   kv_cache=cfg.kv_cache, progress=reporter,
+                   kv_cache=cfg.kv_cache, progress=reporter, layer_kl=cfg.details,
                    thresholds={"max-kl": cfg.max_kl, "max-ppl-increase": cfg.max_ppl_increase,
                                "min-top1": cfg.min_top1})
-    section = manifest_section(doc)
+    section = manifest_section(doc, details=cfg.details)
     for w in doc["warnings"]:
         reporter.warn(f"eval: {w}")
     err = gate_error(doc["gates"])
@@ -87,11 +90,13 @@ def evaluate_artifact(ctx, cfg: EvalConfig, reporter) -> PassResult:
                        "kv_cache_emulated": section["kv_cache"]["emulated"], "gates": len(section["gates"])})
 
 
-def manifest_section(doc: dict) -> dict:
+def manifest_section(doc: dict, details: bool = False) -> dict:
     """The eval report (tfcompile.evaluate.evaluate) as stored in the manifest: no paths of the
-    staging directory, no timings, no per-layer rows (their summary only), rounded floats."""
+    staging directory, no timings, rounded floats; per-layer rows (`layers`: output SQNR per
+    Linear; `layer_kl`: KL per decoder layer) only with `details`, else their summary only."""
     keep = ("ok", "activations", "dtype", "text", "kv_cache", "metrics", "layer_summary", "gates")
-    return _rounded({k: doc[k] for k in keep})
+    keep += ("layers", "layer_kl") if details else ()
+    return _rounded({k: doc[k] for k in keep if k in doc})
 
 
 def _rounded(v):

@@ -177,7 +177,8 @@ def descriptor(ctx) -> dict | None:
     modules = ctx.program.kv_modules or tuple(sorted({g.key.rpartition(".")[0] for g in ctx.plan.groups
                                                       if g.key.endswith(".qkv")}))
     return build_descriptor(lp, num_layers=ctx.model.num_layers, kv_strategy=ctx.program.kv_strategy,
-                            kv_modules=modules, head_dim=geom.head_dim if geom else None)
+                            kv_modules=modules, head_dim=geom.head_dim if geom else None,
+                            config=ctx.source.config)
 
 
 def manifest_record(ctx, files: dict[str, str]) -> dict | None:

@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from tfcompile.checkpoint_check import check_checkpoint, checkpoint_tensors
 from tfcompile.errors import CheckpointError
-from tfcompile.io.checkpoint import open_checkpoint
+from tfcompile.io.sources import open_source
 from tfcompile.pipeline.passes import PassResult, register_pass
 
 
@@ -37,13 +38,17 @@ class ModelInfo:
 
 @dataclass(frozen=True)
 class LoadConfig:
-    pass
+    # quantize an architecture transformers does not have, by tensor names alone (nothing checks that
+    # the checkpoint is complete): --allow-unknown-architecture; see tfcompile/checkpoint_check.py
+    allow_unknown_architecture: bool = False
 
 
 @register_pass("load", config=LoadConfig, requires=("source_path",), produces=("source", "model"))
 def load(ctx, cfg: LoadConfig, reporter) -> PassResult:
-    """Open the checkpoint memory-mapped; no tensor is read yet."""
-    ckpt = open_checkpoint(ctx.source_path)
+    """Open the checkpoint memory-mapped; no tensor is read yet. A published quantized checkpoint
+    (DeepSeek FP8-block, GPT-OSS MXFP4, compressed-tensors) reads as the bf16 model it encodes,
+    decoded tensor by tensor (tfcompile/io/sources/)."""
+    ckpt = open_source(ctx.source_path)
     dtypes: dict[str, int] = {}
     for name in ckpt.names():
         info = ckpt.info(name)
@@ -52,7 +57,12 @@ def load(ctx, cfg: LoadConfig, reporter) -> PassResult:
         raise CheckpointError(f"{ckpt.path}: the checkpoint holds no tensors",
                               hint="point tfcompile at a Hugging Face model directory")
     dominant = max(sorted(dtypes), key=lambda d: dtypes[d])
+    note = check_checkpoint(ckpt.config, checkpoint_tensors(ckpt), where=str(ckpt.path),
+                            allow_unknown=cfg.allow_unknown_architecture)  # before any pass reads a weight
+    if note:
+        reporter.warn(f"load: {note}")
     model = ModelInfo.from_config(ckpt.config, dominant)
     stats = {"tensors": len(ckpt.names()), "files": len(ckpt.files), "bytes": ckpt.total_bytes,
-             "architecture": model.architecture, "dtype": dominant}
+             "architecture": model.architecture, "dtype": dominant,
+             "source_format": getattr(ckpt, "source_format", {}).get("format", "safetensors")}
     return PassResult(ctx.with_(source=ckpt, model=model), stats)

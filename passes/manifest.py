@@ -14,6 +14,11 @@ from importlib import metadata
 from pathlib import Path
 
 from tfcompile import __version__
+from tfcompile.artifact.integrity import seal
+from tfcompile.calibration.moe import manifest_record as moe_record
+from tfcompile.io.hub import hub_source
+from tfcompile.io.oserrors import write_error
+from tfcompile.io.sources import source_format
 from tfcompile.pipeline.passes import PassResult, register_pass
 
 SCHEMA_VERSION = 1
@@ -59,7 +64,9 @@ def manifest(ctx, cfg: ManifestConfig, reporter) -> PassResult:
         "dependencies": dependency_versions(),
         "recipe": ctx.recipe.to_dict(),
         "source": {"name": Path(ctx.source_path).name, "architecture": ctx.model.architecture,
-                   "dtype": ctx.model.dtype, "files": art.sources},
+                   "dtype": ctx.model.dtype, "files": art.sources, "format": source_format(ctx.source),
+                   **hub_source(ctx.source_path)},
+        "family": plan.family,
         "scheme": {"name": plan.scheme.name, "weight": plan.scheme.weight,
                    "granularity": plan.scheme.granularity, "block": list(plan.scheme.block),
                    "activations": plan.scheme.act, "mx_rule": ctx.program.mx_rule
@@ -77,6 +84,9 @@ def manifest(ctx, cfg: ManifestConfig, reporter) -> PassResult:
     }
     if getattr(plan, "mixed", None):  # mixed precision: the search and each group's format (passes/mixed.py)
         doc["mixed"] = plan.mixed
+    moe = moe_record(ctx.calib) if ctx.calib is not None else None
+    if moe:  # per-expert routed calibration tokens and the fallback policy (calibration/moe.py)
+        doc["moe"] = moe
     # a pass that replaced source weights (distill: tfcompile/io/overlay.py) says how, e.g. {"distill": ...}
     doc.update(getattr(ctx.source, "provenance", None) or {})
     if getattr(plan, "layout", None) is not None:  # --layout: what each transform did (passes/layout.py)
@@ -95,8 +105,11 @@ def write_manifest(out_dir: Path, doc: dict) -> None:
     path = Path(out_dir) / MANIFEST
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(seal(doc), indent=2, sort_keys=True) + "\n")  # seal: verify's `manifest integrity`
+        os.replace(tmp, path)
+    except OSError as e:  # disk full, quota, read-only: a user error naming the file, not a crash
+        raise write_error(path, e) from e
 
 
 def _clean(layer: dict) -> dict:

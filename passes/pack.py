@@ -25,6 +25,7 @@ import torch
 
 from tfcompile.io.aux_files import copy_aux_files
 from tfcompile.io.hash_cache import sha256_files_cached
+from tfcompile.io.oserrors import write_error
 from tfcompile.passes.quantize.naming import OutSpec, modelopt_kv_name, modelopt_outputs, to_modelopt
 from tfcompile.passes.quantize.program import execute
 from tfcompile.artifact.sink import ShardSink
@@ -136,7 +137,7 @@ def _torch_threads(program):
 def _stream(ctx, program, sinks, reporter, view=None) -> tuple[list[dict], int]:
     """Execute every job in order, handing its outputs to the sinks."""
     layers, bytes_in = [], 0
-    reporter.task("quantize + write", len(program.jobs))
+    reporter.task(f"quantize ({program.algorithm}) + write", len(program.jobs))
     for job in program.jobs:
         tensors, stats = execute(job, program, ctx.source)
         bytes_in += _job_source_bytes(job, ctx.source)
@@ -160,8 +161,9 @@ def _stream(ctx, program, sinks, reporter, view=None) -> tuple[list[dict], int]:
 def _job_source_bytes(job, source) -> int:
     if job.kind == "const":
         return 0  # computed by a pass, not read from the source
-    if job.group is None:  # a copy, or an override standing in for that source tensor
-        return source.info(job.source).nbytes
+    if job.group is None:  # a copy (or one expert's slice of it), or an override standing in for it
+        info = source.info(job.source)
+        return info.nbytes * math.prod(job.outputs[0].shape) // max(math.prod(info.shape), 1)
     total = 0
     for name in {t.source for t in job.group.members}:
         info = source.info(name)
@@ -195,8 +197,9 @@ def _job_modelopt(job, program, tensors):
         t = tensors[spec.name].float()
         yield modelopt_kv_name(spec.name), t.reshape(()) if spec.shape == (1,) else t
         return
-    if job.group is None:  # a copy, or its override (same name in both views)
-        yield job.source, tensors[job.source]
+    if job.group is None:  # a copy, its override or an expert's slice (same name in both views)
+        name = job.outputs[0].name
+        yield name, tensors[name]
         return
     for t in job.group.members:
         view = to_modelopt(program.scheme, t.module, tensors)
@@ -233,8 +236,11 @@ def _dump(path: Path, obj: Any) -> str:
     import hashlib
 
     data = (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    except OSError as e:  # disk full while writing config.json: exit 1 naming the file
+        raise write_error(path, e) from e
     return hashlib.sha256(data).hexdigest()
 
 

@@ -4,10 +4,13 @@ Rules (docs/design.md):
 - Candidates are the Linear weights of decoder layers: 2-D floating `*.weight`
   tensors under a numbered layer prefix (`layers.3.`, `layer.3.`, `h.3.`,
   `blocks.3.`), and MoE experts stored fused as 3-D tensors
-  (`experts.gate_up_proj` [E, 2I, H], `experts.down_proj` [E, H, I],
-  transformers v5 layout) which are split into per-expert Linear weights.
-- A default ignore list (lm_head, embeddings, norms, MoE router gates, vision
-  towers) is extended by `--ignore` (globs, or regexes prefixed `re:`).
+  (transformers v5 `experts.gate_up_proj` / `experts.down_proj`, in the family's
+  layout: tfcompile/families/experts.py) which are split into per-expert Linear
+  weights; GPT-OSS's fused expert biases are split the same way (`QuantPlan.splits`).
+- A default ignore list (lm_head, embeddings, norms, MoE router gates) plus the
+  model family's kept modules (tfcompile/families/rules.py: vision towers, MLA's
+  kv_b_proj, linear attention; `select.include` quantizes a kept class anyway) is
+  extended by `--ignore` (globs, or regexes prefixed `re:`).
 - Every 2-D weight that is not quantized and is not an embedding goes into the
   artifact's `ignore` list, so loaders leave that Linear in high precision.
 - Linears that engines fuse (q/k/v, gate/up, MoE w1/w3, BERT query/key/value)
@@ -22,6 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from tfcompile.errors import CheckpointError, FormatError, RecipeError
+from tfcompile.families import INCLUDES, family_of, keep_rules
+from tfcompile.families.experts import bias_slices, split_slices
 from tfcompile.pipeline.passes import PassResult, register_pass
 from tfcompile.schemes import Scheme, get_scheme
 
@@ -31,7 +36,6 @@ DEFAULT_IGNORE = (
     r"re:.*norm.*",
     r"re:.*\.(mlp|block_sparse_moe|moe|feed_forward)\.(gate|router)$",
     r"re:.*(router|shared_expert_gate)$",
-    r"re:.*(vision_tower|vision_model|visual|multi_modal_projector|mm_projector|image_newline).*",
 )
 _LAYER = re.compile(r"(^|\.)(layers|layer|h|blocks|block)\.\d+\.")
 _FLOAT = {"BF16", "F16", "F32"}
@@ -49,11 +53,12 @@ class QuantTarget:
     module: str  # output module name, e.g. model.layers.0.self_attn.q_proj
     source: str  # source tensor name
     expert: int | None  # index along dim 0 of a fused 3-D expert tensor
-    rows: tuple[int, int] | None  # [start, stop) rows of that slice (gate vs up halves)
+    rows: tuple[int, ...] | None  # (start, stop[, step]) rows of that slice (gate vs up; GPT-OSS interleaved)
     shape: tuple[int, int]  # (N out_features, K in_features)
     # A layout view Linear (tfcompile/layout): ((member target, source rows), ...) gathered and
     # concatenated in this order; empty for an ordinary Linear.
     parts: tuple = ()
+    transposed: bool = False  # the fused tensor stores (in, out): the slice is the weight's transpose
 
 
 @dataclass(frozen=True)
@@ -71,6 +76,9 @@ class QuantPlan:
     embeddings: tuple[str, ...]  # embedding modules (modelopt lists them in exclude_modules)
     sources: frozenset[str]  # source tensors consumed by quantized groups
     layout: Any = None  # tfcompile.layout.plan.LayoutPlan, attached by the `layout` pass
+    # fused per-expert biases split like their weights: source -> ((output name, expert, rows), ...)
+    splits: Any = None
+    family: str = "generic"  # tfcompile/families/rules.py: the rules that applied
     # mixed precision (passes/mixed.py): group key -> its scheme where it is not `scheme`
     group_schemes: Mapping[str, Scheme] = field(default_factory=dict)
     mixed: Any = None  # JSON-able record of the mixed-precision search (the manifest's "mixed")
@@ -97,12 +105,16 @@ class SelectConfig:
     ignore: tuple[str, ...] = ()  # extra patterns: globs over module names, or "re:<regex>"
     use_default_ignore: bool = True
     fuse_groups: bool = True  # group q/k/v and gate/up (shared NVFP4 global scale)
+    include: tuple[str, ...] = ()  # kept module classes to quantize anyway: vision, mla_kv_b, linear_attn
 
 
 def _supports(recipe, cfg: SelectConfig) -> str | None:
     get_scheme(cfg.format)  # raises RecipeError naming the valid formats
     for p in cfg.ignore:
         _compile(p)
+    bad = [i for i in cfg.include if i not in INCLUDES]
+    if bad:
+        raise RecipeError(f"select.include {bad}: unknown module class", hint="choose from: " + ", ".join(INCLUDES))
     return None
 
 
@@ -111,12 +123,14 @@ def _supports(recipe, cfg: SelectConfig) -> str | None:
 def select(ctx, cfg: SelectConfig, reporter) -> PassResult:
     """Choose the Linear weights to quantize and group the ones engines fuse."""
     scheme = get_scheme(cfg.format)
-    patterns = [_compile(p) for p in (DEFAULT_IGNORE if cfg.use_default_ignore else ()) + cfg.ignore]
+    family = family_of(ctx.source.config)
+    keep = tuple(k.pattern for k in keep_rules(ctx.source.config, cfg.include))
+    patterns = [_compile(p) for p in (DEFAULT_IGNORE + keep if cfg.use_default_ignore else ()) + cfg.ignore]
     targets, ignored, consumed, embeddings = [], set(), set(), set()
     for name in ctx.source.names():
         info = ctx.source.info(name)
         module = name[: -len(".weight")] if name.endswith(".weight") else name
-        found = _candidates(name, module, info, ctx.model)
+        found = _candidates(name, module, info, ctx.model, family)
         if found is None:
             if len(info.shape) == 2 and name.endswith(".weight"):
                 (embeddings if _is_embedding(module) else ignored).add(module)
@@ -129,11 +143,12 @@ def select(ctx, cfg: SelectConfig, reporter) -> PassResult:
         consumed.add(name)
     if ctx.model.tie_word_embeddings or "lm_head.weight" not in ctx.source.names():
         ignored.add("lm_head")  # a tied lm_head is a Linear with no tensor of its own
-    groups = _group(targets, cfg.fuse_groups)
-    passthrough = tuple(n for n in ctx.source.names() if n not in consumed)
+    groups = _group(targets, cfg.fuse_groups, family.fuse)
+    splits = _bias_splits(ctx.source, {t.source for t in targets if t.expert is not None}, family)
+    passthrough = tuple(n for n in ctx.source.names() if n not in consumed and n not in splits)
     plan = QuantPlan(scheme, groups, passthrough, tuple(sorted(ignored)), tuple(sorted(embeddings)),
-                     frozenset(consumed))
-    stats = {"quantized_linears": len(targets), "groups": len(groups),
+                     frozenset(consumed), splits=splits, family=family.name)
+    stats = {"family": family.name, "quantized_linears": len(targets), "groups": len(groups),
              "ignored_linears": len(ignored), "passthrough_tensors": len(passthrough)}
     return PassResult(ctx.with_(plan=plan), stats)
 
@@ -153,7 +168,7 @@ def _is_embedding(module: str) -> bool:
     return re.search(r"(embed|wte|wpe)", module) is not None
 
 
-def _candidates(name: str, module: str, info, model) -> list[QuantTarget] | None:
+def _candidates(name: str, module: str, info, model, family) -> list[QuantTarget] | None:
     """The Linear weight(s) this tensor holds, or None if it holds none."""
     if not _LAYER.search(name):
         return None
@@ -161,25 +176,19 @@ def _candidates(name: str, module: str, info, model) -> list[QuantTarget] | None
     if len(shape) == 2 and name.endswith(".weight"):
         return [QuantTarget(module, name, None, None, (shape[0], shape[1]))]
     if len(shape) == 3 and re.search(r"experts\.(gate_up_proj|down_proj)(\.weight)?$", name):
-        return _split_experts(name, shape, model)
+        return [QuantTarget(s.module, name, s.expert, s.rows, s.shape, transposed=s.transposed)
+                for s in split_slices(name, shape, model.hidden_size, family.experts)]
     return None
 
 
-def _split_experts(name: str, shape: tuple, model) -> list[QuantTarget]:
-    """Per-expert Linear weights of a fused [E, N, K] tensor (transformers v5 layout)."""
-    prefix = name[: name.index("experts.") + len("experts")]
-    n_exp, n, k = shape
-    if "gate_up_proj" in name:
-        inter = model.moe_intermediate
-        if n % 2 or (inter and n != 2 * inter) or (model.hidden_size and k != model.hidden_size):
-            raise CheckpointError(
-                f"fused expert tensor {name} has shape {list(shape)}; expected [E, 2*I, H]"
-                f" with I={inter}, H={model.hidden_size}",
-                hint=f"this fused layout is not supported yet; pass --ignore '{prefix}*'")
-        half = n // 2
-        return [QuantTarget(f"{prefix}.{e}.{proj}", name, e, (lo, lo + half), (half, k))
-                for e in range(n_exp) for proj, lo in (("gate_proj", 0), ("up_proj", half))]
-    return [QuantTarget(f"{prefix}.{e}.down_proj", name, e, None, (n, k)) for e in range(n_exp)]
+def _bias_splits(source, fused: set[str], family) -> dict:
+    """GPT-OSS-style fused expert biases of the split weights: source -> per-expert slices."""
+    out = {}
+    for w in sorted(fused):
+        name = (w[: -len(".weight")] if w.endswith(".weight") else w) + "_bias"
+        if family.experts.bias and name in source.names():
+            out[name] = tuple(bias_slices(name, tuple(source.info(name).shape), family.experts))
+    return out
 
 
 def _check_target(name: str, info, scheme: Scheme) -> None:
@@ -197,12 +206,13 @@ def _check_target(name: str, info, scheme: Scheme) -> None:
             hint=f"leave it in high precision with --ignore '{module}'")
 
 
-def _group(targets: list[QuantTarget], fuse: bool) -> tuple[QuantGroup, ...]:
-    """Group targets by parent module and fusion role; order is deterministic."""
+def _group(targets: list[QuantTarget], fuse: bool, extra: dict | None = None) -> tuple[QuantGroup, ...]:
+    """Group targets by parent module and fusion role (`extra`: the family's roles); deterministic order."""
+    roles = {**_FUSE, **(extra or {})}
     groups: dict[str, list[QuantTarget]] = {}
     for t in targets:
         parent, _, leaf = t.module.rpartition(".")
-        role = _FUSE.get(leaf) if fuse else None
+        role = roles.get(leaf) if fuse else None
         key = f"{parent}.{role}" if role else t.module
         groups.setdefault(key, []).append(t)
     return tuple(QuantGroup(k, tuple(v)) for k, v in sorted(groups.items(), key=lambda kv: _natural(kv[0])))

@@ -28,12 +28,15 @@ Weights are saved in bf16 with save_pretrained (safetensors).
 from __future__ import annotations
 
 import argparse
+import hashlib
+import importlib.metadata
 import json
 import math
 import os
 import platform
 import random
 import shutil
+import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -83,6 +86,24 @@ def train_tokenizer(texts: list[str], vocab: int):
     return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token=SPECIAL_TOKENS[UNK_ID],
                                    bos_token=SPECIAL_TOKENS[BOS_ID], eos_token=SPECIAL_TOKENS[EOS_ID],
                                    pad_token=SPECIAL_TOKENS[PAD_ID])
+
+
+def texts_sha256(texts: list[str]) -> str:
+    """Fingerprint of the training text (Debian patches python3.11-doc in point releases)."""
+    h = hashlib.sha256()
+    for t in texts:
+        h.update(hashlib.sha256(t.encode("utf-8")).digest())
+    return h.hexdigest()
+
+
+def corpus_package() -> str | None:
+    """The installed python3.11-doc version (dpkg), or None off Debian."""
+    try:
+        out = subprocess.run(["dpkg-query", "-W", "-f=${Version}", "python3.11-doc"], capture_output=True,
+                             text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
 
 
 def build_model(s: Setup):
@@ -254,6 +275,8 @@ def main(argv: list[str] | None = None) -> int:
         "ppl_before": round(ppl_before, 3), "ppl_after_fp32": round(ppl_after_fp32, 3),
         "ppl_after_bf16": round(ppl_after, 3), "final_train_loss_50": round(sum(loss_log[-50:]) / max(1, len(loss_log[-50:])), 4),
         "torch": torch.__version__, "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+        "train_sha256": texts_sha256(train_texts), "corpus_package": corpus_package(),
+        "tokenizers": importlib.metadata.version("tokenizers"),
     }
     (staging / "training.json").write_text(json.dumps(figures, indent=2, sort_keys=True) + "\n")
     (staging / "TRAINING.md").write_text(training_md(figures, args))

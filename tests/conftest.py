@@ -15,6 +15,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests_helpers, fixtures
 
+# a CPU test may not be skipped (tests/skip_guard.py: exit 1 unless marked gpu / cpu_only)
+from skip_guard import (pytest_collectreport, pytest_runtest_logreport, pytest_sessionfinish,  # noqa: E402,F401
+                        pytest_terminal_summary)
+
 _MODELS = Path(__file__).resolve().parent / "fixtures" / "models.py"
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -40,6 +44,16 @@ def load_models_module():
 def model_factory():
     """tests/fixtures/models.py: make_tiny_llama, make_tiny_qwen3_moe, ..."""
     return load_models_module()
+
+
+@pytest.fixture(scope="session")
+def family_factory():
+    """tests/fixtures/families.py: FAMILIES (name -> Family(build, architecture, moe)) and make_tiny_*:
+    DeepSeek-V3/Kimi K2, GPT-OSS, GLM-4.5, Qwen3 (dense, MoE, Next), Qwen2.5-VL (docs/models.md)."""
+    spec = importlib.util.spec_from_file_location("tfcompile_test_families_shared", _MODELS.with_name("families.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture(scope="session")

@@ -5,28 +5,50 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from tfcompile.artifact.signing import load_private_key, sign_artifact
+from tfcompile.errors import UserError
 from tfcompile.io.atomic import atomic_output_dir
+from tfcompile.io.paths import allowed_roots
 from tfcompile.pipeline import manager
 from tfcompile.pipeline.context import Context
 from tfcompile.recipe.schema import Recipe
 
 
 def run_pipeline(model_dir: Path, out_dir: Path | None, recipe: Recipe, *,
-                 overwrite: bool = False, reporter: Any = None) -> Context:
+                 overwrite: bool = False, reporter: Any = None, sign_key: Path | None = None) -> Context:
     """Validate and run `recipe` on `model_dir`.
 
     When the recipe packs an artifact, it is built in a temporary sibling of
-    `out_dir` and renamed into place only if every pass succeeded. A recipe
-    cut before `pack` (--until) writes nothing.
+    `out_dir` and renamed into place only if every pass succeeded
+    (tfcompile/io/atomic.py: output rules, lock, publish). A recipe cut before
+    `pack` (--until) writes nothing. `sign_key`: an ed25519 private key file;
+    the manifest is signed last, in the staging dir (tfcompile/artifact/signing.py).
     """
     manager.validate(recipe)  # fail before touching the output directory
-    if "pack" not in recipe.names() or out_dir is None:
+    packs = "pack" in recipe.names() and out_dir is not None
+    signer = _signer(sign_key, out_dir, packs)  # a bad key fails before any work
+    if not packs:
         ctx = Context(source_path=Path(model_dir), out_dir=None, recipe=recipe)
         return manager.run(ctx, recipe, reporter)
-    with atomic_output_dir(out_dir, overwrite=overwrite) as staging:
+    warn = getattr(reporter, "warn", None)
+    with atomic_output_dir(out_dir, overwrite=overwrite, protect=allowed_roots(Path(model_dir)), warn=warn) as staging:
         ctx = Context(source_path=Path(model_dir), out_dir=staging, recipe=recipe)
         ctx = manager.run(ctx, recipe, reporter)
+        if signer is not None:
+            sign_artifact(staging, signer)
     return ctx.with_(out_dir=Path(out_dir))
+
+
+def _signer(sign_key: Path | None, out_dir: Path | None, packs: bool):
+    if sign_key is None:
+        return None
+    if not packs:
+        raise UserError("--sign needs an artifact, but this run writes none (--until or --skip cut pack)",
+                        hint="drop --sign, or let the pipeline run through pack")
+    if Path(sign_key).resolve().is_relative_to(Path(out_dir).resolve()):
+        raise UserError(f"the signing key {sign_key} is inside the output directory {out_dir}",
+                        hint="keep keys outside artifacts: --overwrite would delete it, and it must never ship")
+    return load_private_key(sign_key)
 
 
 def quantize(model_dir, out_dir, fmt: str = "nvfp4", **recipe_options) -> Context:

@@ -12,7 +12,8 @@ files <cache>/slot-<i>.lock while nvcc runs, so two processes never start 2 x 2 
 2-core, 24 GB machine.
 
 Cache: $TFCOMPILE_CACHE/cutlass/<key>.so + <key>.json, key = sha256 of (source, nvcc
-version line, flags, CUTLASS version, cache schema). A hit returns the stored bytes and SASS
+version line, flags, CUTLASS version, host C++ compiler, cache schema): everything the object
+depends on, so an entry stays valid across runs and machines (a CI cache can carry it). A hit returns the stored bytes and SASS
 evidence (the .so is re-hashed against the .json first); a second emit of the same model
 compiles nothing. Entries are written to a temporary name and renamed (atomic), and a
 per-key file lock makes concurrent processes (pytest-xdist workers, parallel builds)
@@ -22,6 +23,7 @@ compile a source once: the second waits, then hits.
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -40,7 +42,7 @@ from tfcompile.errors import TfcompileError
 from . import sass
 from .toolchain import MEM_GB, Toolchain, cache_root, mem_available_gb, nvcc_flags
 
-CACHE_SCHEMA = 1
+CACHE_SCHEMA = 2  # 2: the host compiler joined the key
 HEADROOM_GB = 1.0  # left to everything else on the machine
 TIMEOUT_S = 1800  # one nvcc run; sm_100a builds take ~30-70 s on 2 cores
 
@@ -69,8 +71,21 @@ class Built:
 
 def cache_key(job: Job, tc: Toolchain) -> str:
     doc = [CACHE_SCHEMA, hashlib.sha256(job.source.encode()).hexdigest(), tc.version, nvcc_flags(job.arch),
-           tc.cutlass]
+           tc.cutlass, host_compiler()]
     return hashlib.sha256(json.dumps(doc).encode()).hexdigest()
+
+
+@functools.lru_cache(maxsize=1)
+def host_compiler() -> str:
+    """The C++ compiler nvcc uses for host code (g++ on PATH): its `--version` line."""
+    exe = shutil.which("g++") or shutil.which("c++")
+    if exe is None:
+        return ""
+    try:
+        out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return exe
+    return (out.splitlines() or [exe])[0]
 
 
 class MemoryGate:

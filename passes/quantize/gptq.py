@@ -23,6 +23,7 @@ import torch
 
 from tfcompile.kernels import formats as F
 from tfcompile.passes.quantize.program import register_algorithm
+from tfcompile.passes.quantize.gptq_moe import is_expert_group, run_gptq_experts
 from tfcompile.passes.quantize.rtn import quantize_weight, run_rtn
 
 DAMP = 0.01
@@ -56,13 +57,14 @@ def _round(x: torch.Tensor, grid: str) -> torch.Tensor:
 
 
 def _inverse_hessian(h: torch.Tensor, w: torch.Tensor, damp: float) -> torch.Tensor:
-    """Upper Cholesky factor of (H + damp*mean(diag) I)^-1; dead inputs pinned to 1."""
+    """Upper Cholesky factors of (H + damp*mean(diag) I)^-1, batched [B, K, K]; dead inputs pinned to 1."""
     h = h.clone()
-    dead = torch.diag(h) == 0
-    h[dead, dead] = 1.0
-    w[:, dead] = 0.0
-    h += torch.eye(h.shape[0]) * damp * torch.diag(h).mean()
-    with _lapack_threads(h.shape[0]):
+    diag = h.diagonal(dim1=1, dim2=2)
+    dead = diag == 0  # [B, K]
+    diag[dead] = 1.0
+    w.masked_fill_(dead[:, None, :], 0.0)
+    h += torch.eye(h.shape[-1]) * (damp * diag.mean(1))[:, None, None]
+    with _lapack_threads(h.shape[-1]):
         return torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
 
 
@@ -83,33 +85,47 @@ def _lapack_threads(k: int):
 
 def gptq_values(w: torch.Tensor, h: torch.Tensor, m: torch.Tensor, grid: str, *,
                 damp: float = DAMP, act_order: bool = True, block: int = BLOCK) -> torch.Tensor:
-    """Quantized values (dequantized, float32 [N, K]) of w under fixed multipliers m."""
+    """Quantized values (dequantized, float32) of w [N, K] under fixed multipliers m [N, K] and
+    Hessian h [K, K]; or of a batch [B, N, K] / [B, K, K] solved together (MoE experts of one
+    shape: passes/quantize/gptq_moe.py), each exactly as it would be alone up to float rounding."""
+    single = w.dim() == 2
+    if single:
+        w, h, m = w[None], h[None], m[None]
     w = w.float().clone()
-    perm = torch.argsort(torch.diag(h), descending=True) if act_order else torch.arange(w.shape[1])
-    inv = torch.argsort(perm)
-    w, m, h = w[:, perm], m[:, perm], h[perm][:, perm]
+    b, n, k = w.shape
+    perm = (torch.argsort(h.diagonal(dim1=1, dim2=2), dim=1, descending=True) if act_order
+            else torch.arange(k).expand(b, k))
+    inv = torch.argsort(perm, dim=1)
+    cols = perm[:, None, :].expand(b, n, k)
+    w, m = w.gather(2, cols), m.float().gather(2, cols)
+    h = h[torch.arange(b)[:, None, None], perm[:, :, None], perm[:, None, :]]
     hinv = _inverse_hessian(h, w, damp)
     out = torch.zeros_like(w)
-    k = w.shape[1]
     for c0 in range(0, k, block):
         c1 = min(c0 + block, k)
-        wb, errs = w[:, c0:c1].clone(), torch.zeros(w.shape[0], c1 - c0)
-        hb = hinv[c0:c1, c0:c1]
+        wb, errs = w[:, :, c0:c1].clone(), torch.zeros(b, n, c1 - c0)
+        hb = hinv[:, c0:c1, c0:c1]
         for j in range(c1 - c0):
-            col, mj = wb[:, j], m[:, c0 + j]
+            col, mj = wb[:, :, j], m[:, :, c0 + j]
             q = _round(col / mj, grid) * mj
-            out[:, c0 + j] = q
-            e = (col - q) / hb[j, j]
-            wb[:, j + 1:] -= e[:, None] * hb[j, j + 1:][None, :]
-            errs[:, j] = e
-        w[:, c1:] -= errs @ hinv[c0:c1, c1:]  # lazy batch update of the remaining columns
-    return out[:, inv]
+            out[:, :, c0 + j] = q
+            e = (col - q) / hb[:, j, j, None]
+            wb[:, :, j + 1:] -= e[:, :, None] * hb[:, None, j, j + 1:]
+            errs[:, :, j] = e
+        w[:, :, c1:] -= errs @ hinv[:, c0:c1, c1:]  # lazy batch update of the remaining columns
+    out = out.gather(2, inv[:, None, :].expand(b, n, k))
+    return out[0] if single else out
 
 
 def gptq_quantize(w: torch.Tensor, h: torch.Tensor, q_rtn: F.QTensor, **opts) -> F.QTensor:
     """Re-encode w by GPTQ under q_rtn's fixed scales; returns a QTensor of the same format."""
     m, grid = _grid(q_rtn)
-    vals = gptq_values(w, h, m, grid, **opts)  # exactly code * multiplier for every element
+    return encode(q_rtn, gptq_values(w, h, m, grid, **opts))
+
+
+def encode(q_rtn: F.QTensor, vals: torch.Tensor) -> F.QTensor:
+    """q_rtn with its codes replaced by `vals` (float32, each exactly a code times q_rtn's multiplier)."""
+    m, _ = _grid(q_rtn)
     elems = vals / m  # exact element values on the grid (division by the same multiplier)
     if q_rtn.format in ("nvfp4", "mxfp4"):
         data = F.pack_fp4(F.encode_e2m1(elems))
@@ -118,13 +134,31 @@ def gptq_quantize(w: torch.Tensor, h: torch.Tensor, q_rtn: F.QTensor, **opts) ->
     return dataclasses.replace(q_rtn, data=data)
 
 
-@register_algorithm("gptq")
+def _warn_rtn(ctx, program, reporter):
+    """Before pack runs: name the groups that stay RTN for want of a Hessian (experts routed fewer
+    than calibrate.moe_min_tokens tokens, or modules no token reached)."""
+    from tfcompile.calibration.moe_policy import summarize
+
+    have = set(program.hessians)  # keys only: membership on spilled Hessians would read them from disk
+    missing = [t.module for j in program.jobs if j.group is not None and j.group.key not in have
+               for t in j.group.members]
+    if missing:
+        reporter.warn(f"gptq: {len(missing)} Linear(s) have no Hessian (experts routed fewer than "
+                      f"{getattr(ctx.calib, 'moe_min_tokens', 0)} calibration tokens, or never reached); "
+                      f"they are quantized round-to-nearest: {summarize(missing)}")
+    return program, {"rtn_no_hessian": len(missing)}
+
+
+@register_algorithm("gptq", prepare=_warn_rtn)
 def run_gptq(job, program, source):
-    """GPTQ with the group's shared Hessian (q/k/v and gate/up share one input)."""
+    """GPTQ with the group's shared Hessian (q/k/v and gate/up share one input); routed experts
+    with their own Hessians, solved in batches (gptq_moe.py)."""
     h = program.hessians.get(job.group.key)
-    if h is None:  # no calibration token reached it (or a fused expert): RTN, and say so
+    if h is None:  # too few calibration tokens reached it: RTN, and say so (warned by _warn_rtn)
         out, stats = run_rtn(job, program, source)
         return out, [dict(x, algorithm="rtn (no Hessian)") for x in stats]
+    if is_expert_group(job.group.key):
+        return run_gptq_experts(job, program, source, encode, _grid)
 
     solve: list[float] = []  # seconds per member, in member order
 

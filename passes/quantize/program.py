@@ -15,6 +15,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
+from tfcompile.families.experts import take
 from tfcompile.passes.quantize.naming import OutSpec  # noqa: F401  (re-export)
 
 from tfcompile.schemes import Scheme
@@ -33,6 +34,7 @@ class Job:
     source: str | None  # the tensor copied verbatim when group is None
     outputs: tuple  # tuple[OutSpec, ...] in write order
     const: Any = None  # a small tensor computed by the pass itself (e.g. a KV-cache scale)
+    part: Any = None  # (expert, rows): the slice of `source` a copy takes (a fused expert bias, per expert)
     scheme: Any = None  # mixed precision: this group's Scheme when it is not Program.scheme
 
     @property
@@ -62,6 +64,9 @@ class Program:
     gptq_damp: float = 0.01
     awq: Mapping[str, Any] = field(default_factory=dict)  # group key -> passes.quantize.awq.AWQFold
     awq_skipped: Mapping[str, str] = field(default_factory=dict)  # group key -> why it stays RTN
+    gptq_expert_batch: int = 8  # gptq: routed experts of one shape solved together (gptq_moe.py)
+    # per-run working memory of an algorithm (gptq_moe.py: a batch of solved experts until written)
+    scratch: dict = field(default_factory=dict, compare=False, repr=False)
     nvfp4_scales: str = "max"  # NVFP4 block-scale rule: "max" | "four_over_six" (four_over_six.py)
     kv_format: str = "fp8"  # "fp8" | "nvfp4" (calibrate.kv_cache): same k_scale/v_scale, another cache
 
@@ -112,6 +117,8 @@ def execute(job: Job, program: Program, source) -> tuple[dict[str, torch.Tensor]
     if job.const is not None:
         return {job.outputs[0].name: job.const}, []
     if job.group is None:
+        if job.part is not None:  # one expert's slice of a fused tensor (tfcompile/families/experts.py)
+            return {job.outputs[0].name: take(source.get(job.source), *job.part)}, []
         return {job.source: source.get(job.source)}, []
     if job.scheme is not None:  # a mixed-precision group: the algorithm runs under its own scheme
         program = dataclasses.replace(program, scheme=job.scheme)
@@ -123,9 +130,6 @@ def load_target(source, target) -> torch.Tensor:
     layout view Linear (`target.parts`) its members' rows gathered and concatenated."""
     if target.parts:  # rows are gathered *before* quantization (tfcompile/layout/heads.py)
         return torch.cat([load_target(source, t)[torch.tensor(rows)] for t, rows in target.parts])
-    w = source.get(target.source)
-    if target.expert is not None:
-        w = w[target.expert]
-    if target.rows is not None:
-        w = w[target.rows[0]: target.rows[1]]
-    return w
+    if target.expert is not None and hasattr(source, "get_expert"):  # decode one expert, not the layer's
+        return take(source.get_expert(target.source, target.expert), None, target.rows, target.transposed)
+    return take(source.get(target.source), target.expert, target.rows, target.transposed)

@@ -34,6 +34,7 @@ class QuantizeConfig:
     algorithm: str = "rtn"  # "rtn" | "mse" (block-scale search, mse.py) | "gptq" (gptq.py) | "awq" (awq.py)
     gptq_act_order: bool = True  # gptq: visit columns by decreasing diag(H)
     gptq_damp: float = 0.01  # gptq: fraction of mean diag(H) added to the diagonal
+    gptq_expert_batch: int = 8  # gptq: MoE experts of one shape solved together (memory: that many experts)
     mx_rule: str = ""  # "floor" | "ceil"; empty = the formats module default
     nvfp4_scales: str = "max"  # NVFP4 block scales: "max" (block max -> 6) | "four_over_six" (four_over_six.py)
     sqnr_rows: int = 16  # rows per Linear sampled for the manifest's weight SQNR (0 = all)
@@ -64,6 +65,7 @@ def quantize(ctx, cfg: QuantizeConfig, reporter) -> PassResult:
     for name in plan.passthrough:
         info = ctx.source.info(name)
         jobs.append(Job(None, name, (_spec(name, info),)))
+    jobs += split_jobs(ctx.source, plan.splits or {})
     act = dict(ctx.calib.input_amax) if ctx.calib is not None else {}
     missing = [t.module for g in plan.groups if plan.scheme_of(g).act_static
                for t in g.members if t.module not in act]
@@ -84,7 +86,8 @@ def quantize(ctx, cfg: QuantizeConfig, reporter) -> PassResult:
                           hint="use --algorithm gptq (it schedules calibrate with hessian=true)")
     program = Program(scheme, cfg.algorithm, tuple(jobs + kv_jobs), act, rule, cfg.sqnr_rows,
                       kv_strategy, kv_modules, hessians, cfg.gptq_act_order, cfg.gptq_damp,
-                      nvfp4_scales=cfg.nvfp4_scales, kv_format=ctx.calib.kv_format if kv_jobs else "fp8")
+                      gptq_expert_batch=cfg.gptq_expert_batch, nvfp4_scales=cfg.nvfp4_scales,
+                      kv_format=ctx.calib.kv_format if kv_jobs else "fp8")
     extra = {}
     if cfg.algorithm in PREPARE:  # plan-time work of the algorithm (AWQ: search and fold)
         program, extra = PREPARE[cfg.algorithm](ctx, program, reporter)
@@ -124,6 +127,17 @@ def kv_scale_jobs(calib, model_dtype: torch.dtype) -> list[Job]:
 
 def _spec(name, info):
     return OutSpec(name, torch_dtype_of(info.dtype), tuple(info.shape))
+
+
+def split_jobs(source, splits) -> list[Job]:
+    """Copies of one expert's slice of a fused tensor (GPT-OSS biases: tfcompile/families/experts.py)."""
+    jobs = []
+    for name, parts in sorted(splits.items()):
+        info = source.info(name)
+        for out, expert, rows in parts:
+            n = len(range(*rows)) if rows else info.shape[-1]
+            jobs.append(Job(None, name, (OutSpec(out, torch_dtype_of(info.dtype), (n,)),), part=(expert, rows)))
+    return jobs
 
 
 @register_algorithm("rtn")

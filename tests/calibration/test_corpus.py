@@ -156,10 +156,29 @@ def test_committed_demo_lm_quantizes_and_verifies(run_cli, tmp_path):
 
 
 def test_tokenizer_training_is_deterministic_and_reproduces_the_committed_one():
-    train_tokenizer = _load_script().train_tokenizer
+    """Training is deterministic (same text -> byte-identical tokenizer; tokenizers 0.21.4 to 0.23.3
+    all give the same one) and, on the text the demo LM was trained on (python3.11-doc
+    3.11.2-6+deb12u9: training.json's train_sha256), reproduces the committed tokenizer exactly.
+    Debian patches the docs in point releases (deb12u8, which apt installs from stale package lists
+    or without bookworm-security, differs in 4 files) and BPE then orders merges of near-equal
+    frequency differently: on another revision the recipe must still give the same tokens and
+    merges, ids aside."""
+    script = _load_script()
     texts = python_doc_texts("train")
-    fresh = json.loads(train_tokenizer(texts, 4096).backend_tokenizer.to_str())
+    fresh = json.loads(script.train_tokenizer(texts, 4096).backend_tokenizer.to_str())
+    some = texts[:60]  # determinism, on a slice (a second full training would double the test's time)
+    assert script.train_tokenizer(some, 1024).backend_tokenizer.to_str() == \
+        script.train_tokenizer(some, 1024).backend_tokenizer.to_str()
     committed = json.loads((DEMO_LM / "tokenizer.json").read_text())
-    assert fresh["model"]["vocab"] == committed["model"]["vocab"]
-    assert fresh["model"]["merges"] == committed["model"]["merges"]
     assert fresh["post_processor"] == committed["post_processor"]
+    assert fresh["added_tokens"] == committed["added_tokens"]  # <unk> <s> </s> <pad> = 0..3
+    training = json.loads((DEMO_LM / "training.json").read_text())
+    if script.texts_sha256(texts) == training["train_sha256"]:
+        assert fresh["model"]["vocab"] == committed["model"]["vocab"]
+        assert fresh["model"]["merges"] == committed["model"]["merges"]
+        return
+    print(f"python3.11-doc is not {training['corpus_package']}: comparing token and merge sets only")
+    assert set(fresh["model"]["vocab"]) == set(committed["model"]["vocab"])
+    merges = {tuple(m) for m in fresh["model"]["merges"]}
+    shared = merges & {tuple(m) for m in committed["model"]["merges"]}
+    assert len(shared) >= 0.99 * len(merges), f"{len(merges) - len(shared)} merges differ"

@@ -146,10 +146,11 @@ def _tamper(out: Path, edit) -> None:
     sd = load_file(f)
     edit(sd)
     save_file(sd, f, metadata={"format": "pt"})
-    mpath = out / "tfcompile" / "manifest.json"
-    m = json.loads(mpath.read_text())
+    from tfcompile.passes.manifest import write_manifest
+
+    m = json.loads((out / "tfcompile" / "manifest.json").read_text())
     m["files"]["model.safetensors"] = hashlib.sha256(f.read_bytes()).hexdigest()
-    mpath.write_text(json.dumps(m))
+    write_manifest(out, m)  # re-sealed too (verify's `manifest integrity`)
 
 
 def test_verify_catches_unshared_global_scale(tiny_llama, tmp_path, run_cli):

@@ -16,7 +16,7 @@ import torch
 from cutlass_support import needs_nvcc
 
 pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"), needs_nvcc,
-              pytest.mark.slow]
+              pytest.mark.slow, pytest.mark.gpu]
 
 
 def _target():

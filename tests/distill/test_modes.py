@@ -41,7 +41,11 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
+# the default job trains the scales (logit distillation) and one layerwise run; the slow job the rest
+DEFAULT_JOB = ("scales", "layerwise")
+
+
+@pytest.mark.parametrize("case", [c if c in DEFAULT_JOB else pytest.param(c, marks=pytest.mark.slow) for c in CASES])
 def test_mode_runs_and_changes_weights(case, tiny_llama_src, fast, distill_text, tmp_path, run_cli, rtn):
     fmt, extra = CASES[case]
     out = tmp_path / "out"

@@ -42,20 +42,23 @@ def _interrupt_at(monkeypatch, k: int, how: str):
         if how == "kill":
             raise RuntimeError("killed")  # dies between checkpoints: nothing saved for this step
         if threading.current_thread() is threading.main_thread():
-            os.kill(os.getpid(), signal.SIGINT)  # the real Ctrl-C path: handler, checkpoint, stop
+            # the real Ctrl-C / SIGTERM path: handler, checkpoint at the step boundary, stop
+            os.kill(os.getpid(), signal.SIGTERM if how == "sigterm" else signal.SIGINT)
         else:
             self._stop = True
 
     monkeypatch.setattr(train.Loop, "after_step", after_step)
 
 
-@pytest.mark.parametrize("how,k,saved", [("ctrl-c", 3, 3), ("kill", 3, 2)])
+@pytest.mark.parametrize("how,k,saved", [pytest.param("ctrl-c", 3, 3, marks=pytest.mark.slow), ("sigterm", 3, 3),
+                                         ("kill", 3, 2)])
 def test_resume_is_bit_identical(how, k, saved, args, uninterrupted, tmp_path, run_cli, monkeypatch):
     out, resume = tmp_path / "out", tmp_path / "resume"
     cmd = [*args, "-o", out, "--resume-dir", resume, "--json"]
     _interrupt_at(monkeypatch, k, how)
     res = run_cli(*cmd)
-    assert res.code == (130 if how == "ctrl-c" else 2), res.err
+    assert res.code == {"ctrl-c": 130, "sigterm": 143, "kill": 2}[how], res.err
+    assert how == "kill" or "Traceback" not in res.err
     assert not out.exists()  # nothing published
     monkeypatch.undo()
     import torch
@@ -81,6 +84,7 @@ def test_resume_dir_of_another_run_is_refused(args, tmp_path, run_cli):
     assert res.code == 1 and "another run" in res.err and "hint:" in res.err
 
 
+@pytest.mark.slow
 def test_layerwise_resume_is_bit_identical(tiny_llama_src, fast, tmp_path, run_cli, monkeypatch):
     """Block-wise, one model made the student layer by layer: interrupted in layer 1 (step 3 of
     2 x 2), the resumed run rebuilds layer 0 from the checkpoint and the streams from it."""

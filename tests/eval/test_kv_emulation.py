@@ -164,21 +164,23 @@ def test_scales_come_from_the_artifact(run_cli, kv_artifact, tiny_llama, eval_te
     base = _eval(run_cli, art, tiny_llama, eval_text)
     # FP8 is floating point: a scale moves where V saturates (448 * scale), not its relative step
     coarse = _rewrite_scale(art, tmp_path, "model.layers.0.self_attn.v_scale", 1e-4)  # |V| <= 0.0448
-    worse = _eval(run_cli, coarse, tiny_llama, eval_text)
+    worse = _eval(run_cli, coarse, tiny_llama, eval_text, "--no-verify")  # edited on purpose: skip the checksums
     assert worse["metrics"]["kl_mean"] > 2 * base["metrics"]["kl_mean"]
-    off = _eval(run_cli, coarse, tiny_llama, eval_text, "--kv-cache", "off")  # ignores the scales
+    off = _eval(run_cli, coarse, tiny_llama, eval_text, "--no-verify", "--kv-cache", "off")  # ignores the scales
     assert off["metrics"] == _eval(run_cli, kv_artifact(None), tiny_llama, eval_text)["metrics"]
 
 
 def test_bad_kv_scales_are_user_errors(run_cli, kv_artifact, tiny_llama, eval_text, tmp_path):
     bad = _rewrite_scale(kv_artifact("tensor"), tmp_path, "model.layers.1.self_attn.v_scale", 0.0)
     r = run_cli("eval", bad, "--reference", tiny_llama, "--text", eval_text, *SMALL)
+    assert r.code == 1 and "checksums" in r.err  # eval checks the artifact's files first
+    r = run_cli("eval", bad, "--reference", tiny_llama, "--text", eval_text, *SMALL, "--no-verify")
     assert r.code == 1 and "v_scale" in r.err and "non-positive" in r.err and "hint:" in r.err
     cfg_path = bad / "config.json"
     cfg = json.loads(cfg_path.read_text())
     cfg["quantization_config"]["kv_cache_scheme"]["num_bits"] = 4
     cfg_path.write_text(json.dumps(cfg))
-    r = run_cli("eval", bad, "--reference", tiny_llama, "--text", eval_text, *SMALL)
+    r = run_cli("eval", bad, "--reference", tiny_llama, "--text", eval_text, *SMALL, "--no-verify")
     assert r.code == 1 and "kv_cache_scheme" in r.err and "--kv-cache off" in r.err
     r = run_cli("eval", bad, "--reference", tiny_llama, "--text", eval_text, "--kv-cache", "fp16")
     assert r.code == 2  # not a choice: usage error

@@ -18,7 +18,7 @@ import torch
 
 from interop_util import read_tensors
 
-pytest.importorskip("modelopt.torch.quantization")
+import modelopt.torch.quantization  # noqa: E402,F401  (needs `requests`: the test extra has it)
 
 # tfcompile format -> modelopt config that produces the same scheme
 MODELOPT_CFG = {
@@ -30,7 +30,10 @@ MODELOPT_CFG = {
     "fp8-dynamic": "FP8_PER_CHANNEL_PER_TOKEN_CFG",
     "fp8-block": "FP8_2D_BLOCKWISE_WEIGHT_ONLY_CFG",
 }
-FMTS = list(MODELOPT_CFG)
+# Each format costs one modelopt quantize + export; the default job compares the two that
+# serving uses most, the slow job (CI's second step) the other five.
+DEFAULT_JOB = ("nvfp4", "fp8")
+FMTS = [f if f in DEFAULT_JOB else pytest.param(f, marks=pytest.mark.slow) for f in MODELOPT_CFG]
 
 
 def _xf(reason: str):
@@ -38,7 +41,8 @@ def _xf(reason: str):
 
 
 def _params(known: dict[str, str]):
-    return [pytest.param(f, marks=_xf(known[f])) if f in known else f for f in FMTS]
+    return [pytest.param(f, marks=[_xf(known[f])] + ([] if f in DEFAULT_JOB else [pytest.mark.slow]))
+            if f in known else p for f, p in zip(MODELOPT_CFG, FMTS)]
 
 
 @pytest.fixture(scope="session")
@@ -143,7 +147,7 @@ def _linear_modules(t: dict) -> list[str]:
     return sorted(k[: -len(".weight_scale")] for k in t if k.endswith(".weight_scale"))
 
 
-@pytest.mark.parametrize("fmt", ["nvfp4", "nvfp4a16"])
+@pytest.mark.parametrize("fmt", ["nvfp4", pytest.param("nvfp4a16", marks=pytest.mark.slow)])
 def test_nvfp4_numbers(fmt, ours, modelopt_export, record_property):
     """weight_scale_2 within 1 fp32 ulp; FP4 codes and E4M3 scales equal except rare ties."""
     mine, theirs = read_tensors(ours(fmt)), read_tensors(modelopt_export(fmt))
@@ -171,6 +175,7 @@ def test_nvfp4_numbers(fmt, ours, modelopt_export, record_property):
             assert mine[f"{m}.input_scale"].dtype == torch.float32 and mine[f"{m}.input_scale"].item() > 0
 
 
+@pytest.mark.slow
 def test_mxfp4_numbers_with_modelopt_rule(ours, modelopt_export, tiny_llama_src, record_property):
     """modelopt's MXFP4 scale rule is ceil (RCEIL): with --set quantize.mx_rule=ceil the E8M0
     scales are identical. FP4 codes differ only on exact rounding ties: modelopt's cast_fp4
@@ -199,6 +204,7 @@ def test_mxfp4_numbers_with_modelopt_rule(ours, modelopt_export, tiny_llama_src,
     assert diff / total < 0.02  # measured 0.48% on this bf16 model
 
 
+@pytest.mark.slow
 def test_mxfp4_default_rule_differs_from_modelopt(ours, modelopt_export, record_property):
     """Our default MX rule (floor, OCP) picks a smaller exponent than modelopt's ceil on some blocks."""
     mine, theirs = read_tensors(ours("mxfp4")), read_tensors(modelopt_export("mxfp4"))

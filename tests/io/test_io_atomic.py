@@ -80,23 +80,37 @@ def test_overwrite_failure_keeps_old_dir(tmp_path):
 
 
 def test_failed_swap_restores_old_dir(tmp_path, monkeypatch):
+    """The exchange that publishes over an old OUT fails (e.g. EXDEV): the old OUT is untouched."""
+    from tfcompile.io import publish
+
     out = tmp_path / "artifact"
     out.mkdir()
     (out / "old").write_text("old")
-    real_rename = os.rename
 
-    def rename(src, dst):
-        if Path(src).name.startswith(".artifact.tmp-"):
-            raise OSError(errno.EXDEV, "Invalid cross-device link")
-        return real_rename(src, dst)
+    def rename2(src, dst, flags):
+        raise publish.write_error(dst, OSError(errno.EXDEV, "Invalid cross-device link"), "rename into")
 
-    monkeypatch.setattr(atomic_mod.os, "rename", rename)
+    monkeypatch.setattr(publish, "_rename2", rename2)
     with pytest.raises(UserError) as exc:
         with atomic_output_dir(out, overwrite=True) as tmp:
             (tmp / "new").write_text("new")
     assert str(out) in exc.value.message
     monkeypatch.undo()
     assert sorted(p.name for p in out.iterdir()) == ["old"]
+    assert _leftovers(tmp_path) == []
+
+
+def test_exchange_fallback_without_renameat2(tmp_path, monkeypatch):
+    """Where renameat2 is missing (not glibc), publishing falls back to checked renames."""
+    from tfcompile.io import publish
+
+    monkeypatch.setattr(publish, "_renameat2", lambda: None)
+    out = tmp_path / "artifact"
+    with atomic_output_dir(out) as tmp:
+        (tmp / "a").write_text("1")
+    with atomic_output_dir(out, overwrite=True) as tmp:
+        (tmp / "b").write_text("2")
+    assert sorted(p.name for p in out.iterdir()) == ["b"]
     assert _leftovers(tmp_path) == []
 
 

@@ -24,5 +24,7 @@ def hf_logits(artifact: Path, toks: torch.Tensor, kv: str = "off", dtype=torch.f
     from tfcompile.evaluate.models import load_candidate
 
     cand = load_candidate(artifact, dtype, kv_cache=kv)
+    if dtype == torch.float64 and cand.model._can_set_experts_implementation():
+        cand.model.set_experts_implementation("eager")  # torch's grouped_mm has no float64 kernel
     with torch.no_grad():
         return cand.model(toks[None]).logits[0].float()

@@ -26,6 +26,12 @@ CASES = {  # model -> (format, options): fusion, interleaved RoPE, TP grouping (
 }
 VOCAB = {"demo": 4096, "gqa": 256, "moe": 256}
 EXACT = 1e-5  # float32: only summation order differs (fused GEMMs, TP partial sums)
+# FP8 KV vs the emulation runs in float64. Both sides quantize K/V that they computed in a different
+# summation order; in float32 the two differ by a few ulps, and the handful of the ~41k cached values
+# that lie that close to an E4M3 rounding midpoint round to neighbouring codes (a 1/16 step), which
+# moved the demo's logits by 2e-4 (issue 14) or up to 1e-3, depending on the token sample and the
+# CPU's GEMM kernels (3 of 30 samples here). In float64 the paths differ by ~1e-16: no code flips.
+EXACT_DTYPE = torch.float64
 
 
 def _report(**figures):
@@ -65,16 +71,22 @@ def test_transforms_preserve_logits_bf16_within_rounding(quantized, model):
     assert diff <= 2 * yardstick and max_rel(got, ref32) <= 2 * yardstick
 
 
-@pytest.mark.parametrize("model", list(CASES))
-def test_fp8_kv_cache_matches_emulation_and_costs_little(quantized, model):
+# demo seeds 1 and 18 (the slow job): token samples whose float32 comparison flips an FP8 code here
+FP8_CASES = [pytest.param(m, s, id=m if s == 0 else f"{m}-tokens{s}", marks=[pytest.mark.slow] if s else [])
+             for m, s in [("demo", 0), ("demo", 1), ("demo", 18), ("gqa", 0), ("moe", 0)]]
+
+
+@pytest.mark.parametrize("model,seed", FP8_CASES)
+def test_fp8_kv_cache_matches_emulation_and_costs_little(quantized, model, seed):
     """FP8 KV through the view's pages equals `tfcompile eval`'s FP8 KV emulation on the
-    untransformed model; its distance from the full-precision cache is the KV-quantization error."""
+    untransformed model (in float64: see EXACT_DTYPE); its distance from the full-precision cache
+    is the KV-quantization error."""
     art = quantized(model, CASES[model][0], *CASES[model][1])
-    toks = tokens(VOCAB[model])
-    off, emulated = hf_logits(art, toks, "off"), hf_logits(art, toks, "auto")
+    toks = tokens(VOCAB[model], seed=seed)
+    off, emulated = (hf_logits(art, toks, kv, dtype=EXACT_DTYPE) for kv in ("off", "auto"))
     kv = KVSpec.from_descriptor(descriptor(art), dtype="fp8_e4m3")
-    got = Decoder(load_view(art, "trtllm"), kv).logits(toks, [17])
-    _report(model=model, test="fp8-kv", view_vs_emulation=max_rel(got, emulated),
+    got = Decoder(load_view(art, "trtllm"), kv, dtype=EXACT_DTYPE).logits(toks, [17])
+    _report(model=model, test="fp8-kv", seed=seed, view_vs_emulation=max_rel(got, emulated),
             fp8_kv_error=max_rel(got, off))
     assert max_rel(got, emulated) < EXACT
     assert 0 < max_rel(got, off) < 0.1
@@ -110,10 +122,10 @@ def test_unfused_vllm_view_replicates_kv_heads_and_per_head_scales(quantized):
     assert torch.equal(view["model.layers.0.self_attn.q_proj.weight_packed"],
                        main["model.layers.0.self_attn.q_proj.weight_packed"])
     toks = tokens(256)
-    got = Decoder(load_view(art, "vllm"), KVSpec.from_descriptor(descriptor(art))).logits(toks, [9])
-    emulated = hf_logits(art, toks, "auto")
+    got = Decoder(load_view(art, "vllm"), KVSpec.from_descriptor(descriptor(art)), dtype=EXACT_DTYPE).logits(toks, [9])
+    emulated = hf_logits(art, toks, "auto", dtype=EXACT_DTYPE)
     _report(model="gqa", test="vllm-per-head-fp8", view_vs_emulation=max_rel(got, emulated),
-            fp8_kv_error=max_rel(got, hf_logits(art, toks, "off")))
+            fp8_kv_error=max_rel(got, hf_logits(art, toks, "off", dtype=EXACT_DTYPE)))
     assert max_rel(got, emulated) < EXACT
 
 
@@ -132,7 +144,8 @@ def test_flashinfer_collapses_per_head_scales_and_pads_head_dim(quantized):
     per_head = Decoder(view, KVSpec.from_descriptor(desc, scales="artifact")).logits(toks, [9])
     _report(model="gqa2", test="flashinfer", collapsed_error=max_rel(collapsed, off),
             per_head_error=max_rel(per_head, off))
-    assert max_rel(per_head, hf_logits(art, toks, "auto")) < EXACT
+    exact = Decoder(view, KVSpec.from_descriptor(desc, scales="artifact"), dtype=EXACT_DTYPE).logits(toks, [9])
+    assert max_rel(exact, hf_logits(art, toks, "auto", dtype=EXACT_DTYPE)) < EXACT
     assert not torch.equal(collapsed, per_head)  # 2 KV heads: the max over heads is a coarser scale
 
 

@@ -9,7 +9,7 @@ import torch
 
 from tfcompile.runtime import load_artifact
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"), pytest.mark.gpu]
 
 
 def _target() -> str:

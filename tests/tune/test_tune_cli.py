@@ -55,7 +55,7 @@ def test_tune_merges_targets_and_real_kernels_serve_each_scheme(tiny_artifact, r
     (("--buckets", "1,x"), 1, "--buckets"),
     (("--buckets", "0"), 1, "positive"),
     (("--kernel", "nope"), 1, "unknown kernel"),
-    (("--measure",), 1, "cannot measure"),
+    pytest.param(("--measure",), 1, "cannot measure", marks=pytest.mark.cpu_only),
 ])
 def test_tune_errors(tiny_artifact, run_cli, args, code, message):
     import torch
@@ -71,6 +71,7 @@ def test_tune_refuses_what_is_not_an_artifact(tmp_path, run_cli):
     assert res.code == 1 and "not a tfcompile artifact" in res.err and "hint:" in res.err
 
 
+@pytest.mark.cpu_only
 def test_gpu_bench_exits_2_without_a_gpu():
     import subprocess
     import sys

@@ -140,6 +140,8 @@ class _Background:
                     self._cv.notify_all()
                 return
             with self._cv:
+                if self._stopped:  # stop() cleared the queue while this item was written (Ctrl-C, SIGTERM)
+                    return
                 self._items.popleft()
                 self._inflight -= size
                 self._cv.notify_all()

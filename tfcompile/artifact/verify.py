@@ -1,10 +1,14 @@
 """`tfcompile verify`: check an artifact before it ships.
 
-Checks, each reported by name: manifest schema; sha256 of every file; every
-quantized layer present with the dtypes and shapes its scheme implies; packed
-weights unpack to the shape config.json promises; scales finite and non-zero;
-fused groups (q/k/v, gate/up, expert w1/w3) share one NVFP4 global scale.
-Only headers and scale tensors are read; packed weights are never loaded.
+Checks, each reported by name: manifest schema and its integrity digest; the
+signature (checked with --public-key); every manifest path inside the artifact
+(no `..`, absolute path or symlink: tfcompile/artifact/tree.py); no unlisted
+files or symlinks; sha256 of every file; shards readable; every quantized layer
+present with the dtypes and shapes its scheme implies; config.json values in
+range, packed weights unpacking to the shapes it implies, and every parameter
+of its architecture present (tfcompile/checkpoint_check.py); scales finite and
+non-zero; fused groups (q/k/v, gate/up, expert w1/w3) share one NVFP4 global
+scale. Only headers and scale tensors are read; packed weights are never loaded.
 """
 
 from __future__ import annotations
@@ -15,17 +19,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 
-from tfcompile.errors import VerifyError
+from tfcompile.artifact.integrity import SCHEMA_VERSIONS, check_schema, check_seal
+from tfcompile.artifact.signing import check_signature
+from tfcompile.artifact.tree import checksum_problems, listed_shards, safe_entries, unlisted
+from tfcompile.errors import UserError, VerifyError
 from tfcompile.io.dtypes import torch_dtype_of
-from tfcompile.io.hashing import sha256_file
 from tfcompile.io.safetensors_header import read_header
 from tfcompile.passes.quantize.naming import ct_outputs
 from tfcompile.schemes import get_scheme
 
 MANIFEST = "tfcompile/manifest.json"
-SCHEMA_VERSIONS = (1,)
+__all__ = ["MANIFEST", "SCHEMA_VERSIONS", "VerifyReport", "load_manifest", "verify_artifact"]
 
 
 @dataclass
@@ -45,68 +50,87 @@ class VerifyReport:
 
 
 def load_manifest(path: Path) -> dict:
+    """The manifest of the artifact at `path`, its schema checked; VerifyError otherwise."""
     mpath = Path(path) / MANIFEST
+    if os.path.islink(mpath) or os.path.islink(mpath.parent):
+        raise VerifyError(f"{mpath}: the manifest is a symlink", hint="the artifact was tampered with; rebuild it")
     if not mpath.is_file():
         raise VerifyError(f"{mpath}: no manifest; {path} is not a tfcompile artifact",
                           hint="point at the directory `tfcompile quantize -o` wrote")
     try:
-        doc = json.loads(mpath.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise VerifyError(f"{mpath}: manifest is not valid JSON ({e})",
+        doc = json.loads(mpath.read_bytes())
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+        raise VerifyError(f"{mpath}: manifest is not valid JSON ({str(e)[:200]})",
                           hint="the artifact is corrupt; rebuild it") from None
-    if not isinstance(doc, dict) or doc.get("schema_version") not in SCHEMA_VERSIONS:
-        raise VerifyError(f"{mpath}: unsupported schema_version {doc.get('schema_version')!r}",
-                          hint="upgrade tfcompile or rebuild the artifact")
-    return doc
+    except OSError as e:
+        raise VerifyError(f"{mpath}: cannot read the manifest: {e.strerror}", hint="check permissions") from None
+    return check_schema(doc, str(mpath))
 
 
 def verify_artifact(path: Path, *, checksums: bool = True, config_shapes: bool = True,
-                    block_scales: bool = True) -> VerifyReport:
+                    block_scales: bool = True, public_key=None) -> VerifyReport:
     """Run the checks. The pipeline's own verify pass turns off the costly ones
     whose evidence it already has: re-hashing files it hashed while writing
     them, reading back per-block scales it checked in memory before writing
     them (`check_scale_tensor` in pack), and building the architecture with
-    transformers (2-3 s of imports) for config shapes."""
+    transformers (2-3 s of imports) for the config checks."""
     path = Path(path)
     doc = load_manifest(path)
     rep = VerifyReport(str(path))
     rep.add("manifest", True, f"schema {doc['schema_version']}")
-    if checksums:
-        _check_files(path, doc, rep)
-    headers = _headers(path)
+    entries = check_files(path, doc, rep, checksums=checksums, public_key=public_key)
+    try:
+        headers = _headers(listed_shards(path, entries))
+    except UserError as e:
+        rep.add("shards readable", False, e.message)
+        return rep
+    rep.add("shards readable", True, f"{len(headers)} tensors")
     scheme = get_scheme(doc["scheme"]["name"])
     _check_layers(path, doc, scheme, headers, rep)
     if config_shapes:
-        _check_config_shapes(path, doc, rep)
+        from tfcompile.artifact.shapes import check_against_config
+
+        check_against_config(path, doc, scheme, headers, rep)
     if doc.get("mixed"):
         _check_mixed_config(path, doc, rep)
     scales = _load_scales(headers, block_scales)
     _check_scales(scales, rep)
     _check_groups(doc, scheme, scales, rep)
     if (doc.get("layout") or {}).get("view"):  # --layout: the engine view OUT/<target>/
-        _check_view(path, doc, scheme, scales, rep)
+        _check_view(path, doc, scheme, scales, entries, rep)
     return rep
 
 
-def _check_files(path: Path, doc: dict, rep: VerifyReport) -> None:
-    bad = []
-    for rel, digest in sorted(doc.get("files", {}).items()):
-        f = path / rel
-        if not f.is_file():
-            bad.append(f"{rel}: missing")
-        elif sha256_file(f) != digest:
-            bad.append(f"{rel}: sha256 mismatch")
-    rep.add("checksums", not bad, "; ".join(bad) or f"{len(doc.get('files', {}))} files match")
+def check_files(path: Path, doc: dict, rep: VerifyReport, *, checksums: bool = True,
+                public_key=None) -> dict[str, str]:
+    """The integrity checks (`eval` runs these first): manifest digest, signature, paths, unlisted
+    files and symlinks, checksums. Returns the manifest entries that are safe to open."""
+    rep.add("manifest integrity", *check_seal(doc))
+    rep.add("signature", *check_signature(path, public_key))
+    entries, bad = safe_entries(path, doc["files"])
+    rep.add("paths", not bad, "; ".join(bad[:5]) or f"{len(entries)} paths inside the artifact")
+    extra, links = unlisted(path, doc["files"])
+    detail = "; ".join(x for x in (_listing("not in the manifest", extra), _listing("symlinks", links)) if x)
+    rep.add("extra files", not detail, detail or "every file is in the manifest")
+    if checksums:
+        bad = checksum_problems(path, entries)
+        rep.add("checksums", not bad, "; ".join(bad[:5]) or f"{len(entries)} files match")
+    return entries
 
 
-def _headers(path: Path) -> dict[str, tuple[Path, torch.dtype, tuple]]:
-    """name -> (file, dtype, shape) for every tensor of the compressed-tensors view."""
+def _listing(label: str, items: list[str]) -> str:
+    if not items:
+        return ""
+    more = f" and {len(items) - 10} more" if len(items) > 10 else ""
+    return f"{label}: " + ", ".join(items[:10]) + more
+
+
+def _headers(files: list[Path]) -> dict[str, tuple[Path, torch.dtype, tuple]]:
+    """name -> (file, dtype, shape) for every tensor of the given shards (our own header parser)."""
     out = {}
-    for f in sorted(path.glob("*.safetensors")):
-        with safe_open(f, framework="pt") as h:
-            for name in h.keys():
-                sl = h.get_slice(name)
-                out[name] = (f, _dtype(sl.get_dtype()), tuple(sl.get_shape()))
+    for f in files:
+        for name, info in read_header(f).tensors.items():
+            out[name] = (f, _dtype(info.dtype), tuple(info.shape))
     return out
 
 
@@ -154,25 +178,6 @@ def _check_layers(path, doc, scheme, headers, rep) -> None:
         bad += [f"{attn}.{k}: missing" for k in ("k_scale", "v_scale") if f"{attn}.{k}" not in headers]
     rep.add("layers present", not bad, "; ".join(bad[:5]) or f"{len(doc.get('layers', []))} layers, "
             f"{len(doc.get('kv_modules', []))} KV-cache scale pairs")
-
-
-def _check_config_shapes(path: Path, doc: dict, rep: VerifyReport) -> None:
-    """Unpacked weight shapes must equal the Linear shapes the model config implies."""
-    from tfcompile.artifact.shapes import expected_linear_shapes
-
-    expected = expected_linear_shapes(path / "config.json")
-    if expected is None:
-        rep.add("shapes vs config", True, "architecture not known to transformers: skipped")
-        return
-    bad, checked = [], 0
-    for layer in doc.get("layers", []):
-        want = expected.get(layer["module"])
-        if want is None:
-            continue
-        checked += 1
-        if tuple(layer["shape"]) != want:
-            bad.append(f"{layer['module']}: {layer['shape']} vs config {list(want)}")
-    rep.add("shapes vs config", not bad, "; ".join(bad[:5]) or f"{checked} layers match config.json")
 
 
 SCALE_SUFFIXES = ("weight_scale", "weight_global_scale", "input_global_scale", "input_scale",
@@ -262,24 +267,27 @@ def _check_groups(doc, scheme, scales, rep) -> None:
             "; ".join(bad[:3]) or f"{len(doc.get('groups', []))} groups")
 
 
-def _check_view(path: Path, doc: dict, scheme, scales: dict, rep: VerifyReport) -> None:
+def _check_view(path: Path, doc: dict, scheme, scales: dict, entries: dict, rep: VerifyReport) -> None:
     """The engine view (tfcompile/layout): every Linear its layout.json lists is present with the
     scheme's shapes, and a fused / gathered Linear's NVFP4 global scale equals each member's in
     the compressed-tensors view (one scale for q/k/v, unified before quantization)."""
-    view = doc["layout"]["view"]["dir"]
+    view = (doc["layout"]["view"] or {}).get("dir") if isinstance(doc["layout"]["view"], dict) else None
+    if not isinstance(view, str) or f"{view}/layout.json" not in entries:  # only files `paths` found safe
+        rep.add("engine view", False, f"layout.view.dir {str(view)[:60]!r}: not a listed directory of the artifact")
+        return
     try:
         linears = json.loads((path / view / "layout.json").read_text())["linears"]
-    except (OSError, json.JSONDecodeError, KeyError) as e:
-        rep.add("engine view", False, f"{view}/layout.json unreadable ({e})")
+        headers = _headers(listed_shards(path, entries, view))
+        bad = []
+        for m, x in sorted(linears.items()):
+            for spec in ct_outputs(scheme, m, *x["shape"], torch.bfloat16):
+                got = headers.get(spec.name)
+                if got is None or got[2] != spec.shape:
+                    bad.append(f"{view}/{spec.name}: " + ("missing" if got is None else f"shape {list(got[2])}, "
+                                                          f"expected {list(spec.shape)}"))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, UserError) as e:
+        rep.add("engine view", False, f"{view}/layout.json or its shards unreadable ({str(e)[:200]})")
         return
-    headers = _headers(path / view)
-    bad = []
-    for m, x in sorted(linears.items()):
-        for spec in ct_outputs(scheme, m, *x["shape"], torch.bfloat16):
-            got = headers.get(spec.name)
-            if got is None or got[2] != spec.shape:
-                bad.append(f"{view}/{spec.name}: " + ("missing" if got is None else f"shape {list(got[2])}, "
-                                                      f"expected {list(spec.shape)}"))
     view_scales = _load_scales(headers, False)  # per-tensor / per-channel ones (pack checked the rest)
     bad += [f"{view}/{n}: {why}" for n, t in sorted(view_scales.items()) if (why := _bad_scale(t))]
     rep.add("engine view layers", not bad, "; ".join(bad[:5]) or f"{view}: {len(linears)} Linears")

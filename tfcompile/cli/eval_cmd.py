@@ -54,7 +54,9 @@ def layers_table(layers: list[dict]) -> Table:
 @click.command("eval")
 @click.argument("model", type=click.Path(path_type=Path))
 @click.option("--reference", required=True, type=click.Path(path_type=Path),
-              help="The original checkpoint to compare against (its tokenizer is used).")
+              help="The original checkpoint to compare against (its tokenizer is used): a directory "
+              "or a Hugging Face Hub id ORG/NAME.")
+@click.option("--revision", metavar="REV", help="Branch, tag or commit of a Hub --reference (default main).")
 @click.option("--text", type=click.Path(path_type=Path),
               help="Evaluation text (UTF-8 file), or python-doc (the default): the held-out split "
               "of tfcompile.calibration.corpus.")
@@ -69,19 +71,31 @@ def layers_table(layers: list[dict]) -> Table:
 @click.option("--max-ppl-increase", type=float, help="Gate: relative perplexity increase, e.g. 0.05 = 5%.")
 @click.option("--min-top1", type=float, help="Gate: top-1 agreement with the reference must be >= this.")
 @click.option("--layers/--no-layers", default=True, help="Show the per-layer table.")
+@click.option("--layer-kl", is_flag=True, help="Also KL per decoder layer (logit lens: each layer's hidden "
+              "states through the final norm and lm_head), as `layer_kl` in --json; tfcompile report plots it.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress on stderr.")
-def eval_cmd(model, reference, text, max_tokens, seq_len, batch_size, dtype, kv_cache, max_kl,
-             max_ppl_increase, min_top1, layers, as_json, quiet):
+@click.option("--no-verify", "no_verify", is_flag=True, help="Skip the integrity checks of an artifact MODEL "
+              "(verify's manifest integrity, paths, extra files and checksums) run before evaluating it.")
+def eval_cmd(model, reference, revision, text, max_tokens, seq_len, batch_size, dtype, kv_cache, max_kl,
+             max_ppl_increase, min_top1, layers, layer_kl, as_json, quiet, no_verify):
     """Evaluate MODEL (artifact or checkpoint) against --reference: perplexity, KL, top-1, layer SQNR.
 
+    An artifact is checked first as `verify` checks its files (--no-verify skips it).
     Exit 1 when a gate (--max-kl, --max-ppl-increase, --min-top1) is missed."""
+    from tfcompile.cli.model_ref import resolve_params
     from tfcompile.evaluate import evaluate, gate_error
+
+    paths = {"reference": reference, "model": model, "quiet": quiet}
+    resolve_params(paths, ("reference", "model"), revision)  # Hub ids -> the Hugging Face cache
+    model, reference = paths["model"], paths["reference"]
+    if not no_verify:
+        check_artifact_files(Path(model))
 
     console = stderr_console()
     reporter = RichReporter(console, quiet=quiet)
     doc = evaluate(model, reference, text=text, max_tokens=max_tokens, seq_len=seq_len,
-                   batch_size=batch_size, dtype=dtype, kv_cache=kv_cache, progress=reporter,
+                   batch_size=batch_size, dtype=dtype, kv_cache=kv_cache, progress=reporter, layer_kl=layer_kl,
                    thresholds={"max-kl": max_kl, "max-ppl-increase": max_ppl_increase, "min-top1": min_top1})
     reporter._stop()
     for w in doc["warnings"]:
@@ -95,6 +109,22 @@ def eval_cmd(model, reference, text, max_tokens, seq_len, batch_size, dtype, kv_
     err = gate_error(doc["gates"])
     if err is not None:
         raise err
+
+
+def check_artifact_files(path: Path) -> None:
+    """VerifyError unless an artifact's files are those its manifest lists (a checkpoint passes)."""
+    from tfcompile.artifact.verify import MANIFEST, VerifyReport, check_files, load_manifest
+    from tfcompile.errors import VerifyError
+
+    if not (path / MANIFEST).exists() and not (path / MANIFEST).is_symlink():
+        return  # a plain checkpoint: nothing to check against
+    rep = VerifyReport(str(path))
+    check_files(path, load_manifest(path), rep)
+    bad = rep.failures()
+    if bad:
+        raise VerifyError(f"{path} fails verify's " + "; ".join(f"'{c['check']}' check ({c['detail']})" for c in bad),
+                          hint="the artifact changed since it was built: rebuild it, or pass --no-verify to "
+                               "evaluate it anyway")
 
 
 def quantize_eval_table(section: dict) -> Table:

@@ -9,16 +9,20 @@ from pathlib import Path
 import click
 
 from tfcompile import __version__
+from tfcompile.cli.model_ref import model_argument
 from tfcompile.cli.output import RichReporter, emit_json, stderr_console
+from tfcompile.cli.sign_cmd import load_overrides, public_key_option, sign_option, unknown_architecture_option
 from tfcompile.errors import TfcompileError
+from tfcompile.io.signals import Terminated, handle_signals
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "TFCOMPILE"}
 
 
 def artifact_options(f):
-    """MODEL, -o OUT, --overwrite, --json, -q: what `quantize` and `distill` share."""
+    """MODEL (a directory or a Hub id, --revision), -o OUT, --overwrite, --json, -q: what `quantize`
+    and `distill` share."""
     opts = [
-        click.argument("model", type=click.Path(path_type=Path)),
+        model_argument,
         click.option("-o", "--output", "out", required=True, type=click.Path(path_type=Path),
                      help="Artifact directory to create (atomic)."),
         click.option("--overwrite", is_flag=True, help="Replace OUT if it exists."),
@@ -28,6 +32,13 @@ def artifact_options(f):
     for o in reversed(opts):
         f = o(f)
     return f
+
+
+def _to_meta(ctx: click.Context, param: click.Parameter, value):
+    """Options that only set a pass field travel in the click context (no command signature change)."""
+    if value is not None:
+        ctx.meta[f"tfcompile.{param.name}"] = value
+    return value
 
 
 def recipe_options(f):
@@ -51,6 +62,9 @@ def recipe_options(f):
         click.option("--calib-samples", type=int, help="Calibration sequences (default 16)."),
         click.option("--calib-seq-len", type=int, help="Tokens per calibration sequence (default 128)."),
         click.option("--calib-seed", type=int, help="Seed for shuffling/sampling calibration data (default 0)."),
+        click.option("--calib-all-experts", is_flag=True, default=None, expose_value=False, callback=_to_meta,
+                     help="MoE: every calibration token also goes through every expert for the statistics "
+                     "(routing and outputs unchanged), so no expert is left uncalibrated (docs/models.md)."),
         click.option("--observer", type=click.Choice(["max", "percentile", "mse"]), help="Static activation "
                      "amax: max (default), percentile (99.99th of |x|; --set calibrate.percentile=P), mse "
                      "(clipping that minimises the format's quantization error)."),
@@ -77,11 +91,15 @@ def eval_options(f):
         click.option("--eval", "eval_", is_flag=True, default=None, help="After verify, evaluate the "
                      "staged artifact against MODEL and store the figures in its manifest."),
         click.option("--eval-text", metavar="python-doc|FILE", help="Evaluation text: python-doc (the "
-                     "held-out corpus split, default) or a UTF-8 file."),
-        click.option("--eval-tokens", type=int, help="Tokens of text to evaluate (default 16384)."),
+                     "held-out corpus split, default) or a UTF-8 file (`eval --text`)."),
+        click.option("--eval-max-tokens", "--eval-tokens", "eval_tokens", type=int,
+                     help="Tokens of text to evaluate (default 16384; `eval --max-tokens`)."),
         click.option("--max-kl", type=float, help="Gate (--eval): mean KL(ref || model) in nats <= this."),
         click.option("--max-ppl-increase", type=float, help="Gate (--eval): relative perplexity increase <= this."),
         click.option("--min-top1", type=float, help="Gate (--eval): top-1 agreement >= this."),
+        click.option("--report", "report", is_flag=True, default=None, help="Also write the HTML report "
+                     "(tfcompile report) into OUT/tfcompile/report.html; with --eval it plots the per-layer "
+                     "eval figures too."),
     ]
     for o in reversed(opts):
         f = o(f)
@@ -139,10 +157,12 @@ def _layout_overrides(opts: dict) -> dict | None:
 
 
 def _build(fmt, recipe_file, sets, ignore, exports, skip, until, calib=None, algorithm=None, evaluation=None,
-           targets=None, layout=None, distill=None):
+           targets=None, layout=None, distill=None, load=None):
     from tfcompile.recipe.build import build_recipe
 
-    overrides = {}
+    overrides = {"load": load} if load else {}
+    if evaluation and evaluation.pop("report", None):
+        overrides["report"] = {}  # schedules the report pass (passes/report.py)
     if evaluation and (cutlass := evaluation.pop("emit_cutlass", None)):
         overrides["emit_cutlass"] = {"compile": cutlass}  # --cutlass: schedules emit_cutlass
     if distill is not None:
@@ -155,7 +175,9 @@ def _build(fmt, recipe_file, sets, ignore, exports, skip, until, calib=None, alg
         overrides["eval"] = eval_table
     if algorithm:
         overrides["quantize"] = {"algorithm": algorithm}
-    calib_opts = {k: v for k, v in (calib or {}).items() if v is not None}
+    all_experts = click.get_current_context(silent=True)
+    all_experts = all_experts.meta.get("tfcompile.calib_all_experts") if all_experts else None
+    calib_opts = {k: v for k, v in dict(calib or {}, all_experts=all_experts).items() if v is not None}
     if calib_opts:
         overrides["calibrate"] = calib_opts
     if ignore:
@@ -176,13 +198,15 @@ def cli() -> None:
 
 @cli.command()
 @artifact_options
+@sign_option
+@unknown_architecture_option
 @recipe_options
 @eval_options
 @emit_options
 @layout_options
-def quantize(model, out, overwrite, as_json, quiet, fmt, recipe_file, sets, ignore, exports, calib,
-             calib_samples, calib_seq_len, calib_seed, observer, algorithm, kv_cache, kv_per_head, skip, until,
-             targets, **eval_opts):
+def quantize(model, out, overwrite, as_json, quiet, sign_key, allow_unknown_architecture, fmt, recipe_file, sets,
+             ignore, exports, calib, calib_samples, calib_seq_len, calib_seed, observer, algorithm, kv_cache,
+             kv_per_head, skip, until, targets, **eval_opts):
     """Quantize the Hugging Face checkpoint MODEL into an artifact at OUT."""
     from tfcompile.api import run_pipeline
     from tfcompile.cli.eval_cmd import quantize_eval_failed, quantize_eval_table
@@ -193,10 +217,10 @@ def quantize(model, out, overwrite, as_json, quiet, fmt, recipe_file, sets, igno
     recipe = _build(fmt, recipe_file, sets, ignore, exports, skip, until,
                     dict(data=calib, samples=calib_samples, seq_len=calib_seq_len, seed=calib_seed,
                          observer=observer, kv_cache=kv_cache, kv_per_head=kv_per_head), algorithm, eval_opts,
-                    targets, layout)
+                    targets, layout, load=load_overrides(allow_unknown_architecture))
     reporter = RichReporter(console, quiet=quiet)
     try:
-        ctx = run_pipeline(model, out, recipe, overwrite=overwrite, reporter=reporter)
+        ctx = run_pipeline(model, out, recipe, overwrite=overwrite, reporter=reporter, sign_key=sign_key)
     except TfcompileError as e:  # a missed --eval gate: its figures on stderr / in --json, then exit 1
         quantize_eval_failed(e, console=console, quiet=quiet, as_json=as_json, recipe=recipe,
                              warnings=reporter.warnings)
@@ -244,11 +268,13 @@ def distill_options(f):
 
 @cli.command()
 @artifact_options
+@sign_option
+@unknown_architecture_option
 @recipe_options
 @distill_options
-def distill(model, out, overwrite, as_json, quiet, fmt, recipe_file, sets, ignore, exports, calib,
-            calib_samples, calib_seq_len, calib_seed, observer, algorithm, kv_cache, kv_per_head, skip, until,
-            **opts):
+def distill(model, out, overwrite, as_json, quiet, sign_key, allow_unknown_architecture, fmt, recipe_file, sets,
+            ignore, exports, calib, calib_samples, calib_seq_len, calib_seed, observer, algorithm, kv_cache,
+            kv_per_head, skip, until, **opts):
     """Quantize MODEL with quantization-aware distillation against the original; write OUT."""
     from tfcompile.api import run_pipeline
     from tfcompile.cli.output import live_progress_allowed
@@ -260,12 +286,12 @@ def distill(model, out, overwrite, as_json, quiet, fmt, recipe_file, sets, ignor
     recipe = _build(fmt, recipe_file, sets, ignore, exports, skip, until,
                     dict(data=calib, samples=calib_samples, seq_len=calib_seq_len, seed=calib_seed,
                          observer=observer, kv_cache=kv_cache, kv_per_head=kv_per_head), algorithm,
-                    distill=table)
+                    distill=table, load=load_overrides(allow_unknown_architecture))
     reporter = RichReporter(console, quiet=quiet)
     if not quiet and not live_progress_allowed(console):  # plain progress lines (loss, ETA) off a TTY
         reporter.note = console.print
     try:
-        ctx = run_pipeline(model, out, recipe, overwrite=overwrite, reporter=reporter)
+        ctx = run_pipeline(model, out, recipe, overwrite=overwrite, reporter=reporter, sign_key=sign_key)
     except KeyboardInterrupt:
         if opts.get("resume_dir"):
             sys.stderr.write(f"checkpoint kept in {opts['resume_dir']}; rerun the same command to resume\n")
@@ -332,12 +358,14 @@ def inspect(artifact, as_json, layers):
 @cli.command()
 @click.argument("artifact", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the report on stdout.")
-def verify(artifact, as_json):
-    """Check checksums, layers, shapes, scales and shared global scales (exit 1 on failure)."""
+@public_key_option
+def verify(artifact, as_json, public_key):
+    """Check paths, files, checksums, signature, layers, shapes, scales and shared global scales (exit 1 on failure)."""
+    from tfcompile.artifact.signing import load_public_key
     from tfcompile.artifact.verify import verify_artifact
     from tfcompile.cli.tables import verify_table
 
-    report = verify_artifact(artifact)
+    report = verify_artifact(artifact, public_key=load_public_key(public_key) if public_key else None)
     if as_json:
         emit_json({"ok": report.ok, "path": report.path, "checks": report.checks})
     else:
@@ -421,11 +449,20 @@ def export_onnx(artifact, out, opset, external_data, overwrite, as_json, quiet):
 
 
 from tfcompile.cli.eval_cmd import eval_cmd  # noqa: E402
+from tfcompile.cli.report_cmd import report_cmd  # noqa: E402
+from tfcompile.cli.sign_cmd import sign_cmd  # noqa: E402
 cli.add_command(eval_cmd)
+cli.add_command(report_cmd)
+cli.add_command(sign_cmd)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: maps errors to exit codes and `error:` / `hint:` lines."""
+    with handle_signals():  # SIGINT / SIGTERM: clean unwinding, exit 130 / 143 (tfcompile/io/signals.py)
+        return _main(argv)
+
+
+def _main(argv: list[str] | None) -> int:
     try:
         cli.main(args=argv, prog_name="tfcompile", standalone_mode=False)
         return 0
@@ -433,8 +470,11 @@ def main(argv: list[str] | None = None) -> int:
         return e.exit_code
     except click.ClickException as e:
         e.show(file=sys.stderr)
+        sys.stderr.write(f"hint: {_usage_hint(e)}\n")
         return 2
-    except click.exceptions.Abort:
+    except click.exceptions.Abort as e:  # click turns KeyboardInterrupt (and Terminated) into Abort
+        if isinstance(e.__cause__, KeyboardInterrupt):
+            return _interrupted(e.__cause__)
         sys.stderr.write("aborted\n")
         return 130
     except TfcompileError as e:
@@ -442,14 +482,29 @@ def main(argv: list[str] | None = None) -> int:
         return e.exit_code
     except SystemExit as e:
         return int(e.code or 0)
-    except KeyboardInterrupt:
-        sys.stderr.write("interrupted; no output was written\n")
-        return 130
+    except KeyboardInterrupt as e:
+        return _interrupted(e)
     except Exception as e:  # noqa: BLE001 - internal error: exit 2 with the trace
         traceback.print_exc(file=sys.stderr)
         _print_error(f"internal error: {type(e).__name__}: {e}",
                      "this is a tfcompile bug; please report it with the command you ran")
         return 2
+
+
+def _interrupted(e: KeyboardInterrupt) -> int:
+    """Exit 128 + signal (130 for Ctrl-C, 143 for SIGTERM) with one line, never a traceback."""
+    name = e.name if isinstance(e, Terminated) else "SIGINT"
+    published = getattr(e, "published", None)
+    what = f"{published} was written before it arrived" if published else "nothing was written"
+    sys.stderr.write(f"interrupted by {name}; {what}, temporary files were removed\n")
+    return e.exit_code if isinstance(e, Terminated) else 130
+
+
+def _usage_hint(e: click.ClickException) -> str:
+    """The `hint:` line after click's own usage error (which may already say "Did you mean")."""
+    ctx = getattr(e, "ctx", None)
+    path = ctx.command_path if ctx is not None else "tfcompile"
+    return f"run `{path} --help` for the options and arguments"
 
 
 def _print_error(message: str, hint: str | None) -> None:

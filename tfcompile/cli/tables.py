@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich.markup import escape
 from rich.table import Table
 
 
@@ -14,15 +15,32 @@ def summary_table(manifest: dict) -> Table:
     t = Table(title="tfcompile artifact", show_header=False)
     t.add_column("", style="bold")
     t.add_column("")
-    t.add_row("format", f"{scheme['name']} ({scheme['weight']}, {scheme['granularity']})")
+    t.add_row("format", escape(f"{scheme['name']} ({scheme['weight']}, {scheme['granularity']})"))
     t.add_row("quantized linears", str(s["quantized_linears"]))
     t.add_row("ignored linears", str(len(manifest.get("ignore", []))))
     t.add_row("bytes before", _mb(s["bytes_in"]))
     t.add_row("bytes after", _mb(s["bytes_out"]))
     t.add_row("compression", f"{s['compression_ratio']}x" if s["compression_ratio"] else "-")
     t.add_row("worst weight SQNR", "-" if s["worst_sqnr_db"] is None else f"{s['worst_sqnr_db']:.2f} dB")
-    t.add_row("views", ", ".join(manifest.get("views", [])))
+    t.add_row("KV cache", kv_cache_text(manifest))
+    t.add_row("views", escape(", ".join(manifest.get("views", []))))
+    if (hub := manifest.get("source", {}).get("hub")):
+        t.add_row("source", escape(f"{hub['repo_id']} @ {hub['commit'][:12]} (Hugging Face Hub)"))
     return t
+
+
+def kv_cache_text(manifest: dict) -> str:
+    """The KV cache an engine runs with this artifact: dtype, scale granularity, engine layout."""
+    kv = manifest["scheme"].get("kv_cache")
+    if not kv:
+        return "not quantized (the engine's default dtype)"
+    per = {"tensor": "per tensor", "attn_head": "per KV head"}.get(kv.get("strategy"), kv.get("strategy"))
+    text = (f"{kv['dtype']}, {per} k_scale/v_scale in {len(manifest.get('kv_modules', []))} attention modules")
+    spec = (manifest.get("layout") or {}).get("spec") or {}
+    if spec:
+        text += (f"; {spec.get('target')} layout {spec.get('kv_layout')}, {spec.get('block_size')} tokens "
+                 f"per page (tfcompile/kv_cache.json)")
+    return text
 
 
 def layers_table(manifest: dict, limit: int | None = None) -> Table:
@@ -32,7 +50,7 @@ def layers_table(manifest: dict, limit: int | None = None) -> Table:
     rows = manifest.get("layers", [])
     for layer in rows[:limit] if limit else rows:
         sq = layer.get("sqnr_db")
-        t.add_row(layer["module"], layer["format"], "x".join(map(str, layer["shape"])),
+        t.add_row(escape(layer["module"]), escape(layer["format"]), "x".join(map(str, layer["shape"])),
                   "inf" if sq is None else f"{sq:.2f}")
     return t
 
@@ -43,5 +61,5 @@ def verify_table(report) -> Table:
     t.add_column("result")
     t.add_column("detail")
     for c in report.checks:
-        t.add_row(c["check"], "[green]ok[/]" if c["ok"] else "[red]FAILED[/]", c["detail"])
+        t.add_row(c["check"], "[green]ok[/]" if c["ok"] else "[red]FAILED[/]", escape(c["detail"]))  # names from the artifact
     return t

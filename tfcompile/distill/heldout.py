@@ -20,8 +20,9 @@ KEYS = ("kl_mean", "perplexity", "reference_perplexity", "ppl_increase", "top1_a
 
 
 def heldout_metrics(student: torch.nn.Module, teacher: torch.nn.Module, rows: list, batch_size: int = 4,
-                    release=None) -> dict | None:
-    """{kl_mean, perplexity, reference_perplexity, ppl_increase, top1_agreement, tokens}, 6 significant digits."""
+                    release=None, progress=None) -> dict | None:
+    """{kl_mean, perplexity, reference_perplexity, ppl_increase, top1_agreement, tokens}, 6 significant digits.
+    `progress` (a pipeline reporter's task/advance), if given, advances once per batch."""
     if not rows:
         return None
     m = LogitMetrics()
@@ -33,6 +34,8 @@ def heldout_metrics(student: torch.nn.Module, teacher: torch.nn.Module, rows: li
                 m.update(ids, student(input_ids=ids).logits, teacher(input_ids=ids).logits)
                 if release is not None:
                     release()
+                if progress is not None:
+                    progress.advance(1)
     finally:
         student.train(was)
     r = m.result()

@@ -58,13 +58,13 @@ def distill_checkpoint(ctx, cfg, reporter, work_dir: Path) -> Outcome:
     data = _data(ctx, cfg, teacher)
     t_setup = time.perf_counter()
     with deterministic():
-        reporter.task("held-out (before)", None)
-        before = heldout_metrics(student.model, teacher, data.heldout, release=student.release)
+        reporter.task("held-out (before)", -(-len(data.heldout or []) // 4))  # heldout_metrics' batches of 4
+        before = heldout_metrics(student.model, teacher, data.heldout, release=student.release, progress=reporter)
         t_before = time.perf_counter()
         teacher, loop, t_train = _train(ctx, cfg, reporter, teacher, student, data, resume, work_dir,
                                         convert if progressive else None)
-        reporter.task("held-out (after)", None)
-        after = heldout_metrics(student.model, teacher, data.heldout, release=student.release)
+        reporter.task("held-out (after)", -(-len(data.heldout or []) // 4))
+        after = heldout_metrics(student.model, teacher, data.heldout, release=student.release, progress=reporter)
     t_write = time.perf_counter()
     names = student.tensor_names()
     path = write_overlay(work_dir / "distilled.safetensors", overlay_specs(ctx.source, names), student.export())

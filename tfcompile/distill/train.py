@@ -8,9 +8,10 @@ result is bit-identical to an uninterrupted run on the same machine and thread
 count (CPU kernels are deterministic for a fixed thread count; the loop also sets
 torch.use_deterministic_algorithms).
 
-Ctrl-C (SIGINT) is taken at the next step boundary: a checkpoint is written
-(with --resume-dir) and the run stops with KeyboardInterrupt; a second Ctrl-C
-stops at once. A kill loses at most `checkpoint_every` steps.
+Ctrl-C (SIGINT) and SIGTERM (timeout, Slurm, Kubernetes) are taken at the next
+step boundary: a checkpoint is written (with --resume-dir) and the run stops with
+KeyboardInterrupt (`Terminated`: exit 130 / 143); a second signal stops at once.
+A kill loses at most `checkpoint_every` steps.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Callable
 import torch
 
 from tfcompile.distill.checkpoint import MetricsLog, ResumeDir
+from tfcompile.io.signals import Terminated, installed
 
 
 @dataclass
@@ -111,7 +113,7 @@ class Loop:
                 if self.resume and (self.done % self.cfg.checkpoint_every == 0 or end or self._stop):
                     self._save(seg, opt, sched)
                 if self._stop:
-                    raise KeyboardInterrupt
+                    raise Terminated(self._stop) if type(self._stop) is int else KeyboardInterrupt
         opt.zero_grad(set_to_none=True)
 
     def after_step(self, step: int) -> None:
@@ -152,22 +154,17 @@ def _clip(params: list, max_norm: float) -> float:
 
 @contextlib.contextmanager
 def _sigint_at_step_boundary(loop: Loop):
-    """First Ctrl-C: finish the step, checkpoint, stop. Second: stop now. Main thread only."""
+    """First Ctrl-C or SIGTERM: finish the step, checkpoint, stop. Second: stop now. Main thread only."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    old = signal.getsignal(signal.SIGINT)
-
     def handler(signum, frame):
         if loop._stop:
-            raise KeyboardInterrupt
-        loop._stop = True
+            raise Terminated(signum)
+        loop._stop = signum
 
-    signal.signal(signal.SIGINT, handler)
-    try:
+    with installed(handler, (signal.SIGINT, signal.SIGTERM)):
         yield
-    finally:
-        signal.signal(signal.SIGINT, old)
 
 
 @contextlib.contextmanager

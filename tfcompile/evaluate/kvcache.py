@@ -28,6 +28,14 @@ An NVFP4 cache (`--kv-cache nvfp4`; kv_cache_scheme = compressed-tensors' NVFP4 
 emulated the same way with `fake_quant_nvfp4`: E2M1 elements in blocks of 16 along head_dim,
 E4M3 block scales computed as the cache is written, global dequant multiplier k_scale / 6.
 
+MLA layers (DeepSeek-V3, Kimi K2) cache the latent c_kv and the RoPE key k_pe
+(tfcompile/families/attention.py): there the emulation wraps the module's
+`expand_kv`, which receives exactly that pair, and rounds both through FP8 with the
+layer's `k_scale` (one scale for the entry, as vLLM's `concat_and_cache_mla`); K and V
+are then expanded from the rounded latent by kv_b_proj, as an engine expands them.
+Every other attention call goes to the model's own attention function (SDPA, or the
+architecture's eager one: GPT-OSS's sinks), not always SDPA.
+
 compressed-tensors + transformers do not attach k_scale / v_scale on load
 (docs/interop.md), so the scales are read from the artifact's safetensors here.
 """
@@ -42,6 +50,7 @@ import torch
 from torch import nn
 
 from tfcompile.evaluate.errors import EvalError
+from tfcompile.families.attention import is_mla, register_wrapper
 from tfcompile.kernels.formats import cast_e4m3
 
 KV_EMULATOR = "tfcompile_kv_fp8_emulation"
@@ -186,25 +195,36 @@ def install(model: nn.Module, kv: KVScales) -> KVEmulator:
                         f"of the architecture", hint="the artifact does not match config.json; rebuild it")
     emu = KVEmulator(kv.strategy, tuple(sorted(kv.scales)), fmt=kv.fmt)
     for name, (k, v) in kv.scales.items():
-        _ACTIVE[modules[name]] = _Entry(name, k, v, emu)
-    model.set_attn_implementation(_register())
+        entry = _Entry(name, k, v, emu)
+        _ACTIVE[modules[name]] = entry
+        if is_mla(modules[name]):
+            modules[name].expand_kv = _rounding_expand(entry, modules[name].expand_kv)
+    model.set_attn_implementation(register_wrapper(KV_EMULATOR, model, _emulating))
     return emu
 
 
-def _register() -> str:
-    """Register the emulating attention function (idempotent); returns its name."""
-    from transformers import AttentionInterface
-    from transformers.integrations import sdpa_attention
+def _rounding_expand(entry: _Entry, expand):
+    """MLA: the cached latent and RoPE key read back through the cache format (FP8, or NVFP4
+    blocks of 16) with the entry's one k_scale."""
+    fq = fake_quant_nvfp4 if entry.emulator.fmt == "nvfp4" else fake_quant_fp8
 
+    def rounded(kv_nope: torch.Tensor, k_rot: torch.Tensor):
+        entry.emulator.calls[entry.name] = entry.emulator.calls.get(entry.name, 0) + 1
+        s = entry.k_scale.reshape(-1)[:1]  # one scale per layer: (1,) or per "head" of the single latent head
+        return expand(fq(kv_nope, s), fq(k_rot, s))
+
+    return rounded
+
+
+def _emulating(base):
+    """The attention function around `base` (the model's own): K, V through FP8 for modules with scales."""
     def emulating(module, query, key, value, attention_mask, **kwargs):
         entry = _ACTIVE.get(module)
-        if entry is not None:
+        if entry is not None and not is_mla(module):  # MLA: rounded where it is cached (expand_kv)
             key, value = entry.emulator.apply(entry, key, value)
-        # looked up per call, so a test can watch what SDPA receives
-        return sdpa_attention.sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+        return base(module, query, key, value, attention_mask, **kwargs)
 
-    AttentionInterface.register(KV_EMULATOR, emulating)
-    return KV_EMULATOR
+    return emulating
 
 
 def not_emulated(mode: str, kv: KVScales | None) -> dict:

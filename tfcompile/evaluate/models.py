@@ -7,7 +7,8 @@
   `quantization_config`) built by transformers, every non-quantized tensor
   loaded from the artifact, every quantized Linear's weight replaced by
   `tfcompile.kernels.formats.dequantize` of the stored tensors, the
-  scheme's activation quantization emulated by forward pre-hooks, and, for an
+  scheme's activation quantization emulated by forward pre-hooks (fused MoE experts: expert by
+  expert, each input with its expert's own scale, calibration/moe.py), and, for an
   artifact with a `kv_cache_scheme`, the FP8 KV cache emulated in attention
   (kvcache.py; `--kv-cache off` turns that off).
 """
@@ -18,21 +19,27 @@ import re
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
+from tfcompile.calibration.moe import MoERecorder
 from tfcompile.evaluate.actquant import STATIC_SCALE, ActFn, act_quantizer, pre_hook
 from tfcompile.evaluate.errors import EvalError
 from tfcompile.artifact.verify import layer_scheme
 from tfcompile.evaluate.kvcache import KINDS, KV_MODES, KVEmulator, KVScales, install, read_kv_scales
+from tfcompile.families.experts import set_expert, set_expert_bias
+from tfcompile.families.names import NameMap
 from tfcompile.io.checkpoint import Checkpoint, open_checkpoint
+from tfcompile.io.sources.model import is_published, load_decoded_model
 from tfcompile.kernels.formats import QTensor, dequantize
 from tfcompile.passes.quantize.naming import ct_outputs
 from tfcompile.schemes import Scheme, get_scheme
 
 MANIFEST = Path("tfcompile") / "manifest.json"
 _EXPERT = re.compile(r"^(?P<parent>.*experts)\.(?P<e>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)$")
+_EXPERT_BIAS = re.compile(r"^(?P<parent>.*experts)\.(?P<e>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.bias$")
 
 
 @dataclass
@@ -52,6 +59,7 @@ class Candidate:
     warnings: list[str] = field(default_factory=list)
     kv_scales: KVScales | None = None  # the artifact's FP8 KV-cache scales (None: not quantized)
     kv: KVEmulator | None = None  # installed emulation (None: off, or nothing to emulate)
+    experts: Any = None  # calibration.moe.MoERecorder emulating per-expert activation quantization
 
 
 def _transformers():
@@ -87,6 +95,8 @@ def load_checkpoint_model(path: Path, dtype: torch.dtype, role: str) -> nn.Modul
         raise EvalError(f"reference {path} is a tfcompile artifact", hint=f"pass {what}")
     ckpt = open_checkpoint(path)  # CheckpointError (a UserError) for anything unusable
     ckpt.close()
+    if role == "reference" and is_published(ckpt.config):  # DeepSeek FP8, GPT-OSS MXFP4, ... as published
+        return load_decoded_model(path, dtype)
     if "quantization_config" in ckpt.config:
         raise EvalError(f"{role} {path} has a quantization_config but no {MANIFEST}: it is "
                         f"quantized, but not a tfcompile artifact",
@@ -144,12 +154,16 @@ def _build_artifact(path: Path, ckpt: Checkpoint, manifest: dict, scheme: Scheme
                         hint=f"check the artifact with `tfcompile verify {path}`")
     kv_names = {f"{m}.{k}" for m in manifest.get("kv_modules", []) for k in KINDS}
     cand.kv_scales = read_kv_scales(path, ckpt, ckpt.config, list(manifest.get("kv_modules", [])))
-    loaded = _load_plain(path, ckpt, model, [n for n in ckpt.names() if n not in qnames | kv_names])
+    names = NameMap(model, ckpt.names())  # checkpoint -> in-memory names (Qwen2.5-VL's language_model.)
+    plain = [n for n in ckpt.names() if n not in qnames | kv_names]
+    loaded = _load_plain(path, ckpt, model, [n for n in plain if not _EXPERT_BIAS.match(n)], names)
     modules = dict(model.named_modules())
-    expert_inputs: dict[str, ActFn | None] = {}
+    loaded |= _load_expert_biases(ckpt, modules, [n for n in plain if _EXPERT_BIAS.match(n)], names)
+    expert_acts: dict[str, ActFn] = {}  # per-expert Linear (model names) -> its input quantization
     for name, (n, k) in sorted(layers.items()):
         w = dequantize(qtensor_of(ckpt, schemes[name], name, n, k), torch.float32)
         act = _act_fn(ckpt, schemes[name], name)
+        name = names.to_model(name)
         mod = modules.get(name)
         if isinstance(mod, nn.Linear):
             if tuple(mod.weight.shape) != (n, k):
@@ -163,17 +177,16 @@ def _build_artifact(path: Path, ckpt: Checkpoint, manifest: dict, scheme: Scheme
                 mod.register_forward_pre_hook(pre_hook(act))
             cand.linears[name] = QLinear(name, mod, act)
         elif (m := _EXPERT.match(name)) and hasattr(modules.get(m["parent"]), "gate_up_proj"):
-            loaded |= _set_expert(modules[m["parent"]], m["parent"], int(m["e"]), m["proj"], w)
-            if m["proj"] != "down_proj":
-                expert_inputs.setdefault(m["parent"], act)
+            set_expert(modules[m["parent"]], int(m["e"]), m["proj"], w)
+            loaded.add(f"{m['parent']}.{'down_proj' if m['proj'] == 'down_proj' else 'gate_up_proj'}")
+            if act is not None and m["proj"] != "up_proj":  # gate and up share one input (and scale)
+                expert_acts[name] = act
         else:
             raise EvalError(f"{path}: quantized module {name} is not a Linear of {cls.__name__}",
                             hint="the artifact does not match its config.json architecture; rebuild it")
-    for parent, act in sorted(expert_inputs.items()):
-        if act is not None:  # per-token quantizers: the experts' input is every expert's gate/up input
-            modules[parent].register_forward_pre_hook(pre_hook(act))
-            cand.warnings.append(f"{parent}: activation quantization of the fused experts' down_proj "
-                                 f"input is not emulated (gate/up input is)")
+    if expert_acts:  # fused experts run expert by expert, each input quantized with its own scale
+        cand.experts = MoERecorder(model, lambda name, x: None, impl="tfcompile_moe_act_emulation",
+                                   transform=lambda name, x: expert_acts[name](x) if name in expert_acts else x)
     _check_complete(path, model, loaded)
     return cand
 
@@ -201,9 +214,9 @@ def _act_fn(ckpt: Checkpoint, scheme: Scheme, m: str) -> ActFn | None:
     return act_quantizer(scheme.act, m, static)
 
 
-def _load_plain(path: Path, ckpt: Checkpoint, model: nn.Module, names: list[str]) -> set[str]:
+def _load_plain(path: Path, ckpt: Checkpoint, model: nn.Module, names: list[str], rename: NameMap) -> set[str]:
     """Copy the artifact's non-quantized tensors (embeddings, norms, lm_head...) into the model."""
-    state = {n: ckpt.get(n) for n in names}
+    state = {rename.to_model(n): ckpt.get(n) for n in names}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         result = model.load_state_dict(state, strict=False)
@@ -215,16 +228,17 @@ def _load_plain(path: Path, ckpt: Checkpoint, model: nn.Module, names: list[str]
     return set(state)
 
 
-def _set_expert(experts: nn.Module, parent: str, e: int, proj: str, w: torch.Tensor) -> set[str]:
-    """Write one expert's dequantized weight into the fused [E, N, K] parameters (v5 layout)."""
-    with torch.no_grad():
-        if proj == "down_proj":
-            experts.down_proj[e].copy_(w)
-            return {f"{parent}.down_proj"}
-        half = experts.gate_up_proj.shape[1] // 2
-        lo = 0 if proj == "gate_proj" else half
-        experts.gate_up_proj[e, lo:lo + half].copy_(w)
-    return {f"{parent}.gate_up_proj"}
+def _load_expert_biases(ckpt: Checkpoint, modules: dict, names: list[str], rename: NameMap) -> set[str]:
+    """Per-expert biases (GPT-OSS: `experts.{e}.gate_proj.bias` ...) into the fused bias parameters."""
+    loaded = set()
+    for n in names:
+        m = _EXPERT_BIAS.match(rename.to_model(n))
+        mod = modules[m["parent"]]
+        fused = "down_proj_bias" if m["proj"] == "down_proj" else "gate_up_proj_bias"
+        b = ckpt.get(n)
+        set_expert_bias(mod, int(m["e"]), m["proj"], b)
+        loaded.add(f"{m['parent']}.{fused}")
+    return loaded
 
 
 def _check_complete(path: Path, model: nn.Module, loaded: set[str]) -> None:

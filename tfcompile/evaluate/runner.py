@@ -12,6 +12,7 @@ import torch
 from tfcompile.evaluate.errors import EvalError
 from tfcompile.evaluate.gates import check_gates
 from tfcompile.evaluate.kvcache import KV_MODES, not_emulated
+from tfcompile.evaluate.lens import LayerKL
 from tfcompile.evaluate.metrics import LayerSQNR, LogitMetrics
 from tfcompile.evaluate.models import load_candidate, load_checkpoint_model
 from tfcompile.evaluate.text import batches, load_text, load_tokenizer, token_rows
@@ -37,10 +38,11 @@ def _vocab(model) -> int:
 def evaluate(model_path: Path, reference: Path, *, text: Path | None = None, max_tokens: int = 16384,
              seq_len: int | None = None, batch_size: int = 4, dtype: str = "float32",
              kv_cache: str = "auto", thresholds: dict[str, float | None] | None = None,
-             progress: Progress | None = None) -> dict:
+             progress: Progress | None = None, layer_kl: bool = False) -> dict:
     """The report as a JSON-ready dict (see docs/ci.md for the fields).
 
-    kv_cache: "auto" emulates an artifact's FP8 KV cache (kvcache.py), "off" does not."""
+    kv_cache: "auto" emulates an artifact's FP8 KV cache (kvcache.py), "off" does not.
+    layer_kl: also KL per decoder layer through the logit lens (lens.py), as "layer_kl"."""
     for name, value in (("--max-tokens", max_tokens), ("--seq-len", seq_len), ("--batch-size", batch_size)):
         _check_positive(name, value)
     if dtype not in DTYPES:
@@ -60,7 +62,8 @@ def evaluate(model_path: Path, reference: Path, *, text: Path | None = None, max
     seq_len = _seq_len(ref, seq_len)
     rows = token_rows(source.text, tokenizer, max_tokens=max_tokens,
                       seq_len=seq_len, vocab=vocab)
-    logit_m, layer_m = _run(cand, ref, batches(rows, batch_size), progress)
+    lens = LayerKL() if layer_kl else None
+    logit_m, layer_m = _run(cand, ref, batches(rows, batch_size), progress, lens)
     kv_entry, kv_warnings = _kv_report(cand, kv_cache)
     metrics = logit_m.result()
     shapes = {n: list(q.module.weight.shape) for n, q in cand.linears.items()}
@@ -72,6 +75,7 @@ def evaluate(model_path: Path, reference: Path, *, text: Path | None = None, max
         metrics = {k: v if math.isfinite(v) else None for k, v in metrics.items()}
         gates = [{**g, "value": g["value"] if math.isfinite(g["value"]) else None} for g in gates]
     scheme = cand.scheme
+    extra = {"layer_kl": lens.result()} if lens is not None else {}
     return {
         "ok": all(g["ok"] for g in gates),
         "model": str(model_path), "reference": str(reference), "kind": cand.kind,
@@ -87,6 +91,7 @@ def evaluate(model_path: Path, reference: Path, *, text: Path | None = None, max
         "gates": gates,
         "warnings": warnings,
         "seconds": round(time.monotonic() - t0, 3),
+        **extra,
     }
 
 
@@ -100,10 +105,13 @@ def _seq_len(ref, seq_len: int | None) -> int:
     return seq_len
 
 
-def _run(cand, ref, work: list[torch.Tensor], progress: Progress | None) -> tuple[LogitMetrics, LayerSQNR]:
-    """Both models over every [B, L] batch; the running metrics."""
+def _run(cand, ref, work: list[torch.Tensor], progress: Progress | None,
+         lens: LayerKL | None = None) -> tuple[LogitMetrics, LayerSQNR]:
+    """Both models over every [B, L] batch; the running metrics (and `lens`, if given)."""
     logit_m, layer_m = LogitMetrics(), LayerSQNR()
     layer_m.attach(cand.linears, ref)
+    if lens is not None and not lens.attach(cand.model, ref):
+        lens = None
     if progress is not None:
         progress.task("eval", len(work))
     try:
@@ -112,10 +120,14 @@ def _run(cand, ref, work: list[torch.Tensor], progress: Progress | None) -> tupl
                 logits = cand.model(input_ids=ids).logits  # candidate first: layer_m pairs outputs
                 ref_logits = ref(input_ids=ids).logits
                 logit_m.update(ids, logits, ref_logits)
+                if lens is not None:
+                    lens.batch_done(ids)
                 if progress is not None:
                     progress.advance(1, f"{ids.numel()} tokens")
     finally:
         layer_m.detach()
+        if lens is not None:
+            lens.detach()
     return logit_m, layer_m
 
 

@@ -57,7 +57,16 @@ def _corpus_texts() -> str | None:
     fn = getattr(corpus, "python_doc_texts", None)
     if fn is None:
         return None
-    texts = fn("heldout")
+    from tfcompile.errors import UserError
+
+    try:
+        texts = fn("heldout")
+    except UserError as e:  # the Debian package is not installed (first run, or not Debian)
+        raise EvalError(f"no evaluation text: --text (quantize: --eval-text) was not given, and the default, "
+                        f"the held-out split of Debian's python3.11-doc, is not here ({e.message})",
+                        hint="pass --text FILE with a few thousand words like the model's use, or install the "
+                             "default: apt-get install python3.11-doc (elsewhere: set TFCOMPILE_PYTHON_DOC to "
+                             "its html/_sources folder)") from None
     return texts if isinstance(texts, str) else "\n\n".join(str(t) for t in texts)
 
 

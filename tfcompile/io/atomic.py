@@ -1,79 +1,109 @@
 """Build an output directory so that it appears complete or not at all.
 
-`atomic_output_dir(out)` yields a hidden temporary sibling `.{name}.tmp-XXXX`
-(same parent, hence same file system, so the final rename is atomic). When
-the block finishes, the temp dir is renamed to `out`; when it raises anything,
-KeyboardInterrupt included, the temp dir is deleted and the error re-raised.
-With `overwrite`, the old `out` is first renamed aside, the new one renamed in,
-then the old one deleted; if the swap fails the old one is put back.
+`atomic_output_dir(out)`:
+1. refuses an OUT whose replacement could lose data (tfcompile/io/publish.py:
+   MODEL, an ancestor of it, the current directory ...; `protect` names MODEL);
+2. creates missing parents (removed again if the run fails), takes the lock
+   of OUT (tfcompile/io/locks.py: a concurrent run on OUT fails here), and
+   deletes temp dirs that dead runs left beside OUT;
+3. refuses an existing OUT unless `overwrite`, recording which directory it is;
+4. yields a hidden temp sibling `.{name}.tmp-<owner>-XXXX` (same parent, so the
+   same file system: the final rename is atomic) to fill, with the mode a plain
+   `mkdir` gives under the current umask (not mkdtemp's 0700: a server running
+   as another user must read the artifact);
+5. when the block succeeds, publishes it with one rename (no-replace, or an
+   exchange with the OUT recorded in step 3), failing with exit 1 and touching
+   nothing if another OUT appeared meanwhile; when the block raises anything,
+   KeyboardInterrupt and SIGTERM included, deletes the temp dir and re-raises.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from tfcompile.errors import UserError
+from tfcompile.io import locks, publish, signals
 from tfcompile.io.oserrors import write_error
 
 
 @contextmanager
-def atomic_output_dir(out: str | os.PathLike, overwrite: bool = False) -> Iterator[Path]:
+def atomic_output_dir(out: str | os.PathLike, overwrite: bool = False, *, protect: tuple = (),
+                      warn: Callable[[str], None] | None = None) -> Iterator[Path]:
     """Yield a temp dir to fill; publish it as `out` only if the block succeeds."""
+    publish.check_output_path(Path(out), tuple(Path(p) for p in protect))
     out = Path(out).absolute()
-    _check_target(out, overwrite)
-    tmp = _mkdtemp(out.parent, f".{out.name}.tmp-")
+    created = _make_parents(out.parent)
     try:
-        yield tmp
-        _publish(tmp, out)
+        with locks.output_lock(out):
+            for note in locks.sweep_stale(out):
+                (warn or (lambda m: None))(note)
+            expected = _check_target(out, overwrite)
+            tmp = _mkdtemp(out.parent, f".{out.name}.tmp-{locks.owner_token()}-")
+            _chmod_like_mkdir(tmp)  # mkdtemp makes it 0700; the published directory follows the umask
+            try:
+                yield tmp
+                _publish(tmp, out, expected)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        _remove_empty(created)
         raise
 
 
-def _check_target(out: Path, overwrite: bool) -> None:
-    """Refuse up front what would fail late: an existing `out`, an unwritable parent."""
+def _publish(tmp: Path, out: Path, expected: tuple[int, int, int] | None) -> None:
+    """Publish with SIGINT/SIGTERM held back; one that came meanwhile still ends the run (exit 130/143),
+    and says OUT was written."""
+    done = False
+    try:
+        with signals.deferred():
+            publish.publish(tmp, out, expected)
+            done = True
+    except signals.Terminated as e:
+        e.published = out if done else None
+        raise
+
+
+def _check_target(out: Path, overwrite: bool) -> tuple[int, int, int] | None:
+    """Refuse up front what would fail late; the identity of the OUT `overwrite` may replace."""
     if os.path.lexists(out):
         if not overwrite:
             raise UserError(f"{out} already exists", hint="pass --overwrite to replace it, or choose another path")
         if not out.is_dir():
             raise UserError(f"{out} exists and is not a directory", hint="remove it or choose another output path")
     parent = out.parent
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise write_error(parent, e, "create") from e
     if not os.access(parent, os.W_OK | os.X_OK):
         raise UserError(
             f"cannot write into {parent}: permission denied", hint="choose an output directory you can write to"
         )
+    return publish.identity(out)
 
 
-def _publish(tmp: Path, out: Path) -> None:
-    """Rename `tmp` to `out`, moving an existing `out` aside first and deleting it after."""
-    if not os.path.lexists(out):
-        _rename(tmp, out)
-        _fsync_dir(out.parent)
-        return
-    aside_dir = _mkdtemp(out.parent, f".{out.name}.old-")
-    aside = aside_dir / out.name
+def _make_parents(parent: Path) -> list[Path]:
+    """mkdir -p `parent`; the directories it created, deepest first."""
+    missing = []
+    p = parent
+    while not os.path.lexists(p) and p != p.parent:
+        missing.append(p)
+        p = p.parent
     try:
-        _rename(out, aside)
-    except BaseException:
-        aside_dir.rmdir()
-        raise
-    try:
-        _rename(tmp, out)
-    except BaseException:
-        os.rename(aside, out)  # put the old output back before reporting
-        aside_dir.rmdir()
-        raise
-    _fsync_dir(out.parent)
-    shutil.rmtree(aside_dir, ignore_errors=True)
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        _remove_empty(missing)
+        raise write_error(parent, e, "create") from e
+    return missing
+
+
+def _remove_empty(dirs: list[Path]) -> None:
+    for d in dirs:  # deepest first; a directory someone else filled meanwhile stays
+        with contextlib.suppress(OSError):
+            d.rmdir()
 
 
 def _mkdtemp(parent: Path, prefix: str) -> Path:
@@ -83,22 +113,27 @@ def _mkdtemp(parent: Path, prefix: str) -> Path:
         raise write_error(parent, e, "create a directory in") from e
 
 
-def _rename(src: Path, dst: Path) -> None:
+def _chmod_like_mkdir(path: Path) -> None:
+    """Give `path` the mode `mkdir` would (0777 minus the umask, e.g. 0755): a server running as
+    another user must be able to read the artifact. Files inside are created with open() and
+    already follow the umask."""
+    mask = current_umask()
     try:
-        os.rename(src, dst)
+        os.chmod(path, 0o777 & ~mask)
     except OSError as e:
-        raise write_error(dst, e, "rename into") from e
+        shutil.rmtree(path, ignore_errors=True)
+        raise write_error(path, e, "set the permissions of") from e
 
 
-def _fsync_dir(path: Path) -> None:
-    """Persist a rename (best effort: some file systems refuse fsync on directories)."""
+def current_umask() -> int:
+    """The process umask, read without changing it (Linux /proc) when possible: os.umask's
+    set-and-restore would briefly apply umask 0 to files other threads create."""
     try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
         pass
-    finally:
-        os.close(fd)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask

@@ -26,6 +26,7 @@ import torch
 
 from tfcompile.errors import CheckpointError
 from tfcompile.io.aux_files import AUX_FILE_NAMES
+from tfcompile.io.config_check import check_config_values
 from tfcompile.io.dtypes import FLOAT_CODES, QUANTIZED_CODES, torch_dtype_of
 from tfcompile.io.paths import INDEX_FILE, SINGLE_FILE, check_plain_name, resolve_in_dir
 from tfcompile.io.safetensors_header import TensorInfo, read_header
@@ -181,11 +182,15 @@ def read_config(model_dir: Path) -> dict[str, Any]:
         )
     config = _load_json_object(resolve_in_dir(model_dir, "config.json"))
     for key, kind in (("architectures", list), ("model_type", str)):
-        if not isinstance(config.get(key), kind) or not config[key]:
+        value = config.get(key)
+        if not isinstance(value, kind) or not value or (kind is list and not all(isinstance(a, str) and a
+                                                                                  for a in value)):
             raise CheckpointError(
                 f"{cfg_path}: missing or invalid {key!r}",
-                hint='config.json needs "architectures" (a list) and "model_type" (a string), as save_pretrained writes',
+                hint='config.json needs "architectures" (a list of class names) and "model_type" (a string), '
+                     "as save_pretrained writes",
             )
+    check_config_values(config, cfg_path)
     return config
 
 

@@ -16,12 +16,17 @@ Fields (docs/formats.md "KV-cache descriptor"):
   nvfp4                           for NVFP4 KV: block 16 along head_dim, E4M3 block scales computed
                                   when a token is written, global multiplier 6 / k_scale
   warnings                        what the target does differently (per-head scales collapsed ...)
+  attention                       "mha" (every layer as above), or the kinds present: mla, sliding,
+                                  linear (+sinks); then `layers` describes each decoder layer
+                                  (tfcompile/layout/variants.py) and an all-MLA model's top-level
+                                  page_shape / num_kv_heads / head_dim are its latent entry's
 """
 
 from __future__ import annotations
 
 from tfcompile.layout.engines import rules_for
 from tfcompile.layout.plan import LayoutPlan, pattern
+from tfcompile.layout.variants import attention_layers
 
 DESCRIPTOR = "tfcompile/kv_cache.json"
 SCHEMA = 1
@@ -32,7 +37,7 @@ def page_shape(layout: str, block: int, kv_heads: int, head_dim: int) -> list[in
 
 
 def build_descriptor(lp: LayoutPlan, *, num_layers: int | None, kv_strategy: str | None,
-                     kv_modules: tuple[str, ...], head_dim: int | None) -> dict:
+                     kv_modules: tuple[str, ...], head_dim: int | None, config: dict | None = None) -> dict:
     s = lp.spec
     h = lp.heads
     kv_heads = h.view_kv_heads if h else None
@@ -54,6 +59,18 @@ def build_descriptor(lp: LayoutPlan, *, num_layers: int | None, kv_strategy: str
                   "element": "e2m1, two per byte, low nibble first"} if s.kv_dtype == "nvfp4" else None,
         "warnings": list(lp.warnings),
     }
+    summary, layers = attention_layers(config or {}, block=s.block_size, layout=s.kv_layout, kv_heads=per_shard,
+                                       head_dim=s.head_dim_pad, kv_modules=kv_modules, dtype=s.kv_dtype)
+    doc["attention"] = summary
+    if summary != "mha":
+        doc["layers"] = layers
+    if layers and all(e["kind"] == "mla" for e in layers):  # one latent entry per token, no heads
+        doc.update(page_shape=layers[0]["page_shape"], num_kv_heads=1, kv_heads_per_shard=1,
+                   head_dim=layers[0]["entry_dim"], head_dim_padded=layers[0]["entry_dim"])
+        if doc["scales"]:
+            doc["scales"].update(granularity="tensor", shape=[1], engine_reads="k_scale for the whole entry",
+                                 source="calibrated max(|c_kv|, |k_pe|) / 448 of the cached latent and RoPE key "
+                                        "(--kv-cache fp8); v_scale holds the same value")
     return doc
 
 

@@ -141,20 +141,35 @@ class PagedKV:
 
 
 def paged_attention(q: torch.Tensor, k_cache: PagedKV, v_cache: PagedKV, seq: int,
-                    positions: torch.Tensor) -> torch.Tensor:
-    """q [T, Hq, D] at absolute `positions` [T] of `seq` -> out [T, Hq, D] (float32).
+                    positions: torch.Tensor, *, window: int | None = None,
+                    sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """q [T, Hq, D] at absolute `positions` [T] of `seq` -> out [T, Hq, D] (float32; float64 for a float64 q).
 
     Reads the whole cached sequence (including the tokens just appended) through its
-    block table; query t attends to cached positions <= positions[t]. q is zero-padded to
-    the cache's head_dim_padded (so q.k is unchanged), the softmax scale is 1/sqrt(D) of
-    the real head dim, and the padded output columns (zeros) are dropped."""
+    block table; query t attends to cached positions <= positions[t], and with a sliding
+    `window` W only to the last W of them (position > positions[t] - W, as transformers'
+    sliding masks). q is zero-padded to the cache's head_dim_padded (so q.k is unchanged),
+    the softmax scale is 1/sqrt(D) of the real head dim, and the padded output columns
+    (zeros) are dropped. `sinks` [Hq] (GPT-OSS): a learned logit per head that joins each
+    softmax and is then dropped, so the probabilities over real keys sum to less than 1."""
     d, dp = q.shape[-1], k_cache.fmt.head_dim_padded
-    q = torch.nn.functional.pad(q.float(), (0, dp - d)) if dp > d else q.float()
-    k, v = k_cache.read(seq), v_cache.read(seq)  # [S, Hkv, Dp] float32
+    # float32, or float64 for a float64 q: the exactness checks of tests/layout run in float64 so
+    # that summation-order noise cannot move a K/V value across an FP8 rounding boundary
+    cdt = torch.float64 if q.dtype == torch.float64 else torch.float32
+    q = torch.nn.functional.pad(q.to(cdt), (0, dp - d)) if dp > d else q.to(cdt)
+    k, v = k_cache.read(seq).to(cdt), v_cache.read(seq).to(cdt)  # [S, Hkv, Dp], read as float32
     hq, hkv = q.shape[1], k.shape[1]
     rep = hq // hkv
     k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)  # [S, Hq, D]
     scores = torch.einsum("thd,shd->hts", q, k) / math.sqrt(d)
-    causal = torch.arange(k.shape[0])[None, :] <= positions[:, None]  # [T, S]
-    scores = scores.masked_fill(~causal[None], float("-inf"))
-    return torch.einsum("hts,shd->thd", torch.softmax(scores, dim=-1), v)[..., :d]
+    pos = torch.arange(k.shape[0])[None, :]
+    visible = pos <= positions[:, None]  # [T, S]
+    if window:
+        visible &= pos > positions[:, None] - window
+    scores = scores.masked_fill(~visible[None], float("-inf"))
+    if sinks is not None:  # softmax over [scores, sink], the sink column dropped
+        sink = sinks.to(scores.dtype).reshape(hq, 1, 1).expand(hq, scores.shape[1], 1)
+        probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+    else:
+        probs = torch.softmax(scores, dim=-1)
+    return torch.einsum("hts,shd->thd", probs, v)[..., :d]

@@ -9,19 +9,26 @@ the passes that ran before it.
 
 from __future__ import annotations
 
+import errno
 import time
 from typing import Any
 
 from tfcompile.errors import RecipeError, TfcompileError
+from tfcompile.io.oserrors import write_error
 from tfcompile.pipeline.context import INITIAL_FIELDS, Context
 from tfcompile.pipeline.passes import PassSpec, get_pass
 from tfcompile.pipeline.report import NullReporter
+
+
+_ENVIRONMENT = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO}
 
 
 class PassFailed(TfcompileError):
     """A pass raised. Keeps the inner error's exit code and hint."""
 
     def __init__(self, name: str, before: list[str], inner: BaseException):
+        if isinstance(inner, OSError) and inner.errno in _ENVIRONMENT:  # the machine, not a bug: exit 1
+            inner = write_error(inner.filename or "the output", inner)
         msg = str(inner.message if isinstance(inner, TfcompileError) else f"{type(inner).__name__}: {inner}")
         ran = ", ".join(before) or "none"
         super().__init__(f"pass '{name}' failed: {msg} (passes run before it: {ran})",

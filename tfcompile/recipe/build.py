@@ -15,7 +15,8 @@ from tfcompile.schemes import get_scheme
 
 def preset_pipeline(fmt: str, kv_cache: bool = False, evaluate: bool = False, emit: bool = False,
                     layout: bool = False, onnx: bool = False, distill: bool = False,
-                    cutlass: bool = False, rotate: bool = False, mixed: bool = False) -> list[str]:
+                    cutlass: bool = False, report: bool = False, rotate: bool = False,
+                    mixed: bool = False) -> list[str]:
     """The pass list `tfcompile quantize --format FMT [--kv-cache fp8] [--eval] [--target T] [--layout E]
     [--export onnx]` runs (`tfcompile distill`: distill=True; any emit_cutlass setting: cutlass=True)."""
     scheme = get_scheme(fmt)
@@ -40,18 +41,22 @@ def preset_pipeline(fmt: str, kv_cache: bool = False, evaluate: bool = False, em
     names.append("verify")
     if evaluate:
         names.append("eval")  # measured on the staged, verified artifact, before it is published
+    if report:
+        names.append("report")  # OUT/tfcompile/report.html from the final manifest (passes/report.py)
     return names
 
 
 def load_recipe_file(path: Path) -> dict:
     """Parse a TOML or JSON recipe file into a plain mapping (no code is run)."""
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise RecipeError(f"cannot read recipe {path}: {e.strerror}", hint="check the path") from None
+    except UnicodeDecodeError:
+        raise RecipeError(f"recipe {path} is not UTF-8 text", hint="recipes are TOML (.toml) or JSON (.json)") from None
     try:
         data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
-    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as e:
+    except (json.JSONDecodeError, tomllib.TOMLDecodeError, RecursionError) as e:
         raise RecipeError(f"recipe {path} is not valid {path.suffix.lstrip('.') or 'TOML'}: {e}",
                           hint="recipes are TOML (.toml) or JSON (.json)") from None
     if not isinstance(data, dict):
@@ -64,7 +69,24 @@ def load_recipe_file(path: Path) -> dict:
     if unknown:
         raise RecipeError(f"recipe {path}: unknown key(s) {sorted(unknown)}",
                           hint="top-level keys: version, format, pipeline, passes")
+    _check_types(data, path)
     return data
+
+
+def _check_types(data: dict, path: Path) -> None:
+    """format: a string; pipeline: a list of pass names; passes: a table of tables."""
+    problems = {
+        "format": "format" in data and not isinstance(data["format"], str),
+        "pipeline": "pipeline" in data and not (isinstance(data["pipeline"], list)
+                                                and all(isinstance(p, str) for p in data["pipeline"])),
+        "passes": "passes" in data and not isinstance(data["passes"], dict),
+    }
+    for key, bad in problems.items():
+        if bad:
+            raise RecipeError(f"recipe {path}: {key} = {str(data[key])[:40]!r} is not "
+                              + {"format": "a format name", "pipeline": "a list of pass names",
+                                 "passes": "a table of [passes.NAME] tables"}[key],
+                              hint='e.g. format = "nvfp4", pipeline = ["load", "select", ...], [passes.pack]')
 
 
 def build_recipe(
@@ -99,10 +121,11 @@ def build_recipe(
     onnx = any(n == "onnx" for n, _, _ in edits)  # --export onnx, or any onnx.* setting
     distill = any(n == "distill" for n, _, _ in edits)  # tfcompile distill, or any distill.* setting
     cutlass = any(n == "emit_cutlass" for n, _, _ in edits)  # any emit_cutlass.* setting (passes/emit_cutlass.py)
+    report = any(n == "report" for n, _, _ in edits)  # quantize --report (passes/report.py)
     rotate = any(n == "rotate" for n, _, _ in edits)  # any rotate.* setting (passes/rotate.py)
     mixed = any(n == "mixed" for n, _, _ in edits)  # any mixed.* setting (passes/mixed.py)
     pipeline = list(data.get("pipeline") or (preset_pipeline(fmt, kv or gptq or awq, evaluate, emit, layout, onnx,
-                                                             distill, cutlass, rotate, mixed) if fmt else []))
+                                                             distill, cutlass, report, rotate, mixed) if fmt else []))
     if not pipeline:
         raise RecipeError("no pipeline: give --format or a recipe with `format` or `pipeline`",
                           hint="e.g. tfcompile quantize --format nvfp4 MODEL -o OUT")
@@ -113,13 +136,40 @@ def build_recipe(
         values["calibrate"]["hessian"] = True  # GPTQ needs each group's input Hessian
     if awq and "calibrate" in values:
         values["calibrate"]["awq"] = True  # AWQ needs each norm-fed group's input statistics
+    if report and "eval" in values:
+        values["eval"]["details"] = True  # the report plots the per-layer eval figures
     for name, table, where in edits:
+        if name == "calibrate" and name not in values and fmt:
+            raise _needs_no_calibration(fmt, where, values)
         _merge(values, name, table, where)
+    _check_format_agrees(fmt, values)
     _inherit_emit(values)
     pipeline = _cut(pipeline, skip, until)
     entries = tuple(PassEntry(n, build_config(get_pass(n).config, values[n], f"pass {n}"))
                     for n in pipeline)
     return Recipe(RECIPE_VERSION, fmt or "custom", entries)
+
+
+def _check_format_agrees(fmt: str | None, values: dict) -> None:
+    """select.format must be the format the pipeline was built for (its passes follow the format)."""
+    chosen = (values.get("select") or {}).get("format")
+    if fmt and chosen is not None and chosen != fmt:
+        raise RecipeError(f"select.format={chosen!r} contradicts --format / recipe format {fmt!r}",
+                          hint=f"give the format once: --format {chosen}")
+
+
+def _needs_no_calibration(fmt: str, where: str, values: dict) -> RecipeError:
+    """A calibration option on a pipeline without the calibrate pass: say why it has none."""
+    from tfcompile.schemes import get_scheme
+
+    scheme = get_scheme(fmt)
+    why = ("its activations stay in bf16 (weight-only)" if scheme.act is None else
+           "its activation scales are computed at run time (dynamic)" if not scheme.act_static else
+           "this pipeline leaves the calibrate pass out")
+    return RecipeError(f"{where}: --format {fmt} needs no calibration data: {why}, and nothing else in "
+                       f"this run calibrates (pipeline: {', '.join(values)})",
+                       hint="drop the --calib* options; they apply to nvfp4 / fp8 (static activation "
+                            "scales), --kv-cache fp8, and --algorithm gptq / awq")
 
 
 def _inherit_emit(values: dict) -> None:

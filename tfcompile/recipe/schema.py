@@ -10,6 +10,7 @@ field's annotated type, so a typo fails before anything runs.
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -106,10 +107,14 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
         try:
             if isinstance(value, bool):
                 raise ValueError
-            return tp(value)
-        except (TypeError, ValueError):
-            raise RecipeError(f"{where}: expected {tp.__name__}, got {value!r}",
+            number = tp(value)
+        except (TypeError, ValueError, OverflowError):
+            raise RecipeError(f"{where}: expected {tp.__name__}, got {str(value)[:40]!r}",
                               hint=f"give a number for {where}") from None
+        if isinstance(number, float) and not math.isfinite(number):  # inf / NaN: no option means anything by them
+            raise RecipeError(f"{where}: expected a finite {tp.__name__}, got {number!r}",
+                              hint=f"give a finite number for {where}")
+        return number
     if tp is str:
         if not isinstance(value, str):
             raise RecipeError(f"{where}: expected a string, got {value!r}", hint="quote the value")

@@ -69,6 +69,7 @@ def plan_problems(manifest: Mapping, targets: Iterable[str], buckets: Iterable[i
 def tune_artifact(path: Path, targets: tuple[str, ...], *, buckets: Iterable[int] = DEFAULT_BUCKETS,
                   only: Iterable[str] = (), measure: bool | None = None, reporter=None) -> TuneResult:
     """Tune, write OUT/kernels/tuning.json (merged with what is there) and record it in the manifest."""
+    from tfcompile.artifact.signing import drop_stale_signature
     from tfcompile.artifact.verify import load_manifest
     from tfcompile.passes.manifest import write_manifest
 
@@ -93,6 +94,7 @@ def tune_artifact(path: Path, targets: tuple[str, ...], *, buckets: Iterable[int
     digest = write_atomic(table_path, dumps(doc))
     manifest = dict(manifest, files=dict(sorted({**manifest.get("files", {}), TABLE: digest}.items())))
     write_manifest(path, manifest)
+    warnings += drop_stale_signature(path)
     warnings += _stale_kernels(path, doc, triton)
     return TuneResult(doc, entries, served, warnings, time.perf_counter() - t0, digest)
 

@@ -1,0 +1,92 @@
+"""KL per decoder layer, through the logit lens (`tfcompile eval --layer-kl`).
+
+After each decoder layer i, both models' hidden states h_i [B, L, H] go through their own
+final norm and lm_head, as if the model stopped there, and we measure
+
+    KL_i = mean over positions of KL(softmax(head(norm(h_i_ref))) || softmax(head(norm(h_i_model))))
+
+in nats. The last layer's figure is the model's own KL(ref || model) (`kl_mean`), since the
+models apply exactly that norm and head after it; earlier ones show where along the depth the
+quantized model's prediction drifts away. Cost: one head projection per layer and position
+(V x H multiply-adds each), on at most `max_positions` positions (the first rows of the
+evaluation), so it stays a fraction of the evaluation itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+MAX_POSITIONS = 2048
+
+
+def decoder_parts(model: nn.Module) -> tuple[nn.ModuleList, nn.Module, nn.Module] | None:
+    """(decoder layers, final norm, lm_head) of a transformers causal LM, or None when the
+    architecture does not expose them as `<base>.layers` / `<base>.norm` (e.g. encoders)."""
+    base = getattr(model, "model", None)
+    layers, norm = getattr(base, "layers", None), getattr(base, "norm", None)
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if not isinstance(layers, nn.ModuleList) or norm is None or head is None:
+        return None
+    return layers, norm, head
+
+
+@dataclass
+class LayerKL:
+    max_positions: int = MAX_POSITIONS
+    kl: list[float] = field(default_factory=list)  # sum over positions, per layer
+    positions: int = 0
+    _cand: dict[int, torch.Tensor] = field(default_factory=dict)
+    _hooks: list = field(default_factory=list)
+    _parts: tuple = ()
+
+    def attach(self, candidate: nn.Module, reference: nn.Module) -> bool:
+        """Hook both models' decoder layers; False (nothing attached) if either has none."""
+        cand, ref = decoder_parts(candidate), decoder_parts(reference)
+        if cand is None or ref is None or len(cand[0]) != len(ref[0]):
+            return False
+        self._parts = (cand, ref)
+        self.kl = [0.0] * len(ref[0])
+        for i, (lc, lr) in enumerate(zip(cand[0], ref[0])):
+            self._hooks.append(lc.register_forward_hook(self._keep(i)))
+            self._hooks.append(lr.register_forward_hook(self._compare(i)))
+        return True
+
+    def detach(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks.clear()
+
+    def batch_done(self, ids: torch.Tensor) -> None:
+        """Count a [B, L] batch's positions (call after both models ran on it)."""
+        self.positions += self._take(ids.numel())
+
+    def _take(self, n: int) -> int:
+        return max(0, min(n, self.max_positions - self.positions))
+
+    def _keep(self, i: int):
+        def hook(_mod, _args, out):
+            self._cand[i] = (out[0] if isinstance(out, (tuple, list)) else out).detach()
+        return hook
+
+    def _compare(self, i: int):
+        def hook(_mod, _args, out):
+            hc = self._cand.pop(i, None)
+            hr = out[0] if isinstance(out, (tuple, list)) else out
+            n = self._take(hr.shape[0] * hr.shape[1])
+            if hc is None or n == 0:
+                return
+            (_, norm_c, head_c), (_, norm_r, head_r) = self._parts
+            lp = F.log_softmax(head_c(norm_c(hc.reshape(-1, hc.shape[-1])[:n])).float(), -1)
+            lpr = F.log_softmax(head_r(norm_r(hr.detach().reshape(-1, hr.shape[-1])[:n])).float(), -1)
+            self.kl[i] += float((lpr.exp() * (lpr - lp)).sum(-1).clamp_min(0).double().sum())
+        return hook
+
+    def result(self) -> list[dict]:
+        """[{layer, kl_mean}] per decoder layer (nats/token over `positions` positions)."""
+        if not self.positions:
+            return []
+        return [{"layer": i, "kl_mean": round(k / self.positions, 8)} for i, k in enumerate(self.kl)]

@@ -1,0 +1,11 @@
+"""Model families: per-family quantization rules, fused-expert layouts, name maps, attention kinds.
+
+Imported by passes (select, layout), calibration and evaluate; imports nothing from them.
+docs/models.md is the user-facing table of these rules.
+"""
+
+from tfcompile.families.rules import (FAMILIES, GENERIC, GPT_OSS, INCLUDES, V5, ExpertLayout, Family, Keep,
+                                      family_of, keep_rules)
+
+__all__ = ["FAMILIES", "GENERIC", "GPT_OSS", "INCLUDES", "V5", "ExpertLayout", "Family", "Keep", "family_of",
+           "keep_rules"]

@@ -1,0 +1,89 @@
+"""Checkpoint names <-> the module names transformers gives the same weights in memory.
+
+Most families keep one name on disk and in memory. Some do not: Qwen2.5-VL's
+checkpoints (and what transformers 5 writes) say `model.layers.N...` and `visual...`,
+while the model in memory has `model.language_model.layers.N...` and
+`model.visual...`. transformers renames on load with the model's `WeightRenaming`
+rules (transformers.conversion_mapping); `NameMap` applies exactly those rules (not
+the expert-fusing `WeightConverter`s: experts are handled by families/experts.py), so
+calibration hooks, eval and the interop tests find the module a checkpoint tensor
+belongs to. The artifact keeps the checkpoint's names, as every loader expects.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+
+class NameMap:
+    """Checkpoint -> model names by the model's renaming rules; model -> checkpoint for `ckpt_names`.
+
+    `to_model` renames any tensor or module name (a module name is renamed as its `.weight`);
+    `to_ckpt` inverts that over the checkpoint names given (transformers' reverse rules are
+    meant for saving whole state dicts, not single names). Unknown names map to themselves."""
+
+    def __init__(self, model, ckpt_names: Iterable[str] = ()):
+        self._renamings = _renamings(model)
+        self._to_ckpt: dict[str, str] = {}
+        for n in ckpt_names:
+            m = self.to_model(n)
+            if m != n:
+                self._to_ckpt[m] = n
+
+    @property
+    def identity(self) -> bool:
+        return not self._renamings
+
+    def to_model(self, name: str) -> str:
+        """A checkpoint tensor or module name as the model names it."""
+        if not self._renamings:
+            return name
+        out = _apply(name, self._renamings)
+        if out != name or name.endswith((".weight", ".bias")):
+            return out
+        as_weight = _apply(name + ".weight", self._renamings)  # a module name: rename its weight
+        return as_weight[: -len(".weight")] if as_weight.endswith(".weight") else name
+
+    def to_ckpt(self, name: str) -> str:
+        """A model parameter or module name as the checkpoint names it."""
+        if name in self._to_ckpt:
+            return self._to_ckpt[name]
+        hit = self._to_ckpt.get(name + ".weight")
+        return hit[: -len(".weight")] if hit is not None and hit.endswith(".weight") else name
+
+
+def _renamings(model) -> list:
+    try:
+        from transformers import PreTrainedModel
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import WeightRenaming
+    except ImportError:  # an older transformers renames nothing we need
+        return []
+    if not isinstance(model, PreTrainedModel):  # a plain torch module: its names are the checkpoint's
+        return []
+    return [c for c in get_model_conversion_mapping(model) if isinstance(c, WeightRenaming)]
+
+
+def _apply(name: str, renamings: list) -> str:
+    for r in renamings:
+        name, _ = r.rename_source_key(name)
+    return name
+
+
+class RenamedView:
+    """A checkpoint seen under the model's names (`names()`, `get`, `release`), for code that binds
+    model parameters to checkpoint tensors by name (calibration/sequential.py)."""
+
+    def __init__(self, ckpt, model):
+        self._ckpt = ckpt
+        self._map = NameMap(model, ckpt.names())
+        self._names = [self._map.to_model(n) for n in ckpt.names()]
+
+    def names(self) -> list[str]:
+        return self._names
+
+    def get(self, name: str):
+        return self._ckpt.get(self._map.to_ckpt(name))
+
+    def release(self) -> None:
+        self._ckpt.release()

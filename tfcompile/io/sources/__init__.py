@@ -1,0 +1,48 @@
+"""Published checkpoint formats read as they are: `open_source(dir)`.
+
+A bf16/fp16/fp32 checkpoint opens as itself. A quantized one opens as the bf16 model it
+encodes (`DequantizedSource`, decoded tensor by tensor on demand), chosen by config.json's
+`quantization_config.quant_method`:
+
+| quant_method        | format                                   | module |
+|---------------------|------------------------------------------|--------|
+| fp8 (+ weight_block_size) | DeepSeek-V3/R1, Kimi K2: E4M3 + `weight_scale_inv` per block | fp8_block.py |
+| mxfp4               | GPT-OSS: experts as `*_blocks` + `*_scales` | mxfp4.py |
+| compressed-tensors  | tfcompile / llm-compressor artifacts (re-quantization) | compressed.py |
+
+Anything else is refused with a hint. The manifest records `source.format`.
+"""
+
+from __future__ import annotations
+
+import os
+
+from tfcompile.errors import CheckpointError
+from tfcompile.io.checkpoint import Checkpoint, open_checkpoint
+from tfcompile.io.sources.compressed import open_compressed
+from tfcompile.io.sources.fp8_block import open_fp8_block
+from tfcompile.io.sources.mxfp4 import open_mxfp4
+
+READERS = {"fp8": open_fp8_block, "mxfp4": open_mxfp4, "compressed-tensors": open_compressed}
+
+
+def open_source(path: str | os.PathLike) -> Checkpoint:
+    """The checkpoint at `path`, quantized formats decoded to the bf16 model they encode."""
+    ckpt = open_checkpoint(path)
+    qc = ckpt.config.get("quantization_config")
+    if not qc:
+        return ckpt
+    method = qc.get("quant_method") if isinstance(qc, dict) else None
+    if method not in READERS:
+        raise CheckpointError(f"{ckpt.path}/config.json: quantization_config quant_method {method!r} is not a "
+                              f"format tfcompile reads ({', '.join(sorted(READERS))})",
+                              hint="start from the bf16 checkpoint, or dequantize it with the tool that made it")
+    return READERS[method](ckpt, qc)
+
+
+def source_format(source) -> dict:
+    """The manifest's source.format entry."""
+    return getattr(source, "source_format", None) or {"format": "safetensors"}
+
+
+__all__ = ["open_source", "source_format", "READERS"]

@@ -1,0 +1,70 @@
+"""compressed-tensors checkpoints (tfcompile's own artifacts, llm-compressor's) as a source.
+
+Re-quantization, e.g. an FP8 model to NVFP4: every quantized Linear reads as its bf16
+`X.weight`, decoded from what compressed-tensors stores (docs/formats.md):
+- NVFP4: `weight_packed` u8 [N, K/2], `weight_scale` e4m3 [N, K/16], `weight_global_scale` f32 (1,);
+- MXFP4: `weight_packed` u8 [N, K/2], `weight_scale` u8 E8M0 [N, K/32];
+- MXFP8: `weight` e4m3 [N, K], `weight_scale` u8 E8M0 [N, K/32];
+- FP8:   `weight` e4m3 [N, K], `weight_scale` (1,) per tensor, (N, 1) per channel, or
+         [ceil(N/128), ceil(K/128)] per block, in the model dtype.
+Activation and KV-cache scales (`input_scale`, `input_global_scale`, `k_scale`, `v_scale`)
+are hidden: the new run computes its own. The decoded values are exactly what
+compressed-tensors' decompressors give (tests/interop/test_ct_decompress.py proves it
+for every format), rounded once to bf16.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tfcompile.io.sources.base import DequantizedSource
+from tfcompile.kernels.formats import QTensor, dequantize
+
+HIDE = (".input_scale", ".input_global_scale", ".k_scale", ".v_scale", ".weight_zero_point", ".weight_shape")
+
+
+def open_compressed(ckpt, qc: dict) -> DequantizedSource:
+    names = set(ckpt.names())
+    decoders, hidden = {}, {n for n in names if n.endswith(HIDE)}
+    for scale in sorted(n for n in names if n.endswith(".weight_scale")):
+        m = scale[: -len(".weight_scale")]
+        parts = [f"{m}.{s}" for s in ("weight_packed", "weight", "weight_scale", "weight_global_scale")
+                 if f"{m}.{s}" in names]
+        data = f"{m}.weight_packed" if f"{m}.weight_packed" in names else f"{m}.weight"
+        n_rows, k = ckpt.info(data).shape
+        k = k * 2 if data.endswith("_packed") else k
+        decoders[f"{m}.weight"] = ((n_rows, k), data, _decoder(ckpt, m, (n_rows, k)))
+        hidden |= set(parts)
+    return DequantizedSource(ckpt, decoders, hidden, {"format": "compressed-tensors",
+                                                      "quant_method": "compressed-tensors",
+                                                      "compression": qc.get("format"),
+                                                      "dequantized_tensors": len(decoders)})
+
+
+def qtensor_from(get, names, m: str, shape: tuple[int, int]) -> QTensor:
+    """The QTensor of Linear `m` from its compressed-tensors tensors (`get(name)`), format from dtypes."""
+    n, k = shape
+    if f"{m}.weight_packed" in names:
+        packed, scale = get(f"{m}.weight_packed"), get(f"{m}.weight_scale")
+        if scale.dtype == torch.float8_e4m3fn:
+            return QTensor("nvfp4", packed, scale, get(f"{m}.weight_global_scale").float().reshape(1), shape,
+                           "group", None, (16,))
+        return QTensor("mxfp4", packed, scale, None, shape, "group", None, (32,))
+    data, scale = get(f"{m}.weight"), get(f"{m}.weight_scale")
+    if scale.dtype == torch.uint8:
+        return QTensor("mxfp8", data, scale, None, shape, "group", None, (32,))
+    s = scale.float()
+    if s.numel() == 1:
+        return QTensor("fp8", data, s.reshape(1), None, shape, "tensor", None, ())
+    if tuple(s.shape) == (n, 1):
+        return QTensor("fp8", data, s, None, shape, "channel", None, ())
+    return QTensor("fp8", data, s, None, shape, "block", None, (-(-n // s.shape[0]), -(-k // s.shape[1])))
+
+
+def _decoder(ckpt, m: str, shape: tuple[int, int]):
+    names = set(ckpt.names())
+
+    def decode() -> torch.Tensor:
+        return dequantize(qtensor_from(ckpt.get, names, m, shape), torch.bfloat16)
+
+    return decode

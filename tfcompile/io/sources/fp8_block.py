@@ -1,0 +1,48 @@
+"""DeepSeek-V3/R1 and Kimi K2 as published: FP8 E4M3 weights with one fp32 scale per 128x128 block.
+
+config.json: `quantization_config = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme":
+"dynamic", "weight_block_size": [128, 128]}`. Each quantized Linear stores `X.weight`
+float8_e4m3fn [N, K] and `X.weight_scale_inv` float32 [ceil(N/128), ceil(K/128)], a
+dequant *multiplier* despite its name (DeepSeek's inference/kernel.py `weight_dequant`:
+y = x * s, then the default dtype bf16). Everything else (router, norms, embeddings,
+lm_head) is stored in bf16 and passes through.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tfcompile.errors import CheckpointError
+from tfcompile.io.sources.base import DequantizedSource
+from tfcompile.kernels.formats import QTensor, dequantize
+
+SUFFIX = ".weight_scale_inv"
+
+
+def open_fp8_block(ckpt, qc: dict) -> DequantizedSource:
+    block = tuple(qc.get("weight_block_size") or ())
+    if len(block) != 2 or qc.get("fmt", "e4m3") != "e4m3":
+        raise CheckpointError(f"{ckpt.path}/config.json: quant_method fp8 with weight_block_size {list(block)} "
+                              f"and fmt {qc.get('fmt')!r} is not a format tfcompile reads",
+                              hint="tfcompile reads FP8 E4M3 checkpoints with 2-D weight blocks (DeepSeek-V3 "
+                                   "style); dequantize it to bf16 first")
+    decoders, hidden = {}, set()
+    for scale_name in [n for n in ckpt.names() if n.endswith(SUFFIX)]:
+        w = scale_name[: -len(SUFFIX)] + ".weight"
+        info = ckpt.info(w)
+        if info.dtype != "F8_E4M3" or len(info.shape) != 2:
+            raise CheckpointError(f"{ckpt.path}: {w} is {info.dtype} {list(info.shape)} beside {scale_name}; "
+                                  f"expected a 2-D F8_E4M3 weight", hint="the checkpoint is not DeepSeek FP8-block")
+        decoders[w] = (tuple(info.shape), w, _decoder(ckpt, w, scale_name, tuple(info.shape), block))
+        hidden.add(scale_name)
+    return DequantizedSource(ckpt, decoders, hidden, {"format": "fp8-block", "quant_method": "fp8",
+                                                      "weight_block_size": list(block),
+                                                      "dequantized_tensors": len(decoders)})
+
+
+def _decoder(ckpt, w: str, s: str, shape: tuple[int, int], block: tuple[int, int]):
+    def decode() -> torch.Tensor:
+        q = QTensor("fp8", ckpt.get(w), ckpt.get(s).float(), None, shape, "block", None, block)
+        return dequantize(q, torch.bfloat16)
+
+    return decode

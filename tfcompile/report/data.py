@@ -1,0 +1,98 @@
+"""What the report shows, read from an artifact: its manifest, file sizes, kernel indexes, KV
+descriptor, and the evaluation (the manifest's `eval` section, or a `tfcompile eval --json`)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from tfcompile.errors import UserError
+
+MANIFEST = "tfcompile/manifest.json"
+KV_DESCRIPTOR = "tfcompile/kv_cache.json"
+TRITON_INDEX = "kernels/index.json"
+
+
+@dataclass(frozen=True)
+class ReportData:
+    name: str  # what the report is about (the source model's name or Hub id)
+    manifest: dict
+    manifest_sha256: str
+    sizes: dict[str, int]  # manifest file (relative path) -> bytes on disk
+    kv: dict | None  # tfcompile/kv_cache.json
+    triton: dict | None  # kernels/index.json
+    evaluation: dict | None  # manifest "eval", merged with an `eval --json` document when given
+
+
+def load(artifact: Path, eval_doc: dict | None = None) -> ReportData:
+    from tfcompile.artifact.verify import load_manifest
+
+    artifact = Path(artifact)
+    manifest = load_manifest(artifact)
+    raw = (artifact / MANIFEST).read_bytes()
+    sizes = {rel: (artifact / rel).stat().st_size for rel in sorted(manifest.get("files", {}))
+             if _inside(rel) and (artifact / rel).is_file()}
+    evaluation = _merge_eval(manifest.get("eval"), eval_doc)
+    return ReportData(manifest.get("source", {}).get("name") or artifact.name, manifest,
+                      hashlib.sha256(raw).hexdigest(), sizes, _json(artifact / KV_DESCRIPTOR),
+                      _json(artifact / TRITON_INDEX), evaluation)
+
+
+def load_eval_json(path: Path) -> dict:
+    """A `tfcompile eval --json` document (for `tfcompile report --eval FILE`)."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UserError(f"--eval {path}: cannot read it as JSON ({e})",
+                        hint="give the file `tfcompile eval ... --json > eval.json` wrote") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("metrics"), dict) or "gates" not in doc:
+        raise UserError(f"--eval {path}: not a `tfcompile eval --json` document (no metrics / gates)",
+                        hint="give the file `tfcompile eval ... --json > eval.json` wrote")
+    return doc
+
+
+def _merge_eval(section: dict | None, doc: dict | None) -> dict | None:
+    if doc is None:
+        return section
+    keep = ("ok", "activations", "dtype", "text", "kv_cache", "metrics", "layer_summary", "gates", "layers",
+            "layer_kl", "reference")
+    return {**(section or {}), **{k: doc[k] for k in keep if k in doc}}
+
+
+def _inside(rel: str) -> bool:
+    """A manifest path that stays inside the artifact (the manifest is input too)."""
+    norm = os.path.normpath(rel)
+    return not os.path.isabs(rel) and norm != ".." and not norm.startswith(".." + os.sep) and "\0" not in rel
+
+
+def _json(path: Path) -> dict | None:
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def decoder_layer(module: str) -> int | None:
+    """"model.layers.3.mlp.up_proj" -> 3 (None outside the decoder layers)."""
+    m = re.search(r"\.layers\.(\d+)\.", module)
+    return int(m.group(1)) if m else None
+
+
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def model_order(module: str) -> tuple:
+    """Sort key: decoder layer, then q, k, v, o, gate, up, down as a layer computes them."""
+    layer, proj = decoder_layer(module), projection(module)
+    return (layer is None, layer or 0, PROJECTIONS.index(proj) if proj in PROJECTIONS else len(PROJECTIONS), module)
+
+
+def projection(module: str) -> str:
+    """The colour group of a Linear: q/k/v/o/gate/up/down projection, else "other"."""
+    last = module.rsplit(".", 1)[-1]
+    return last if last in PROJECTIONS else "other"
