@@ -113,7 +113,7 @@ def kernel_rows(target, shapes, buckets, rates) -> list[dict]:
     """Every kernel serving a scheme here, with its offline-tuned config, on every shape x bucket."""
     from tfcompile.schemes import get_scheme
     from tfcompile.tune.compile import FrontendCheck
-    from tfcompile.tune.measure import runner_factory, time_us
+    from tfcompile.runtime.measure import runner_factory, time_us
     from tfcompile.tune.registry import load_kernels
     from tfcompile.tune.search import Ranker
     from tfcompile.tune.shapes import problems
@@ -228,7 +228,7 @@ def baseline_rows(shapes, buckets, rates) -> list[dict]:
 
 def fp8_at_8192(target, rates) -> dict:
     from tfcompile.tune.compile import FrontendCheck
-    from tfcompile.tune.measure import runner_factory, time_us
+    from tfcompile.runtime.measure import runner_factory, time_us
     from tfcompile.tune.registry import load_kernels
     from tfcompile.tune.search import Ranker
     from tfcompile.tune.shapes import Problem
@@ -262,7 +262,7 @@ def w4a16_vs_bf16(kernels: list[dict], baselines: list[dict]) -> list[dict]:
 def sweep(target, limit: int) -> list[dict]:
     """Tuned config vs the best of `limit` configs spread over the ranking (plus the top 16)."""
     from tfcompile.tune.compile import FrontendCheck
-    from tfcompile.tune.measure import runner_factory, time_us
+    from tfcompile.runtime.measure import runner_factory, time_us
     from tfcompile.tune.registry import load_kernels
     from tfcompile.tune.search import Ranker
     from tfcompile.tune.shapes import Problem

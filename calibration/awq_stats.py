@@ -37,23 +37,15 @@ from __future__ import annotations
 
 import re
 import weakref
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from tfcompile.ir import AWQInput
+
 MAX_ROWS = 2048  # sampled input rows per group (the AWQ search's calibration set)
 CHECK_TOKENS = 64  # tokens of the first calibration sequence used to verify the folds
 _EXPERT = re.compile(r"\.experts\.\d+\.")
-
-
-@dataclass(frozen=True)
-class AWQInput:
-    norm: str  # module whose output is the group's input, e.g. model.layers.0.input_layernorm
-    mean_abs: torch.Tensor  # float32 [K]: mean |x| per input channel, every calibration token
-    max_abs: torch.Tensor  # float32 [K]: max |x| per input channel
-    rows: torch.Tensor  # float32 [n, K]: uniform sample of input rows, n <= MAX_ROWS
-    tokens: int  # calibration tokens the statistics cover
 
 
 class _Acc:

@@ -22,14 +22,14 @@ The three splits are disjoint and together cover every file.
 from __future__ import annotations
 
 import hashlib
-import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from tfcompile.errors import UserError
+from tfcompile.settings import settings
 
 # TFCOMPILE_PYTHON_DOC: the same `_sources` folder elsewhere (e.g. unpacked from the .deb on a non-Debian machine)
-PYTHON_DOC_DIR = Path(os.environ.get("TFCOMPILE_PYTHON_DOC") or "/usr/share/doc/python3.11/html/_sources")
+PYTHON_DOC_DIR = settings().python_doc
 PYTHON_DOC_HINT = "apt-get install python3.11-doc"
 SPLITS = ("train", "calib", "heldout")
 _BOUNDS = {"train": (0, 90), "calib": (90, 95), "heldout": (95, 100)}

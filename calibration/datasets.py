@@ -7,7 +7,7 @@
 - a directory written by `Dataset.save_to_disk` (it holds state.json /
   dataset_info.json), read with `datasets.load_from_disk`;
 - any other string: a data set name already in the local Hugging Face cache
-  (`datasets.load_dataset(name, split="train")` with HF_DATASETS_OFFLINE=1:
+  (`datasets.load_dataset(name, split="train")` in offline mode, for that call only:
   nothing is downloaded);
 - "python-doc": the calibration split of Debian's python3.11-doc prose
   (`calibration.corpus`; disjoint from the held-out split `tfcompile eval` uses);
@@ -28,12 +28,15 @@ between them, and cut into `samples` blocks of `seq_len` tokens.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
+from tfcompile.calibration.corpus import python_doc_texts
+from tfcompile.calibration.sampling import sample_from_model
 from tfcompile.errors import UserError
 
 BUILDERS = {".txt": "text", ".text": "text", ".jsonl": "json", ".json": "json", ".csv": "csv",
@@ -53,8 +56,6 @@ def calibration_tokens(source: str, tokenizer: Any, *, samples: int, seq_len: in
         gen = torch.Generator().manual_seed(seed)
         return torch.randint(0, int(vocab), (samples, seq_len), generator=gen)
     if source == "self":
-        from tfcompile.calibration.sampling import sample_from_model
-
         return sample_from_model(model, tokenizer, samples=samples, seq_len=seq_len, seed=seed,
                                  progress=progress)
     texts = load_texts(source, tokenizer, seed)
@@ -80,8 +81,6 @@ def python_doc_encodes(tokenizer: Any, vocab: int | None, tokens: int) -> bool:
     document (decode(encode(text)) equals text but for whitespace, no unknown token, every id
     below `vocab`) and the split holds about AUTO_MARGIN x `tokens` tokens (estimated from the
     first document's characters per token)."""
-    from tfcompile.calibration.corpus import python_doc_texts
-
     if tokenizer is None:
         return False
     try:
@@ -102,8 +101,6 @@ def python_doc_encodes(tokenizer: Any, vocab: int | None, tokens: int) -> bool:
 def load_texts(source: str, tokenizer: Any, seed: int) -> list[str]:
     """Documents of the data set, shuffled deterministically."""
     if source == "python-doc":
-        from tfcompile.calibration.corpus import python_doc_texts
-
         texts = python_doc_texts("calib")
         order = torch.randperm(len(texts), generator=torch.Generator().manual_seed(seed)).tolist()
         return [texts[i] for i in order]
@@ -123,7 +120,7 @@ def load_texts(source: str, tokenizer: Any, seed: int) -> list[str]:
 
 
 def _open(source: str):
-    import datasets
+    import datasets  # lazy: the datasets library (~1 s); only for a file or data-set source
 
     datasets.disable_progress_bars()
     path = Path(source)
@@ -140,14 +137,30 @@ def _open(source: str):
         if path.exists() or os.sep in source or source.startswith("."):
             raise UserError(f"calibration data {source}: not a file or a saved data set",
                             hint="give a .txt/.jsonl/.json/.csv/.parquet file or a save_to_disk folder")
-        os.environ["HF_DATASETS_OFFLINE"] = "1"  # the cache only: never download at run time
-        return datasets.load_dataset(source, split="train")
+        with hub_offline(datasets):  # the cache only: never download at run time
+            return datasets.load_dataset(source, split="train")
     except UserError:
         raise
     except Exception as e:  # noqa: BLE001 - datasets raises many types; name the source
         raise UserError(f"calibration data {source}: cannot load it ({type(e).__name__}: {e})",
                         hint="local files, save_to_disk folders and data sets already in the "
                              "Hugging Face cache work offline; or use --calib self") from None
+
+
+@contextlib.contextmanager
+def hub_offline(datasets) -> Iterator[None]:
+    """Offline mode for this call only: `datasets` and huggingface_hub read HF_HUB_OFFLINE /
+    HF_DATASETS_OFFLINE once, at import, into module constants; those are set for the block and
+    restored after it (an environment variable set now would change nothing, and setting it
+    would leak into the rest of the process)."""
+    import huggingface_hub.constants as hub  # lazy: only a data set name reaches here (datasets' dependency)
+
+    saved = (datasets.config.HF_HUB_OFFLINE, datasets.config.HF_DATASETS_OFFLINE, hub.HF_HUB_OFFLINE)
+    datasets.config.HF_HUB_OFFLINE = datasets.config.HF_DATASETS_OFFLINE = hub.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        datasets.config.HF_HUB_OFFLINE, datasets.config.HF_DATASETS_OFFLINE, hub.HF_HUB_OFFLINE = saved
 
 
 def _text_column(ds, source: str) -> str:

@@ -15,10 +15,11 @@ from pathlib import Path
 
 import torch
 
-from tfcompile.calibration.datasets import effective_source
+from tfcompile.calibration.datasets import calibration_tokens, effective_source
 from tfcompile.calibration.recorders import Recorders
-from tfcompile.calibration.stats import CalibStats
 from tfcompile.errors import CheckpointError
+from tfcompile.io.sources.model import is_published, load_decoded_model
+from tfcompile.ir import CalibStats
 
 
 class Silent:
@@ -31,7 +32,7 @@ class Silent:
 
 def model_class(model_dir: Path, cfg):
     """The transformers class named by config.json's architectures (never remote code)."""
-    import transformers
+    import transformers  # lazy: transformers (~2 s to import); only when a model is built
 
     arch = (cfg.architectures or [None])[0]
     cls = getattr(transformers, arch, None) if arch else None
@@ -45,9 +46,7 @@ def model_class(model_dir: Path, cfg):
 def load_hf_model(model_dir: Path, dtype: torch.dtype):
     """The transformers model for config.json's architecture, weights loaded (a published quantized
     checkpoint: decoded by tfcompile, tfcompile/io/sources/model.py)."""
-    import transformers
-
-    from tfcompile.io.sources.model import is_published, load_decoded_model
+    import transformers  # lazy: transformers (~2 s to import); only when a model is built
 
     transformers.utils.logging.disable_progress_bar()  # stderr belongs to our reporter
     cfg = transformers.AutoConfig.from_pretrained(model_dir, trust_remote_code=False)
@@ -62,7 +61,8 @@ def load_hf_model(model_dir: Path, dtype: torch.dtype):
 
 def load_tokenizer(model_dir: Path):
     """The checkpoint's own tokenizer (local files only), or None if it has none."""
-    from transformers import AutoTokenizer
+    from transformers import \
+        AutoTokenizer  # lazy: transformers (~2 s to import); only when a model is built
 
     try:
         return AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False, local_files_only=True)
@@ -84,8 +84,6 @@ def resolve_data(model_dir: Path, model, data: str, samples: int, seq_len: int) 
 def calibration_ids(model_dir: Path, model, *, data: str, samples: int, seq_len: int,
                     seed: int, tokenizer=None, progress=None) -> torch.Tensor:
     """The calibration token ids, int64 [samples, seq_len] (see calibration.datasets)."""
-    from tfcompile.calibration.datasets import calibration_tokens
-
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model_dir)
     if tokenizer is None and data not in ("self", "random", "auto"):
         raise CheckpointError(f"{model_dir}: no tokenizer files, so calibration text cannot be tokenized",

@@ -123,6 +123,7 @@ def _or(value, default):
 def install(recorder: MoERecorder, impl: str = IMPL) -> None:
     """Register the observing experts function in transformers' ExpertsInterface (re-registered
     per run, as calibration/kv.py does for attention: the registry is transformers')."""
+    # lazy: transformers (~2 s to import); only when a model is built
     from transformers.integrations.moe import ExpertsInterface
 
     def observing(mod, hidden_states, top_k_index, top_k_weights):

@@ -18,10 +18,11 @@ import torch
 from torch import nn
 
 from tfcompile.calibration.awq_stats import AWQRecorder
+from tfcompile.calibration.kv import KVObserver, install
 from tfcompile.calibration.moe import MoERecorder
 from tfcompile.calibration.moe_policy import resolve_amax
 from tfcompile.calibration.observers import Observer, make_observer
-from tfcompile.calibration.stats import CalibStats
+from tfcompile.ir import CalibStats
 from tfcompile.errors import CheckpointError
 from tfcompile.families.names import NameMap
 
@@ -50,8 +51,6 @@ class Recorders:
         self.hooks += self.awq.hooks
         self.kv = None
         if kv:
-            from tfcompile.calibration.kv import KVObserver, install
-
             self.kv = KVObserver(model)
             model.set_attn_implementation(install(self.kv, model))
 

@@ -41,7 +41,7 @@ def sample_from_model(model: Any, tokenizer: Any, *, samples: int, seq_len: int,
         progress.task(f"sample {count} x {length} calibration tokens from the model",
                       math.ceil(count / BATCH) * (length - 1))
         extra["stopping_criteria"] = _progress_criteria(progress)
-    from transformers.utils import logging as hf_logging
+    from transformers.utils import logging as hf_logging  # lazy: transformers; only when a model samples
 
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # generation-config notices are not ours to print
@@ -58,7 +58,7 @@ def sample_from_model(model: Any, tokenizer: Any, *, samples: int, seq_len: int,
 
 def _progress_criteria(progress: Any) -> Any:
     """A `generate` stopping criterion that never stops: it advances `progress` once per step."""
-    from transformers import StoppingCriteria, StoppingCriteriaList
+    from transformers import StoppingCriteria, StoppingCriteriaList  # lazy: transformers; with progress only
 
     class _Progress(StoppingCriteria):
         def __call__(self, input_ids, scores, **kwargs):

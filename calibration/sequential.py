@@ -27,10 +27,14 @@ directory (a 1B model's down_proj Hessians alone are 4 GB of float32).
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
+import dataclasses
 import re
-from collections.abc import Mapping
 import tempfile
+import time
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -40,7 +44,7 @@ from torch import nn
 
 from tfcompile.calibration.forward import Silent, calibration_ids, model_class, resolve_data
 from tfcompile.calibration.recorders import Recorders
-from tfcompile.calibration.stats import CalibStats
+from tfcompile.ir import CalibStats
 from tfcompile.families import V5
 from tfcompile.families.experts import PROJS, fuse_bias, fuse_weight, module_layout
 from tfcompile.families.names import RenamedView
@@ -64,8 +68,6 @@ def observe_sequential(model_dir: Path, ckpt, modules: set[str], *, data: str, s
     `ckpt` is the open `Checkpoint`; `on_layer(i, n, seconds)` reports each layer's time and
     `progress` (a pipeline reporter: task/advance) every batch of every layer.
     Raises `Unsupported` before running anything if a parameter has no tensor."""
-    import time
-
     _fixed_mmap_threshold()
     model = _skeleton(model_dir, dtype)
     data, tokenizer = resolve_data(model_dir, model, data, samples, seq_len)  # auto, self -> the real source
@@ -128,9 +130,6 @@ def _fixed_mmap_threshold(nbytes: int = 128 << 10) -> None:
     measured +20 MB of RSS per decoder layer on a 16-layer model (466 MB ->
     881 MB); with the threshold fixed, RSS stays flat. Setting it explicitly
     turns glibc's dynamic adjustment off for the process. No-op off glibc."""
-    import ctypes
-    import ctypes.util
-
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         libc.mallopt(-3, nbytes)  # M_MMAP_THRESHOLD
@@ -152,6 +151,7 @@ def find_layers(model: nn.Module) -> tuple[str, nn.ModuleList]:
 
 def _skeleton(model_dir: Path, dtype: torch.dtype) -> nn.Module:
     """The transformers model with parameters on the meta device and real buffers."""
+    # lazy: transformers (~2 s to import); only when a model is built
     import transformers
 
     cfg = transformers.AutoConfig.from_pretrained(model_dir, trust_remote_code=False)
@@ -340,8 +340,6 @@ class SpilledHessians(Mapping):
 
 
 def _with_hessians(stats: CalibStats, spill: _Spill) -> CalibStats:
-    import dataclasses
-
     if not spill.files:
         return stats
     return dataclasses.replace(stats, hessians=SpilledHessians(spill, dict(stats.hessians)))

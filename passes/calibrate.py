@@ -10,9 +10,11 @@ from tfcompile.calibration.forward import observe_input_amax
 from tfcompile.calibration.moe_policy import summarize
 from tfcompile.calibration.observers import OBSERVERS
 from tfcompile.calibration.sequential import Unsupported, observe_sequential
-from tfcompile.passes.quantize.program import torch_dtype
 from tfcompile.errors import RecipeError
-from tfcompile.pipeline.passes import PassResult, register_pass
+from tfcompile.ir import CalibStats, torch_dtype
+from tfcompile.passes.pack import per_decoder_layer
+from tfcompile.pipeline.passes import PassResult, Selection, register_pass
+from tfcompile.schemes import Scheme
 
 
 @dataclass(frozen=True)
@@ -63,8 +65,14 @@ class CalibrateConfig:
                               hint="e.g. --set calibrate.moe_min_tokens=16 (0: every expert keeps its own)")
 
 
+def _when(sel: Selection) -> bool:
+    """Static activation scales, a calibrated KV cache (--kv-cache), and what other passes ask
+    for (GPTQ's Hessians, AWQ's statistics: their `implies`) need statistics."""
+    return bool((sel.scheme is not None and sel.scheme.act_static) or sel.value("calibrate", "kv_cache"))
+
+
 @register_pass("calibrate", config=CalibrateConfig, requires=("source", "model", "plan"),
-               produces=("calib",))
+               produces=("calib",), slot=30, when=_when)
 def calibrate(ctx, cfg: CalibrateConfig, reporter) -> PassResult:
     """Observe |x| at every quantized Linear's input (calibrate.observer; calibrate.data, default auto).
     The model is read from ctx.source's directory: the source, or what `rotate` made of it."""
@@ -108,13 +116,12 @@ def calibrate(ctx, cfg: CalibrateConfig, reporter) -> PassResult:
 
 
 MODES = ("auto", "sequential", "whole")
-# scheme.act of the schemes with static activation scales -> the mse observer's error model
-STATIC_ACT_FORMATS = {"nvfp4": "nvfp4", "fp8-static": "fp8"}
 
 
-def observer_params(cfg: CalibrateConfig, scheme) -> dict:
+def observer_params(cfg: CalibrateConfig, scheme: Scheme) -> dict:
     """make_observer(cfg.observer, **params): the percentile, or the mse observer's format."""
-    fmt = STATIC_ACT_FORMATS.get(scheme.act) if scheme.act_static else None
+    acts = scheme.acts
+    fmt = acts.observer_format if acts is not None and acts.static else None
     if cfg.observer != "max" and fmt is None:
         raise RecipeError(f"calibrate.observer {cfg.observer!r} has no effect with --format {scheme.name}: "
                           "it has no static activation scales",
@@ -155,10 +162,8 @@ def _observe(ctx, cfg: CalibrateConfig, modules: set[str], reporter, common: dic
     return observe_input_amax(Path(ctx.source.path), modules, **common), "whole"
 
 
-def _timings(stats) -> dict:
+def _timings(stats: CalibStats) -> dict:
     """Wall seconds per decoder layer (layer loop) and spent on Hessians per layer (not in the manifest)."""
-    from tfcompile.passes.pack import per_decoder_layer
-
     out = {}
     if stats.layer_seconds:
         out["layer_seconds"] = list(stats.layer_seconds)

@@ -17,39 +17,42 @@ import tempfile
 from pathlib import Path
 
 from tfcompile.distill.config import SCALE_FORMATS, DistillConfig
+from tfcompile.distill.run import Inputs, distill_checkpoint
 from tfcompile.errors import RecipeError
 from tfcompile.io.overlay import OverlayCheckpoint
-from tfcompile.pipeline.passes import PassResult, register_pass
+from tfcompile.ir import torch_dtype
+from tfcompile.pipeline.passes import PassResult, Unsupported, given, register_pass
+from tfcompile.pipeline.recipe import Recipe
 from tfcompile.schemes import SCHEMES
 
 
-def _supports(recipe, cfg: DistillConfig) -> str | None:
-    names = list(recipe.names())
+def _supports(recipe: Recipe, cfg: DistillConfig) -> list[Unsupported]:
+    names, reasons = list(recipe.names()), []
     if "pack" in names and names.index("pack") < names.index("distill"):
-        return "distill must run before pack (pack writes what distill trained)"
+        reasons.append(Unsupported("distill must run before pack (pack writes what distill trained)"))
     if "quantize" in names and recipe.config("quantize").algorithm != "rtn":
-        raise RecipeError(f"distill trains from round-to-nearest weights; quantize.algorithm is "
-                          f"{recipe.config('quantize').algorithm!r}",
-                          hint="drop --algorithm (distillation re-quantizes its weights with RTN rules)")
-    fmt = recipe.config("select").format if "select" in names else recipe.format
+        reasons.append(Unsupported(f"distill trains from round-to-nearest weights; quantize.algorithm is "
+                                   f"{recipe.config('quantize').algorithm!r}",
+                                   "drop --algorithm (distillation re-quantizes its weights with RTN rules)"))
+    fmt = recipe.quant_format()
     if cfg.train == "scales" and fmt in SCHEMES and SCHEMES[fmt].weight not in SCALE_FORMATS:
-        raise RecipeError(f"distill.train scales needs per-block weight scales; {fmt} has "
-                          f"{SCHEMES[fmt].granularity} FP8 scales",
-                          hint="use an NVFP4, MXFP4 or MXFP8 format, or --set distill.train=weights")
-    return None
+        reasons.append(Unsupported(f"distill.train scales needs per-block weight scales; {fmt} has "
+                                   f"{SCHEMES[fmt].granularity} FP8 scales",
+                                   "use an NVFP4, MXFP4 or MXFP8 format, or --set distill.train=weights"))
+    return reasons
 
 
 @register_pass("distill", config=DistillConfig, requires=("source", "model", "plan", "program"),
-               produces=("source",), supports=_supports)
+               produces=("source",), supports=_supports, slot=50, when=given("distill"))
 def distill(ctx, cfg: DistillConfig, reporter) -> PassResult:
     """Train the fake-quantized student against the original model; pack then packs its weights."""
-    from tfcompile.distill.run import distill_checkpoint
-
     if ctx.program.algorithm != "rtn":
         raise RecipeError(f"distill needs quantize.algorithm rtn, got {ctx.program.algorithm!r}",
                           hint="drop --algorithm")
     parent = Path(ctx.out_dir).parent if ctx.out_dir is not None else None
     work = tempfile.TemporaryDirectory(prefix=".tfcompile-distill-", dir=parent)  # removed with the overlay
-    outcome = distill_checkpoint(ctx, cfg, reporter, Path(work.name))
+    inputs = Inputs(Path(ctx.source_path), ctx.source, torch_dtype(ctx.model.dtype), ctx.plan, ctx.program,
+                    ctx.recipe.to_dict())
+    outcome = distill_checkpoint(inputs, cfg, reporter, Path(work.name))
     source = OverlayCheckpoint(ctx.source, outcome.weights, {"distill": outcome.record}, keep=work)
     return PassResult(ctx.with_(source=source), outcome.stats)

@@ -20,16 +20,22 @@ as `fallback_from`). Same inputs -> byte-identical files (tune/compile.py).
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
 from tfcompile.errors import RecipeError, TfcompileError
-from tfcompile.pipeline.passes import PassResult, register_pass
-from tfcompile.tune.shapes import DEFAULT_BUCKETS, Problem
+from tfcompile.io.jsonfile import dumps, write_bytes
+from tfcompile.pipeline.passes import PassResult, Selection, Unsupported, check, register_pass
+from tfcompile.pipeline.recipe import Recipe
+from tfcompile.schemes import Scheme
+from tfcompile.tune.compile import Compiled, FrontendCheck, cache_key, compile_kernel
+from tfcompile.tune.hardware import get_target, parse_targets
+from tfcompile.tune.registry import load_kernels
+from tfcompile.tune.search import Ranker
+from tfcompile.tune.shapes import DEFAULT_BUCKETS, Problem, check_buckets, problems
+from tfcompile.tune.table import TABLE, cost_entry, entry_key, load_table, lookup, merge, triton_version
 
 INDEX = "kernels/index.json"
 
@@ -47,22 +53,23 @@ class EmitError(TfcompileError):
     """A kernel could not be compiled with any ranked config (a kernel bug; exit 2)."""
 
 
-def _supports(recipe, cfg: EmitConfig) -> str | None:
-    from tfcompile.tune.hardware import parse_targets
-    from tfcompile.tune.shapes import check_buckets
-
+def _supports(recipe: Recipe, cfg: EmitConfig) -> list[Unsupported]:
+    reasons = []
     if not cfg.targets:
-        return "no target: give --target sm_90a,sm_100a (or emit.targets)"
-    parse_targets(cfg.targets)  # RecipeError naming the unknown target
-    check_buckets(cfg.buckets)
+        reasons.append(Unsupported("no target: give --target sm_90a,sm_100a (or emit.targets)"))
+    reasons += check(parse_targets, cfg.targets)  # names the unknown target
+    reasons += check(check_buckets, cfg.buckets)
     if cfg.kernels:
-        from tfcompile.tune.registry import load_kernels
-
-        _check_kernels(cfg.kernels, load_kernels()[0])
+        reasons += check(_check_kernels, cfg.kernels, load_kernels()[0])
     if cfg.tuning and not Path(cfg.tuning).is_file():
-        raise RecipeError(f"emit.tuning {cfg.tuning}: no such file",
-                          hint="point at the kernels/tuning.json of a tuned artifact")
-    return None
+        reasons.append(Unsupported(f"emit.tuning {cfg.tuning}: no such file",
+                                   "point at the kernels/tuning.json of a tuned artifact"))
+    return reasons
+
+
+def _when(sel: Selection) -> bool:
+    """--target (emit.targets) schedules kernel emission."""
+    return bool(sel.value("emit", "targets"))
 
 
 def _check_kernels(names, kernels: Mapping) -> None:
@@ -73,21 +80,16 @@ def _check_kernels(names, kernels: Mapping) -> None:
 
 
 @register_pass("emit", config=EmitConfig, requires=("plan", "artifact", "out_dir"), produces=("artifact",),
-               supports=_supports)
+               supports=_supports, slot=70, when=_when)
 def emit(ctx, cfg: EmitConfig, reporter) -> PassResult:
     """Compile the GEMM and activation-quant kernels per target and shape into kernels/."""
     files, stats = emit_kernels(Path(ctx.out_dir), ctx.plan.scheme, [la["shape"] for la in ctx.artifact.layers],
                                 cfg, reporter)
-    art = dataclasses.replace(ctx.artifact, files=dict(sorted({**ctx.artifact.files, **files}.items())))
-    return PassResult(ctx.with_(artifact=art), stats)
+    return PassResult(ctx.with_(artifact=ctx.artifact.with_files(files)), stats)
 
 
-def emit_kernels(out: Path, scheme, shapes, cfg: EmitConfig, reporter) -> tuple[dict[str, str], dict]:
+def emit_kernels(out: Path, scheme: Scheme, shapes, cfg: EmitConfig, reporter) -> tuple[dict[str, str], dict]:
     """Write every kernel file; returns (relative path -> sha256, stats)."""
-    from tfcompile.tune.registry import load_kernels
-    from tfcompile.tune.shapes import check_buckets, problems
-    from tfcompile.tune.table import TABLE, load_table, triton_version
-
     kernels, warnings = load_kernels()
     for w in warnings:
         reporter.warn(w)
@@ -117,9 +119,6 @@ class _Emitter:
 
     def __init__(self, out: Path, kernels: Mapping, table: dict | None, triton: str, ptx: bool):
         self.out, self.kernels, self.table, self.triton, self.ptx = out, kernels, table, triton, ptx
-        from tfcompile.tune.compile import FrontendCheck
-        from tfcompile.tune.search import Ranker
-
         self.ranker = Ranker(check=FrontendCheck())
         self.cache: dict[str, object] = {}
         self.files: dict[str, str] = {}
@@ -129,8 +128,6 @@ class _Emitter:
         self.from_table = 0
 
     def emit(self, p: Problem, scheme: str) -> None:
-        from tfcompile.tune.table import entry_key
-
         kdef = self.kernels[p.kernel]
         entry = self._entry(p)
         compiled, cfg, failed = self._compile_first(kdef, p, entry)
@@ -147,9 +144,6 @@ class _Emitter:
     def _followup(self, name: str, p: Problem, cfg: dict, scheme: str) -> dict:
         """The kernel run after a split-K GEMM (e.g. splitk_reduce: sums the fp32 partials),
         compiled for the same shape and SPLIT_K; written as <gemm stem>.<name>.{cubin,ptx,json}."""
-        from tfcompile.tune.compile import cache_key, compile_kernel
-        from tfcompile.tune.hardware import get_target
-
         fdef = self.kernels[name]
         fcfg = {**fdef.default_config, "SPLIT_K": int(cfg["SPLIT_K"])}
         cap = get_target(p.target).capability
@@ -163,8 +157,6 @@ class _Emitter:
         return {"kernel": name, "file": stem}
 
     def _entry(self, p: Problem) -> dict:
-        from tfcompile.tune.table import cost_entry, entry_key, lookup
-
         e = lookup(self.table, p, self.triton)
         if e is not None:
             self.from_table += 1
@@ -176,9 +168,6 @@ class _Emitter:
 
     def _compile_first(self, kdef, p: Problem, entry: dict):
         """Compile the entry's config, else its runner-ups in order; (compiled, config, failed configs)."""
-        from tfcompile.tune.compile import cache_key, compile_kernel
-        from tfcompile.tune.hardware import get_target
-
         cap = get_target(p.target).capability
         failed, errors = [], []
         for cfg in [entry["config"]] + [r["config"] for r in entry.get("runner_up", [])]:
@@ -193,32 +182,28 @@ class _Emitter:
         raise EmitError(f"{p.key}: no ranked config compiles ({'; '.join(errors[:2])})",
                         hint=f"a kernel bug; leave it out with --set emit.kernels=[...] (not {p.kernel})")
 
-    def _write(self, p: Problem, stem: str, compiled, doc: dict) -> None:
-        blobs = {".cubin": compiled.cubin, ".json": _dumps(doc)}
+    def _write(self, p: Problem, stem: str, compiled: Compiled, doc: dict) -> None:
+        blobs = {".cubin": compiled.cubin, ".json": dumps(doc)}
         if self.ptx:
             blobs[".ptx"] = compiled.ptx.encode()
         for suffix, data in blobs.items():
-            self.files[stem + suffix] = _write(self.out / (stem + suffix), data)
+            self.files[stem + suffix] = write_bytes(self.out / (stem + suffix), data)
         self.index.append({"file": stem, "kernel": p.kernel, "kind": doc["kind"], "target": p.target,
                            "n": p.n, "k": p.k, "m_bucket": p.m})
 
     def finish(self, served: Mapping, scheme: str) -> dict[str, str]:
         """Write the tuning table used and the index; returns every file's sha256."""
-        from tfcompile.tune.table import TABLE, dumps, merge
-
-        self.files[TABLE] = _write(self.out / TABLE, dumps(merge(None, self.used)))  # this artifact's only
+        self.files[TABLE] = write_bytes(self.out / TABLE, dumps(merge(None, self.used)))  # this artifact's only
         index = {"schema_version": 1, "scheme": scheme, "triton": self.triton,
                  "targets": {t: {"gemm": list(s.gemm), "act_quant": list(s.act_quant), "note": s.note}
                              for t, s in sorted(served.items())},
                  "kernels": sorted(self.index, key=lambda d: d["file"])}
-        self.files[INDEX] = _write(self.out / INDEX, _dumps(index))
+        self.files[INDEX] = write_bytes(self.out / INDEX, dumps(index))
         return dict(sorted(self.files.items()))
 
 
-def _launch_doc(kdef, p: Problem, scheme: str, cfg: dict, c, chosen: dict, triton: str) -> dict:
+def _launch_doc(kdef, p: Problem, scheme: str, cfg: dict, c: Compiled, chosen: dict, triton: str) -> dict:
     """Everything a runtime needs to launch the cubin, as JSON."""
-    from tfcompile.tune.hardware import get_target
-
     md = c.metadata
     return {
         "kernel": p.kernel, "kind": kdef.kind, "scheme": scheme, "target": p.target,
@@ -255,14 +240,3 @@ def _dim_formula(vals: Mapping[int, int], bases: list[int]) -> str:
             return f"cdiv(M, {b})" if c == 1 else f"{c} * cdiv(M, {b})"
     return "?"
 
-
-def _dumps(doc) -> bytes:
-    return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
-
-
-def _write(path: Path, data: bytes) -> str:
-    from tfcompile.tune.compile import sha256
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)
-    return sha256(data)

@@ -1,9 +1,11 @@
 """`emit_cutlass`: generate the artifact's CUTLASS GEMMs as C++, compile them with nvcc.
 
 Scheduled by `--cutlass auto` or any `emit_cutlass` setting (`--set emit_cutlass.compile=auto`, a recipe's
-`[passes.emit_cutlass]`), with the targets of `--target` unless `emit_cutlass.targets`
-names others; it runs after `manifest` (so it can say in the manifest whether the
-sources were compiled) and before `verify` (which checks every checksum it adds).
+`[passes.emit_cutlass]`), with the targets and tuning table of `--target` (emit.targets,
+emit.tuning) unless its own settings name others. Its slot is after `manifest` and before
+`verify` (which checks every checksum it adds); it returns what it generated and whether
+nvcc compiled it (`ctx.cutlass`, the manifest's "cutlass" section) with its files, and the
+manifest, written after the last pass, records both.
 
 For each target, each CUTLASS GEMM serving the format there (kernels/cutlass/configs.py:
 sm_90a FP8 -> `cutlass_fp8_gemm_sm90`, sm_100a NVFP4 / MXFP4 -> the block-scaled GEMMs),
@@ -28,16 +30,22 @@ Every build's SASS must contain the kernel's MMA, else emission fails (sass.py).
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import json
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 from tfcompile.errors import RecipeError
-from tfcompile.pipeline.passes import PassResult, register_pass
-from tfcompile.tune.shapes import DEFAULT_BUCKETS
+from tfcompile.io.jsonfile import JsonDict, dumps, write_bytes
+from tfcompile.kernels.cutlass.build import Job, build_all
+from tfcompile.kernels.cutlass.configs import KERNELS
+from tfcompile.kernels.cutlass.render import entry_names, render, stem
+from tfcompile.kernels.cutlass.toolchain import Toolchain, detect, nvcc_flags
+from tfcompile.pipeline.passes import PassResult, Settings, Unsupported, check, given, register_pass
+from tfcompile.pipeline.recipe import Recipe
+from tfcompile.tune import cutlass as tc
+from tfcompile.tune.hardware import parse_targets
+from tfcompile.tune.shapes import DEFAULT_BUCKETS, check_buckets
+from tfcompile.tune.table import TABLE, load_table, merge
 
 COMPILE_MODES = ("auto", "always", "never")
 ABI = ("int run(const void* a, const void* b, const void* sa, const void* sb, const float* alpha, void* d, "
@@ -56,53 +64,47 @@ class EmitCutlassConfig:
     jobs: int = 0  # parallel nvcc jobs (0: CPU count); memory bounds them too (~4-5 GB each)
 
 
-def _supports(recipe, cfg: EmitCutlassConfig) -> str | None:
-    from tfcompile.tune.hardware import parse_targets
-    from tfcompile.tune.shapes import check_buckets
-
+def _supports(recipe: Recipe, cfg: EmitCutlassConfig) -> list[Unsupported]:
+    reasons = []
     if not cfg.targets:
-        return "no target: give --target sm_90a,sm_100a (or emit_cutlass.targets)"
-    parse_targets(cfg.targets)
-    check_buckets(cfg.buckets)
+        reasons.append(Unsupported("no target: give --target sm_90a,sm_100a (or emit_cutlass.targets)"))
+    reasons += check(parse_targets, cfg.targets)
+    reasons += check(check_buckets, cfg.buckets)
     if cfg.compile not in COMPILE_MODES:
-        raise RecipeError(f"emit_cutlass.compile={cfg.compile!r}", hint="one of: " + ", ".join(COMPILE_MODES))
+        reasons.append(Unsupported(f"emit_cutlass.compile={cfg.compile!r}", "one of: " + ", ".join(COMPILE_MODES)))
     if cfg.slack < 1.0 or cfg.jobs < 0:
-        raise RecipeError(f"emit_cutlass: slack {cfg.slack} / jobs {cfg.jobs} out of range",
-                          hint="slack >= 1.0 (1.0 keeps every chosen config), jobs >= 0")
+        reasons.append(Unsupported(f"emit_cutlass: slack {cfg.slack} / jobs {cfg.jobs} out of range",
+                                   "slack >= 1.0 (1.0 keeps every chosen config), jobs >= 0"))
     if cfg.tuning and not Path(cfg.tuning).is_file():
-        raise RecipeError(f"emit_cutlass.tuning {cfg.tuning}: no such file",
-                          hint="point at the kernels/tuning.json of a tuned artifact")
+        reasons.append(Unsupported(f"emit_cutlass.tuning {cfg.tuning}: no such file",
+                                   "point at the kernels/tuning.json of a tuned artifact"))
     if cfg.compile == "always":
-        from tfcompile.kernels.cutlass.toolchain import detect
-
-        detect().require()  # before any slow pass runs
-    return None
+        reasons += check(detect().require)  # before any slow pass runs
+    return reasons
 
 
-@register_pass("emit_cutlass", config=EmitCutlassConfig, requires=("manifest", "artifact", "out_dir"),
-               produces=("manifest", "artifact"), supports=_supports)
+def _implies(settings: Settings) -> dict:
+    """The targets and tuning table of `--target` (emit.targets, emit.tuning), unless given."""
+    if "emit_cutlass" not in settings:
+        return {}
+    emit = settings.get("emit", {})
+    return {"emit_cutlass": {k: emit[k] for k in ("targets", "tuning") if emit.get(k)}}
+
+
+@register_pass("emit_cutlass", config=EmitCutlassConfig, requires=("plan", "artifact", "out_dir"),
+               produces=("artifact", "cutlass"), supports=_supports, slot=100, when=given("emit_cutlass"),
+               implies=_implies)
 def emit_cutlass(ctx, cfg: EmitCutlassConfig, reporter) -> PassResult:
     """Generate and compile the CUTLASS GEMMs per target and tile config into kernels/<target>/cutlass/."""
-    from tfcompile.passes.manifest import write_manifest
-
-    out = Path(ctx.out_dir)
-    files, section, stats = emit_cutlass_kernels(out, ctx.manifest, cfg, reporter)
-    merged = dict(sorted({**ctx.manifest.get("files", {}), **files}.items()))
-    doc = dict(ctx.manifest, files=merged, cutlass=section)
-    write_manifest(out, doc)
-    art = dataclasses.replace(ctx.artifact, files=dict(sorted({**ctx.artifact.files, **files}.items())))
-    return PassResult(ctx.with_(manifest=doc, artifact=art), stats)
+    shapes = sorted({tuple(int(v) for v in la["shape"]) for la in ctx.artifact.layers})
+    files, section, stats = emit_cutlass_kernels(Path(ctx.out_dir), ctx.plan.scheme.name, shapes, cfg, reporter)
+    return PassResult(ctx.with_(artifact=ctx.artifact.with_files(files), cutlass=section), stats)
 
 
-def emit_cutlass_kernels(out: Path, manifest: dict, cfg: EmitCutlassConfig, reporter) -> tuple[dict, dict, dict]:
-    """Write sources (and, when compiling, libraries) for the manifest's scheme and shapes;
+def emit_cutlass_kernels(out: Path, scheme: str, shapes: list[tuple[int, int]], cfg: EmitCutlassConfig,
+                         reporter) -> tuple[dict[str, str], JsonDict, dict]:
+    """Write sources (and, when compiling, libraries) for format `scheme` and the Linear shapes;
     returns (relative path -> sha256, manifest section, stats)."""
-    from tfcompile.kernels.cutlass.toolchain import detect
-    from tfcompile.tune import cutlass as tc
-    from tfcompile.tune.shapes import check_buckets
-
-    scheme = manifest["scheme"]["name"]
-    shapes = sorted({tuple(int(v) for v in la["shape"]) for la in manifest.get("layers", [])})
     version = tc.version()
     probs, notes = tc.problems(scheme, shapes, cfg.targets, check_buckets(cfg.buckets))
     for target, note in sorted(notes.items()):
@@ -133,21 +135,15 @@ def emit_cutlass_kernels(out: Path, manifest: dict, cfg: EmitCutlassConfig, repo
 
 
 def _table(out: Path, cfg: EmitCutlassConfig) -> dict | None:
-    from tfcompile.tune.table import TABLE, load_table
-
     src = Path(cfg.tuning) if cfg.tuning else out / TABLE
     return load_table(src) if src.is_file() else None
 
 
 def _sources(probs, entries: dict, version: str) -> dict[tuple, dict]:
     """(target, kernel, config id) -> {"kernel", "target", "config", "stem", "source", "problems"}."""
-    from tfcompile.kernels.cutlass.configs import KERNELS
-    from tfcompile.kernels.cutlass.render import render, stem
-    from tfcompile.tune.cutlass import entry_key
-
     out: dict[tuple, dict] = {}
     for p in probs:
-        e = entries[entry_key(p, version)]
+        e = entries[tc.entry_key(p, version)]
         kdef, cfg = KERNELS[p.kernel], e["config"]
         key = (p.target, p.kernel, cfg["id"])
         if key not in out:
@@ -161,10 +157,8 @@ def _sources(probs, entries: dict, version: str) -> dict[tuple, dict]:
     return dict(sorted(out.items()))
 
 
-def _compile(sources: dict, toolchain, jobs: int, reporter) -> dict:
+def _compile(sources: dict, toolchain: Toolchain, jobs: int, reporter) -> dict:
     """Build every source (parallel, cached); (target, kernel, id) -> build.Built."""
-    from tfcompile.kernels.cutlass.build import Job, build_all
-
     keys = list(sources)
     todo = [Job(sources[k]["stem"].removeprefix("kernels/"), sources[k]["source"],
                 sources[k]["kernel"].arch, sources[k]["kernel"].mma) for k in keys]
@@ -178,11 +172,8 @@ def _compile(sources: dict, toolchain, jobs: int, reporter) -> dict:
     return dict(zip(keys, build_all(todo, toolchain, jobs, progress)))
 
 
-def _write(out: Path, sources: dict, built: dict, toolchain, why_not: str | None) -> dict[str, str]:
+def _write(out: Path, sources: dict, built: dict, toolchain: Toolchain, why_not: str | None) -> dict[str, str]:
     """Source, library (if built) and launch record of every source; relative path -> sha256."""
-    from tfcompile.kernels.cutlass.render import entry_names
-    from tfcompile.kernels.cutlass.toolchain import nvcc_flags
-
     files: dict[str, str] = {}
     for key, s in sources.items():
         kdef, cfg, b = s["kernel"], s["config"], built.get(key)
@@ -198,7 +189,7 @@ def _write(out: Path, sources: dict, built: dict, toolchain, why_not: str | None
                "operands": _operands(kdef), "problems": s["problems"], "cutlass": toolchain.cutlass,
                "nvcc": {"version": toolchain.version, "flags": nvcc_flags(kdef.arch)} if b is not None else None,
                "sass": b.sass if b is not None else None}
-        files[s["stem"] + ".json"] = _put(out, s["stem"] + ".json", _dumps(doc))
+        files[s["stem"] + ".json"] = _put(out, s["stem"] + ".json", dumps(doc))
     return files
 
 
@@ -223,12 +214,8 @@ def _operands(kdef) -> dict:
 
 def _write_indexes(out: Path, scheme: str, targets, probs, entries: dict, notes: dict, version: str,
                    why_not: str | None) -> dict[str, str]:
-    from tfcompile.kernels.cutlass.configs import KERNELS
-    from tfcompile.kernels.cutlass.render import stem
-    from tfcompile.tune.cutlass import entry_key
-
     files = {}
-    cfg_of = lambda p: entries[entry_key(p, version)]["config"]  # noqa: E731
+    cfg_of = lambda p: entries[tc.entry_key(p, version)]["config"]  # noqa: E731
     for target in targets:
         rows = [{"kernel": p.kernel, "n": p.n, "k": p.k, "m_bucket": p.m,
                  "file": f"kernels/{target}/cutlass/{stem(KERNELS[p.kernel], cfg_of(p))}"}
@@ -238,25 +225,16 @@ def _write_indexes(out: Path, scheme: str, targets, probs, entries: dict, notes:
                "kernels": sorted({k.name for k in KERNELS.values() if scheme in k.formats and target in k.targets}),
                "problems": rows}
         rel = f"kernels/{target}/cutlass/index.json"
-        files[rel] = _put(out, rel, _dumps(doc))
+        files[rel] = _put(out, rel, dumps(doc))
     return files
 
 
 def _merge_table(out: Path, entries: dict) -> dict[str, str]:
     """kernels/tuning.json with the CUTLASS entries used merged in (the Triton entries kept)."""
-    from tfcompile.tune.table import TABLE, dumps, load_table, merge
-
     path = out / TABLE
     old = load_table(path) if path.is_file() else None
     return {TABLE: _put(out, TABLE, dumps(merge(old, entries)))}
 
 
-def _dumps(doc) -> bytes:
-    return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
-
-
 def _put(out: Path, rel: str, data: bytes) -> str:
-    path = out / rel
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)
-    return hashlib.sha256(data).hexdigest()
+    return write_bytes(out / rel, data)

@@ -3,11 +3,10 @@
 `tfcompile quantize --eval` schedules this pass after `verify`. It runs
 `tfcompile eval`'s evaluation (tfcompile.evaluate: the artifact with its
 dequantized weights, activation and KV-cache emulation, against the source
-checkpoint, on the same tokens) and adds the figures under an `"eval"` key of
-tfcompile/manifest.json, rewritten atomically (manifest.json's own hash is not
-in its `files` list, so no checksum changes). A missed gate raises
-`GateFailed`: the run exits 1 and the staging directory is deleted, so
-nothing is published.
+checkpoint, on the same tokens) and returns the figures as a fact
+(`ctx.evaluation`), which the manifest records under an `"eval"` key when it is
+written after the last pass. A missed gate raises `GateFailed`: the run exits 1
+and the staging directory is deleted, so nothing is published.
 
 The section holds no paths of the staging directory, no timings, and floats
 rounded to 6 significant digits, so reruns stay byte-identical (the
@@ -21,11 +20,13 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from tfcompile.evaluate import evaluate, gate_error
 from tfcompile.evaluate.kvcache import KV_MODES
 from tfcompile.evaluate.runner import DTYPES
 from tfcompile.evaluate.text import CORPUS
-from tfcompile.passes.manifest import write_manifest
-from tfcompile.pipeline.passes import PassResult, register_pass
+from tfcompile.io.jsonfile import JsonDict
+from tfcompile.pipeline.passes import PassResult, Unsupported, given, register_pass
+from tfcompile.pipeline.recipe import Recipe
 
 SIG_DIGITS = 6  # manifest floats: insensitive to summation order in the last bits
 
@@ -46,31 +47,31 @@ class EvalConfig:
     details: bool = False
 
 
-def _supports(recipe, cfg: EvalConfig) -> str | None:
+def _supports(recipe: Recipe, cfg: EvalConfig) -> list[Unsupported]:
+    reasons = []
     if cfg.dtype not in DTYPES:
-        return f"eval.dtype {cfg.dtype!r} is not one of {', '.join(DTYPES)}"
+        reasons.append(Unsupported(f"eval.dtype {cfg.dtype!r} is not one of {', '.join(DTYPES)}"))
     if cfg.kv_cache not in KV_MODES:
-        return f"eval.kv_cache {cfg.kv_cache!r} is not one of {', '.join(KV_MODES)}"
+        reasons.append(Unsupported(f"eval.kv_cache {cfg.kv_cache!r} is not one of {', '.join(KV_MODES)}"))
     for name in ("max_tokens", "batch_size"):
         if getattr(cfg, name) < 1:
-            return f"eval.{name} must be at least 1, got {getattr(cfg, name)}"
+            reasons.append(Unsupported(f"eval.{name} must be at least 1, got {getattr(cfg, name)}"))
     if cfg.seq_len < 0:
-        return f"eval.seq_len must be 0 (default) or positive, got {cfg.seq_len}"
+        reasons.append(Unsupported(f"eval.seq_len must be 0 (default) or positive, got {cfg.seq_len}"))
     if cfg.text != CORPUS and not Path(cfg.text).is_file():  # fail before quantizing, not after
-        return f"evaluation text {cfg.text} does not exist or is not a file (--eval-text python-doc|FILE)"
-    return None
+        reasons.append(Unsupported(f"evaluation text {cfg.text} does not exist or is not a file "
+                                   "(--eval-text python-doc|FILE)"))
+    return reasons
 
 
 @register_pass("eval", config=EvalConfig, requires=("source_path", "manifest", "out_dir"),
-               supports=_supports)
+               produces=("evaluation",), supports=_supports, slot=120, when=given("eval"))
 def evaluate_artifact(ctx, cfg: EvalConfig, reporter) -> PassResult:
-    """Evaluate the staged artifact against the source; store the figures in the manifest."""
-    from tfcompile.evaluate import evaluate, gate_error
-
+    """Evaluate the staged artifact against the source; the manifest records the figures."""
     doc = evaluate(Path(ctx.out_dir), Path(ctx.source_path),
                    text=None if cfg.text == CORPUS else Path(cfg.text), max_tokens=cfg.max_tokens,
                    seq_len=cfg.seq_len or None, batch_size=cfg.batch_size, dtype=cfg.dtype,
-                   kv_cache=cfg.kv_cache, progress=reporter, layer_kl=cfg.details,
+                   kv_cache=cfg.kv_cache, progress=reporter, layer_kl=cfg.details, manifest=ctx.manifest,
                    thresholds={"max-kl": cfg.max_kl, "max-ppl-increase": cfg.max_ppl_increase,
                                "min-top1": cfg.min_top1})
     section = manifest_section(doc, details=cfg.details)
@@ -80,17 +81,15 @@ def evaluate_artifact(ctx, cfg: EvalConfig, reporter) -> PassResult:
     if err is not None:
         err.report = section  # the CLI's --json prints the figures that missed
         raise err
-    manifest = dict(ctx.manifest, eval=section)
-    write_manifest(Path(ctx.out_dir), manifest)
     m = section["metrics"]
-    return PassResult(ctx.with_(manifest=manifest),
+    return PassResult(ctx.with_(evaluation=section),
                       {"perplexity": m["perplexity"], "reference_perplexity": m["reference_perplexity"],
                        "ppl_increase": m["ppl_increase"], "kl_mean": m["kl_mean"],
                        "top1_agreement": m["top1_agreement"], "tokens": m["tokens"],
                        "kv_cache_emulated": section["kv_cache"]["emulated"], "gates": len(section["gates"])})
 
 
-def manifest_section(doc: dict, details: bool = False) -> dict:
+def manifest_section(doc: dict, details: bool = False) -> JsonDict:
     """The eval report (tfcompile.evaluate.evaluate) as stored in the manifest: no paths of the
     staging directory, no timings, rounded floats; per-layer rows (`layers`: output SQNR per
     Linear; `layer_kl`: KL per decoder layer) only with `details`, else their summary only."""

@@ -5,8 +5,8 @@ Scheduled by `--layout ENGINE`, `--tp T`, `--kv-layout`, `--kv-block-size` or an
 combination fails in a second, not after an hour). It quantizes nothing: it
 validates the options against the target's rules (tfcompile/layout/engines.py),
 plans the row gathers (RoPE order, TP head order, KV replication) and fusions
-(q/k/v -> qkv_proj, gate/up -> gate_up_proj, expert w1/w3), and attaches the
-plan to `QuantPlan.layout`. pack then writes the engine view OUT/<target>/
+(q/k/v -> qkv_proj, gate/up -> gate_up_proj, expert w1/w3), and produces the
+layout plan (`ctx.layout`). pack then writes the engine view OUT/<target>/
 (quantizing the gathered rows) and OUT/tfcompile/kv_cache.json; manifest
 records what was done. Defaults per target: vLLM and SGLang fuse on load and
 read HF RoPE order, so `--layout vllm` writes only the descriptor; TensorRT-LLM
@@ -17,13 +17,20 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 
 from tfcompile.errors import RecipeError
+from tfcompile.io.aux_files import copy_aux_files
+from tfcompile.io.jsonfile import write_json
+from tfcompile.ir import QuantPlan, torch_dtype
 from tfcompile.layout import engines as E
 from tfcompile.layout.descriptor import DESCRIPTOR, build_descriptor
 from tfcompile.layout.heads import HeadGeometry, plan_heads, rope_order
 from tfcompile.layout.plan import LayoutPlan, LayoutSpec, build, pattern
-from tfcompile.pipeline.passes import PassResult, register_pass
+from tfcompile.layout.view import LAYOUT_JSON, EngineView, heads_record, write_view_files
+from tfcompile.layout.view import open_view as _open_view
+from tfcompile.pipeline.passes import PassResult, Unsupported, check, given, register_pass
+from tfcompile.pipeline.recipe import Recipe
 
 # RoPE convention of Hugging Face model code per model_type (transformers 5: `rotate_half`).
 SOURCE_ROPE = {t: "half" for t in (
@@ -46,7 +53,7 @@ class LayoutConfig:
     kv_dtype: str = KV_AUTO  # auto (from --kv-cache) | bf16 | fp16 | fp8_e4m3 | nvfp4
 
 
-def _kv(recipe) -> tuple[str, bool]:
+def _kv(recipe: Recipe) -> tuple[str, bool]:
     """(calibrate.kv_cache, calibrate.kv_per_head) of the recipe."""
     if "calibrate" not in recipe.names():
         return "", False
@@ -73,7 +80,7 @@ def kv_dtype(requested: str, calibrated: str, model_dtype: str | None) -> str:
     return requested
 
 
-def _static_checks(recipe, cfg: LayoutConfig) -> tuple[E.BackendRules, list[str]]:
+def _static_checks(recipe: Recipe, cfg: LayoutConfig) -> tuple[E.BackendRules, list[str]]:
     r = E.rules_for(cfg.target, cfg.backend)
     if cfg.tp < 1:
         raise RecipeError(f"--tp {cfg.tp}: must be at least 1", hint="e.g. --tp 2")
@@ -92,13 +99,12 @@ def _static_checks(recipe, cfg: LayoutConfig) -> tuple[E.BackendRules, list[str]
     return r, warnings
 
 
-def _supports(recipe, cfg: LayoutConfig) -> str | None:
-    _static_checks(recipe, cfg)  # raises RecipeError with a hint
-    return None
+def _supports(recipe: Recipe, cfg: LayoutConfig) -> list[Unsupported]:
+    return check(_static_checks, recipe, cfg)
 
 
-@register_pass("layout", config=LayoutConfig, requires=("source", "model", "plan"), produces=("plan",),
-               supports=_supports)
+@register_pass("layout", config=LayoutConfig, requires=("source", "model", "plan"), produces=("layout",),
+               supports=_supports, slot=20, when=given("layout"))
 def layout(ctx, cfg: LayoutConfig, reporter) -> PassResult:
     """Validate the target layout and plan fusions, RoPE order and TP head grouping."""
     rules, warnings = _static_checks(ctx.recipe, cfg)
@@ -122,7 +128,7 @@ def layout(ctx, cfg: LayoutConfig, reporter) -> PassResult:
              "gathered_linears": sum(len(v) for v in lp.groups.values()) - len(fused),
              "tp": spec.tp, "rope": spec.rope, "kv_dtype": spec.kv_dtype, "kv_layout": spec.kv_layout,
              "block_size": spec.block_size}
-    return PassResult(ctx.with_(plan=dataclasses.replace(ctx.plan, layout=lp)), stats)
+    return PassResult(ctx.with_(layout=lp), stats)
 
 
 def resolve(cfg: LayoutConfig, r: E.BackendRules, ctx, geom: HeadGeometry | None,
@@ -155,7 +161,7 @@ def resolve(cfg: LayoutConfig, r: E.BackendRules, ctx, geom: HeadGeometry | None
         kv_per_head=per_head and quantized, engine_scale=engine_scale)
 
 
-def _check_blocks(lp: LayoutPlan, plan) -> None:
+def _check_blocks(lp: LayoutPlan, plan: QuantPlan) -> None:
     """FP8 128x128 blocks: each TP shard of a view Linear must start on a block row."""
     if plan.scheme.granularity != "block":
         return
@@ -170,7 +176,7 @@ def _check_blocks(lp: LayoutPlan, plan) -> None:
 
 def descriptor(ctx) -> dict | None:
     """OUT/tfcompile/kv_cache.json's content for this run (pack writes it), or None."""
-    lp = ctx.plan.layout
+    lp = ctx.layout
     if lp is None:
         return None
     geom = lp.heads.geom if lp.heads else None
@@ -183,11 +189,9 @@ def descriptor(ctx) -> dict | None:
 
 def manifest_record(ctx, files: dict[str, str]) -> dict | None:
     """The manifest's `layout` section: each transform and what it did."""
-    lp = ctx.plan.layout
+    lp = ctx.layout
     if lp is None:
         return None
-    from tfcompile.layout.view import LAYOUT_JSON, heads_record
-
     s = lp.spec
     fused = lp.fused()
     transforms = []
@@ -217,27 +221,21 @@ def _geometry(heads: dict) -> dict:
     return {k: v for k, v in heads.items() if k not in ("rope_row_order", "kv_head_map")}
 
 
-def open_view(ctx):
+def open_view(ctx) -> EngineView | None:
     """The engine view pack streams beside the compressed-tensors view (None: no weight changes)."""
-    from tfcompile.layout.view import open_view as _open
-    from tfcompile.passes.quantize.program import torch_dtype
-
-    return _open(ctx.plan.layout, ctx.program, ctx.source, torch_dtype(ctx.model.dtype))
+    return _open_view(ctx.layout, ctx.program, ctx.source, torch_dtype(ctx.model.dtype))
 
 
-def write_files(out, ctx, view, layers: list[dict], dump) -> dict[str, str]:
+def write_files(out: Path, ctx, view: EngineView | None, layers: list[dict]) -> dict[str, str]:
     """The view's config.json / layout.json / tokenizer files and tfcompile/kv_cache.json; hashes."""
     doc = descriptor(ctx)
     if doc is None:
         return {}
-    from tfcompile.io.aux_files import copy_aux_files
-    from tfcompile.layout.view import write_view_files
-
-    files = {DESCRIPTOR: dump(out / DESCRIPTOR, doc)}
+    files = {DESCRIPTOR: write_json(out / DESCRIPTOR, doc)}
     if view is not None:
         shapes = {x["module"]: x["shape"] for x in layers}
-        files.update(write_view_files(out, ctx.plan.layout, ctx.source.config, ctx.plan,
-                                      ctx.program.kv_strategy, shapes, dump))
+        files.update(write_view_files(out, ctx.layout, ctx.source.config, ctx.plan,
+                                      ctx.program.kv_strategy, shapes))
         aux = copy_aux_files(ctx.source.aux_files(), out / view.dir)
         files.update({f"{view.dir}/{k}": v for k, v in aux.items()})
     return files

@@ -3,37 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from tfcompile.checkpoint_check import check_checkpoint, checkpoint_tensors
 from tfcompile.errors import CheckpointError
 from tfcompile.io.sources import open_source
+from tfcompile.ir import ModelInfo
 from tfcompile.pipeline.passes import PassResult, register_pass
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    architecture: str  # config.json architectures[0], e.g. "LlamaForCausalLM"
-    model_type: str
-    hidden_size: int | None
-    num_layers: int | None
-    moe_intermediate: int | None  # per-expert intermediate size, for fused expert tensors
-    tie_word_embeddings: bool
-    dtype: str  # dominant dtype of the source tensors (safetensors code, e.g. "BF16")
-
-    @staticmethod
-    def from_config(cfg: dict[str, Any], dtype: str) -> "ModelInfo":
-        text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
-        arch = (cfg.get("architectures") or ["unknown"])[0]
-        return ModelInfo(
-            architecture=str(arch),
-            model_type=str(cfg.get("model_type", "unknown")),
-            hidden_size=text.get("hidden_size"),
-            num_layers=text.get("num_hidden_layers"),
-            moe_intermediate=text.get("moe_intermediate_size") or text.get("intermediate_size"),
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", text.get("tie_word_embeddings", False))),
-            dtype=dtype,
-        )
 
 
 @dataclass(frozen=True)
@@ -43,7 +18,7 @@ class LoadConfig:
     allow_unknown_architecture: bool = False
 
 
-@register_pass("load", config=LoadConfig, requires=("source_path",), produces=("source", "model"))
+@register_pass("load", config=LoadConfig, requires=("source_path",), produces=("source", "model"), slot=0)
 def load(ctx, cfg: LoadConfig, reporter) -> PassResult:
     """Open the checkpoint memory-mapped; no tensor is read yet. A published quantized checkpoint
     (DeepSeek FP8-block, GPT-OSS MXFP4, compressed-tensors) reads as the bf16 model it encodes,

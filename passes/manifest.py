@@ -1,28 +1,35 @@
-"""`manifest`: write tfcompile/manifest.json, the artifact's record of itself.
+"""`manifest`: the artifact's record of itself, tfcompile/manifest.json, written once.
 
-It holds no timestamps, absolute paths or timings, so the same inputs and
-recipe give a byte-identical artifact.
+The document is assembled by `manifest_doc(ctx)` from the facts passes returned: the
+model, plan and program, every file the artifact holds (pack, emit, onnx, emit_cutlass
+add theirs to `ctx.artifact`), the layout's transforms, the source's provenance
+(distillation), what emit_cutlass generated (`ctx.cutlass`) and the evaluation
+(`ctx.evaluation`). The pass records it as `ctx.manifest` where it is scheduled (verify
+and eval read it); it is written once, after the last pass (`finish`), so passes
+scheduled after it (emit_cutlass, verify, eval) add facts instead of rewriting the file.
+It holds no timestamps, absolute paths or timings, so the same inputs and recipe give a
+byte-identical artifact (tfcompile/artifact/manifest.py).
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
 from tfcompile import __version__
 from tfcompile.artifact.integrity import seal
+from tfcompile.artifact.manifest import MANIFEST, SCHEMA_VERSION, write_manifest
 from tfcompile.calibration.moe import manifest_record as moe_record
 from tfcompile.io.hub import hub_source
-from tfcompile.io.oserrors import write_error
+from tfcompile.io.jsonfile import JsonDict
 from tfcompile.io.sources import source_format
+from tfcompile.ir import LayerStats
+from tfcompile.passes.layout import manifest_record
+from tfcompile.pipeline.context import Context
 from tfcompile.pipeline.passes import PassResult, register_pass
 
-SCHEMA_VERSION = 1
-MANIFEST = "tfcompile/manifest.json"
 _DEPS = ("torch", "safetensors", "compressed-tensors", "nvidia-modelopt", "triton", "numpy")
 
 
@@ -41,7 +48,7 @@ def dependency_versions() -> dict[str, str | None]:
     return out
 
 
-def summarize(layers: list[dict], bytes_in: int, bytes_out: int) -> dict:
+def summarize(layers: list[LayerStats], bytes_in: int, bytes_out: int) -> JsonDict:
     finite = [x["sqnr_db"] for x in layers if x.get("sqnr_db") is not None]
     return {
         "quantized_linears": len(layers),
@@ -53,11 +60,10 @@ def summarize(layers: list[dict], bytes_in: int, bytes_out: int) -> dict:
     }
 
 
-@register_pass("manifest", config=ManifestConfig,
-               requires=("source", "model", "plan", "program", "artifact"), produces=("manifest",))
-def manifest(ctx, cfg: ManifestConfig, reporter) -> PassResult:
-    """Record versions, the recipe, checksums and per-layer figures."""
-    art, plan = ctx.artifact, ctx.plan
+def manifest_doc(ctx: Context) -> JsonDict:
+    """The manifest of the facts in `ctx` (versions, recipe, checksums, per-layer figures and
+    each pass's section), sealed as it will be written (its integrity digest: verify checks it)."""
+    art, plan, scheme = ctx.artifact, ctx.plan, ctx.plan.scheme
     doc = {
         "schema_version": SCHEMA_VERSION,
         "tool": {"name": "tfcompile", "version": __version__},
@@ -67,10 +73,9 @@ def manifest(ctx, cfg: ManifestConfig, reporter) -> PassResult:
                    "dtype": ctx.model.dtype, "files": art.sources, "format": source_format(ctx.source),
                    **hub_source(ctx.source_path)},
         "family": plan.family,
-        "scheme": {"name": plan.scheme.name, "weight": plan.scheme.weight,
-                   "granularity": plan.scheme.granularity, "block": list(plan.scheme.block),
-                   "activations": plan.scheme.act, "mx_rule": ctx.program.mx_rule
-                   if plan.scheme.weight.startswith("mx") else None,
+        "scheme": {"name": scheme.name, "weight": scheme.weight,
+                   "granularity": scheme.granularity, "block": list(scheme.block),
+                   "activations": scheme.act, "mx_rule": ctx.program.mx_rule if scheme.weights.has_rule else None,
                    "kv_cache": {"dtype": "nvfp4" if ctx.program.kv_format == "nvfp4" else "fp8_e4m3",
                                 "strategy": ctx.program.kv_strategy}
                    if ctx.program.kv_strategy else None},
@@ -88,31 +93,32 @@ def manifest(ctx, cfg: ManifestConfig, reporter) -> PassResult:
     if moe:  # per-expert routed calibration tokens and the fallback policy (calibration/moe.py)
         doc["moe"] = moe
     # a pass that replaced source weights (distill: tfcompile/io/overlay.py) says how, e.g. {"distill": ...}
-    doc.update(getattr(ctx.source, "provenance", None) or {})
-    if getattr(plan, "layout", None) is not None:  # --layout: what each transform did (passes/layout.py)
-        from tfcompile.passes.layout import manifest_record
-
+    doc.update(ctx.source.provenance)
+    if ctx.layout is not None:  # --layout: what each transform did (passes/layout.py)
         doc["layout"] = manifest_record(ctx, art.files)
+    if ctx.cutlass is not None:  # emit_cutlass: sources, whether nvcc compiled them
+        doc["cutlass"] = ctx.cutlass
+    if ctx.evaluation is not None:  # --eval: the figures and gates
+        doc["eval"] = ctx.evaluation
+    return seal(doc)
+
+
+def _write(ctx: Context) -> Context:
+    """After the last pass: write the manifest of every fact, once."""
+    doc = manifest_doc(ctx)
     write_manifest(Path(ctx.out_dir), doc)
-    return PassResult(ctx.with_(manifest=doc), {"path": MANIFEST})
+    return ctx.with_(manifest=doc)
 
 
-def write_manifest(out_dir: Path, doc: dict) -> None:
-    """Write OUT/tfcompile/manifest.json atomically (temp file + rename), deterministic JSON.
-
-    manifest.json is not in its own `files` list, so a later pass (eval) may
-    rewrite it without invalidating any recorded checksum."""
-    path = Path(out_dir) / MANIFEST
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        tmp.write_text(json.dumps(seal(doc), indent=2, sort_keys=True) + "\n")  # seal: verify's `manifest integrity`
-        os.replace(tmp, path)
-    except OSError as e:  # disk full, quota, read-only: a user error naming the file, not a crash
-        raise write_error(path, e) from e
+@register_pass("manifest", config=ManifestConfig,
+               requires=("source", "model", "plan", "program", "artifact", "out_dir"), produces=("manifest",),
+               slot=90, finish=_write)
+def manifest(ctx, cfg: ManifestConfig, reporter) -> PassResult:
+    """Record versions, the recipe, checksums and per-layer figures (written after the last pass)."""
+    return PassResult(ctx.with_(manifest=manifest_doc(ctx)), {"path": MANIFEST})
 
 
-def _clean(layer: dict) -> dict:
+def _clean(layer: LayerStats) -> LayerStats:
     """The per-layer record as stored: finite SQNR or null; no timings (not reproducible)."""
     v = layer.get("sqnr_db")
     out = dict(layer, sqnr_db=None if v is None or not math.isfinite(v) else v)

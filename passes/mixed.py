@@ -25,11 +25,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tfcompile.errors import RecipeError
+from tfcompile.ir import torch_dtype
+from tfcompile.mixed import cache
 from tfcompile.mixed import plan as mixed_plan
 from tfcompile.mixed.search import BITS, choose, summary
-from tfcompile.passes.quantize.program import torch_dtype
-from tfcompile.pipeline.passes import PassResult, register_pass
+from tfcompile.mixed.sensitivity import measure
+from tfcompile.pipeline.passes import PassResult, Unsupported, given, register_pass
+from tfcompile.pipeline.recipe import Recipe
 from tfcompile.schemes import SCHEMES
 
 SINGLE_SCHEME_PASSES = ("distill", "onnx", "layout", "emit", "emit_cutlass")
@@ -48,43 +50,40 @@ class MixedConfig:
     cache: bool = field(default=True, metadata={"runtime": True})
 
 
-def _supports(recipe, cfg: MixedConfig) -> str | None:
+def _supports(recipe: Recipe, cfg: MixedConfig) -> list[Unsupported]:
+    reasons = []
     if (cfg.avg_bits > 0) == (cfg.max_kl > 0):
-        raise RecipeError("mixed precision needs one budget: mixed.avg_bits or mixed.max_kl",
-                          hint="e.g. --set mixed.avg_bits=5.5 (stored bits per weight) or --set mixed.max_kl=0.05")
-    base = recipe.config("select").format if "select" in recipe.names() else recipe.format
+        reasons.append(Unsupported("mixed precision needs one budget: mixed.avg_bits or mixed.max_kl",
+                                   "e.g. --set mixed.avg_bits=5.5 (stored bits per weight) or --set mixed.max_kl=0.05"))
+    base = recipe.quant_format()
     bad = [f for f in cfg.formats if f not in BITS or (f != "bf16" and f not in SCHEMES)]
     if bad or not cfg.formats:
-        raise RecipeError(f"mixed.formats {list(cfg.formats)}: unknown format {bad[:1] or '(none given)'}",
-                          hint="formats: " + ", ".join(list(SCHEMES) + ["bf16"]))
-    low = [f for f in cfg.formats if BITS[f] <= BITS.get(base, 0)]
+        reasons.append(Unsupported(f"mixed.formats {list(cfg.formats)}: unknown format {bad[:1] or '(none given)'}",
+                                   "formats: " + ", ".join(list(SCHEMES) + ["bf16"])))
+    low = [f for f in cfg.formats if f in BITS and BITS[f] <= BITS.get(base, 0)]
     if low:
-        raise RecipeError(f"mixed.formats {low}: not more bits than the base --format {base}",
-                          hint="the base format is the smallest; list the formats groups may be upgraded to")
+        reasons.append(Unsupported(f"mixed.formats {low}: not more bits than the base --format {base}",
+                                   "the base format is the smallest; list the formats groups may be upgraded to"))
     if cfg.avg_bits and cfg.avg_bits < BITS.get(base, 0):
-        raise RecipeError(f"mixed.avg_bits {cfg.avg_bits} is below the base format's {BITS.get(base)} bits",
-                          hint=f"give at least {BITS.get(base)}")
+        reasons.append(Unsupported(f"mixed.avg_bits {cfg.avg_bits} is below the base format's {BITS.get(base)} bits",
+                                   f"give at least {BITS.get(base)}"))
     names = recipe.names()
     other = [n for n in SINGLE_SCHEME_PASSES if n in names]
     algo = recipe.config("quantize").algorithm if "quantize" in names else "rtn"
     if other or algo in ("awq", "smoothquant") or ("pack" in names and recipe.config("pack").export):
         what = other[0] if other else (algo if algo in ("awq", "smoothquant") else "--export modelopt")
-        raise RecipeError(f"mixed precision cannot be combined with {what} yet (it handles one scheme)",
-                          hint="drop the mixed.* settings or that option")
-    return None
+        reasons.append(Unsupported(f"mixed precision cannot be combined with {what} yet (it handles one scheme)",
+                                   "drop the mixed.* settings or that option"))
+    return reasons
 
 
 @register_pass("mixed", config=MixedConfig, requires=("source", "model", "plan"), produces=("plan",),
-               supports=_supports)
+               supports=_supports, slot=15, when=given("mixed"))
 def mixed(ctx, cfg: MixedConfig, reporter) -> PassResult:
     """Measure each group's sensitivity per format and pick formats under the budget."""
-    from tfcompile.kernels import formats as F
-    from tfcompile.mixed import cache
-    from tfcompile.mixed.sensitivity import measure
-
     plan = ctx.plan
     quantize_cfg = ctx.recipe.config("quantize") if "quantize" in ctx.recipe.names() else None
-    rule = (quantize_cfg.mx_rule if quantize_cfg else "") or F.DEFAULT_MX_RULE
+    rule = (quantize_cfg.mx_rule if quantize_cfg else "") or plan.scheme.weights.default_rule  # as quantize does
     settings = dict(formats=list(cfg.formats), data=cfg.data, samples=cfg.samples, seq_len=cfg.seq_len,
                     seed=cfg.seed, dtype=ctx.model.dtype, mx_rule=rule)
     key = cache.key(ctx.source, plan, settings)

@@ -9,14 +9,14 @@ the graph holds exactly the artifact's bytes.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from tfcompile.io.oserrors import write_error
 from tfcompile.onnx_export import DEFAULT_OPSET, ArtifactView, OnnxExportConfig, export_onnx
 from tfcompile.onnx_export.source import check_scheme, read_config
-from tfcompile.pipeline.passes import PassResult, register_pass
+from tfcompile.pipeline.passes import PassResult, Unsupported, check, given, register_pass
+from tfcompile.pipeline.recipe import Recipe
 from tfcompile.schemes import get_scheme
 
 
@@ -31,18 +31,19 @@ def _export_config(cfg: OnnxConfig) -> OnnxExportConfig:
     return OnnxExportConfig(opset=cfg.opset, external_data=cfg.external_data)
 
 
-def _supports(recipe, cfg: OnnxConfig) -> str | None:
-    _export_config(cfg).check()  # OnnxExportError (exit 1) for a bad opset / external_data
+def _supports(recipe: Recipe, cfg: OnnxConfig) -> list[Unsupported]:
+    reasons = check(_export_config(cfg).check)  # a bad opset / external_data
     p = PurePosixPath(cfg.path)
     if p.is_absolute() or ".." in p.parts or p.suffix != ".onnx" or p.parts[0] == "tfcompile":
-        return f"path {cfg.path!r} must be a relative .onnx path inside the artifact (not under tfcompile/)"
+        reasons.append(Unsupported(f"path {cfg.path!r} must be a relative .onnx path inside the artifact "
+                                   "(not under tfcompile/)"))
     if recipe.format != "custom":  # the scheme alone decides FP8 2-D blocks and FP4 opsets: fail up front
-        check_scheme(get_scheme(recipe.format), cfg.opset)
-    return None
+        reasons += check(lambda: check_scheme(get_scheme(recipe.format), cfg.opset))
+    return reasons
 
 
 @register_pass("onnx", config=OnnxConfig, requires=("plan", "program", "artifact", "out_dir"),
-               produces=("artifact",), supports=_supports)
+               produces=("artifact",), supports=_supports, slot=80, when=given("onnx"))
 def onnx_export(ctx, cfg: OnnxConfig, reporter) -> PassResult:
     """Export the staged artifact to ONNX and add the files to the artifact's checksums."""
     out_dir = Path(ctx.out_dir)
@@ -57,8 +58,7 @@ def onnx_export(ctx, cfg: OnnxConfig, reporter) -> PassResult:
         raise write_error(target, e) from e
     rel = str(PurePosixPath(cfg.path).parent)
     files = {str(PurePosixPath(rel) / name) if rel != "." else name: sha for name, sha in res.files.items()}
-    art = dataclasses.replace(ctx.artifact, files=dict(sorted({**ctx.artifact.files, **files}.items())),
-                              views=tuple(ctx.artifact.views) + ("onnx",))
+    art = ctx.artifact.with_files(files, views=("onnx",))
     stats = {"files": sorted(files), "opset": res.opset, "external_data": res.external_data,
              "initializers": res.initializers, "initializer_bytes": res.initializer_bytes,
              "custom_ops": list(res.custom_ops)}

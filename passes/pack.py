@@ -13,28 +13,29 @@ pages are released after each job. How and why: docs/design.md "Streaming".
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import re
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from tfcompile.io.aux_files import copy_aux_files
-from tfcompile.io.hash_cache import sha256_files_cached
-from tfcompile.io.oserrors import write_error
-from tfcompile.passes.quantize.naming import OutSpec, modelopt_kv_name, modelopt_outputs, to_modelopt
-from tfcompile.passes.quantize.program import execute
+from tfcompile.artifact.configs import ct_quantization_config, modelopt_quant_config
+from tfcompile.artifact.naming import modelopt_kv_name, modelopt_outputs, to_modelopt
 from tfcompile.artifact.sink import ShardSink
 from tfcompile.artifact.verify import SCALE_SUFFIXES, check_scale_tensor
-from tfcompile.artifact.configs import ct_quantization_config, modelopt_quant_config
-from tfcompile.errors import RecipeError
+from tfcompile.io.aux_files import copy_aux_files
+from tfcompile.io.checkpoint import Checkpoint
+from tfcompile.io.hash_cache import sha256_files_cached
+from tfcompile.io.jsonfile import write_json
+from tfcompile.ir import ArtifactInfo, Job, OutSpec, Program, execute
 from tfcompile.kernels.formats import kernel_threads
-from tfcompile.pipeline.passes import PassResult, register_pass
+from tfcompile.layout.view import EngineView
+from tfcompile.artifact.mixed_config import ct_mixed_config
 from tfcompile.passes import layout as layout_pass
+from tfcompile.pipeline.passes import PassResult, Unsupported, register_pass
+from tfcompile.pipeline.recipe import Recipe
 
 EXPORTS = ("modelopt",)
 
@@ -46,28 +47,18 @@ class PackConfig:
     hash_cache: bool = True  # reuse source sha256 of unchanged files (tfcompile/io/hash_cache.py)
 
 
-@dataclass(frozen=True)
-class ArtifactInfo:
-    path: Path  # staging directory
-    files: dict[str, str]  # relative path -> sha256, every file written
-    sources: dict[str, str]  # source file name -> sha256
-    layers: tuple[dict, ...]  # per quantized Linear: module, format, shape, sqnr_db
-    bytes_in: int  # source bytes of the tensors written
-    bytes_out: int  # bytes of the compressed-tensors view's tensors
-    views: tuple[str, ...] = field(default=("compressed-tensors",))
-
-
-def _supports(recipe, cfg: PackConfig) -> str | None:
+def _supports(recipe: Recipe, cfg: PackConfig) -> list[Unsupported]:
+    reasons = []
     bad = [e for e in cfg.export if e not in EXPORTS]
     if bad:
-        raise RecipeError(f"unknown export view(s) {bad}", hint="supported: " + ", ".join(EXPORTS))
+        reasons.append(Unsupported(f"unknown export view(s) {bad}", "supported: " + ", ".join(EXPORTS)))
     if cfg.max_shard_mb <= 0:
-        return "max_shard_mb must be positive"
-    return None
+        reasons.append(Unsupported("max_shard_mb must be positive"))
+    return reasons
 
 
 @register_pass("pack", config=PackConfig, requires=("source", "model", "plan", "program", "out_dir"),
-               produces=("artifact",), supports=_supports)
+               produces=("artifact",), supports=_supports, slot=60)
 def pack(ctx, cfg: PackConfig, reporter) -> PassResult:
     """Quantize job by job and stream the safetensors shards of every view."""
     out, program, plan = Path(ctx.out_dir), ctx.program, ctx.plan
@@ -92,7 +83,7 @@ def pack(ctx, cfg: PackConfig, reporter) -> PassResult:
             sink.abort()  # stop writer threads before the staging dir is removed
         raise
     files.update(_write_configs(out, ctx, cfg))
-    files.update(layout_pass.write_files(out, ctx, view, layers, _dump))  # view configs, kv_cache.json
+    files.update(layout_pass.write_files(out, ctx, view, layers))  # view configs, kv_cache.json
     files.update(copy_aux_files(ctx.source.aux_files(), out))
     if "modelopt" in sinks:
         files.update({f"modelopt/{k}": v for k, v in copy_aux_files(ctx.source.aux_files(),
@@ -119,7 +110,7 @@ def per_decoder_layer(seconds: dict[str, float]) -> dict[str, float]:
 
 
 @contextlib.contextmanager
-def _torch_threads(program):
+def _torch_threads(program: Program):
     """One torch intra-op thread while RTN streams: its torch work is small
     (group amax, 16 SQNR rows, scale rounding), and an OpenMP team spinning
     beside the writer thread on a busy core cost ~0.3 s per 4.5 GB model
@@ -134,7 +125,8 @@ def _torch_threads(program):
         torch.set_num_threads(old)
 
 
-def _stream(ctx, program, sinks, reporter, view=None) -> tuple[list[dict], int]:
+def _stream(ctx, program: Program, sinks: dict[str, ShardSink], reporter,
+            view: EngineView | None = None) -> tuple[list[dict], int]:
     """Execute every job in order, handing its outputs to the sinks."""
     layers, bytes_in = [], 0
     reporter.task(f"quantize ({program.algorithm}) + write", len(program.jobs))
@@ -158,7 +150,7 @@ def _stream(ctx, program, sinks, reporter, view=None) -> tuple[list[dict], int]:
     return layers, bytes_in
 
 
-def _job_source_bytes(job, source) -> int:
+def _job_source_bytes(job: Job, source: Checkpoint) -> int:
     if job.kind == "const":
         return 0  # computed by a pass, not read from the source
     if job.group is None:  # a copy (or one expert's slice of it), or an override standing in for it
@@ -175,7 +167,7 @@ def _job_source_bytes(job, source) -> int:
     return total
 
 
-def _modelopt_specs(program) -> list:
+def _modelopt_specs(program: Program) -> list[OutSpec]:
     specs = []
     for job in program.jobs:
         if job.kind == "const":  # KV scale: modelopt name, fp32 (0-d when per tensor)
@@ -191,7 +183,7 @@ def _modelopt_specs(program) -> list:
     return specs
 
 
-def _job_modelopt(job, program, tensors):
+def _job_modelopt(job: Job, program: Program, tensors: dict[str, torch.Tensor]):
     if job.kind == "const":
         spec = job.outputs[0]
         t = tensors[spec.name].float()
@@ -213,35 +205,20 @@ def _write_configs(out: Path, ctx, cfg: PackConfig) -> dict[str, str]:
     ignore = list(ctx.plan.ignore)
     written = {}
     kv = ctx.program.kv_strategy
-    if getattr(ctx.plan, "mixed", None):  # mixed precision: a config group per scheme (tfcompile/mixed/config.py)
-        from tfcompile.mixed.config import ct_mixed_config
-
+    if ctx.plan.mixed:  # mixed precision: a config group per scheme (tfcompile/artifact/mixed_config.py)
         ct = dict(base, quantization_config=ct_mixed_config(ctx.plan, ignore, kv, ctx.program.kv_format))
     else:
         ct = dict(base, quantization_config=ct_quantization_config(ctx.plan.scheme, ignore, kv,
                                                                    ctx.program.kv_format))
-    written["config.json"] = _dump(out / "config.json", ct)
+    written["config.json"] = write_json(out / "config.json", ct)
     if "modelopt" in cfg.export:
         hf_quant, mo_cfg = modelopt_quant_config(ctx.plan.scheme, ignore + list(ctx.plan.embeddings), kv,
                                                  ctx.program.kv_format)
-        written["modelopt/config.json"] = _dump(out / "modelopt" / "config.json",
-                                                dict(base, quantization_config=mo_cfg))
-        written["modelopt/hf_quant_config.json"] = _dump(out / "modelopt" / "hf_quant_config.json",
-                                                         hf_quant)
+        written["modelopt/config.json"] = write_json(out / "modelopt" / "config.json",
+                                                     dict(base, quantization_config=mo_cfg))
+        written["modelopt/hf_quant_config.json"] = write_json(out / "modelopt" / "hf_quant_config.json",
+                                                              hf_quant)
     return written
-
-
-def _dump(path: Path, obj: Any) -> str:
-    """Write deterministic JSON (sorted keys, 2-space indent, trailing newline)."""
-    import hashlib
-
-    data = (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
-    except OSError as e:  # disk full while writing config.json: exit 1 naming the file
-        raise write_error(path, e) from e
-    return hashlib.sha256(data).hexdigest()
 
 
 class _SourceHasher:

@@ -1,9 +1,13 @@
 """`report`: write the artifact's HTML report into it (`tfcompile quantize --report`).
 
-Runs last (after `verify`, and after `eval` when that is scheduled, whose per-layer figures it
-plots: the recipe sets eval.details). The page goes to OUT/tfcompile/report.html, beside
-manifest.json and, like it, outside the manifest's checksums (it is derived from the manifest,
-whose sha256 it shows). Without --report nothing changes in the artifact.
+Scheduled by `--report` (any `report` setting: `when`), last (`slot`). The page is built from
+the manifest as written, so it is written in the pass's `finish`, after the manifest pass's
+(finish hooks run in schedule order, after the last pass): OUT/tfcompile/report.html, beside
+manifest.json and, like it, outside the manifest's checksums (the page shows the manifest's
+sha256). With `--eval` it plots the per-layer eval figures, so it asks the eval pass to keep
+them (`implies` eval.details). Without --report nothing changes in the artifact. `--sign`
+signs the manifest after every finish hook (tfcompile/api.py), so the signature covers the
+final manifest; the report is not signed (it is derived from the manifest).
 """
 
 from __future__ import annotations
@@ -11,7 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from tfcompile.pipeline.passes import PassResult, register_pass
+from tfcompile.pipeline.context import Context
+from tfcompile.pipeline.passes import PassResult, Settings, given, register_pass
+from tfcompile.report import IN_ARTIFACT, write_report
 
 
 @dataclass(frozen=True)
@@ -19,10 +25,21 @@ class ReportConfig:
     pass
 
 
-@register_pass("report", config=ReportConfig, requires=("manifest", "out_dir"))
-def report(ctx, cfg: ReportConfig, reporter) -> PassResult:
-    """Write OUT/tfcompile/report.html from the manifest (and the eval figures)."""
-    from tfcompile.report import IN_ARTIFACT, write_report
+def _implies(settings: Settings) -> dict:
+    """With --eval, the report plots per-layer figures: the eval pass stores them (eval.details)."""
+    return {"eval": {"details": True}} if "report" in settings and "eval" in settings else {}
 
+
+def _write(ctx: Context) -> Context:
+    """After the manifest is written: OUT/tfcompile/report.html from it (its sha256 in the pass's stats)."""
     sha = write_report(Path(ctx.out_dir), Path(ctx.out_dir) / IN_ARTIFACT)
-    return PassResult(ctx, {"path": IN_ARTIFACT, "sha256": sha})
+    stats = dict(ctx.pass_stats)
+    stats["report"] = {**stats.get("report", {}), "sha256": sha}
+    return ctx.with_(pass_stats=stats)
+
+
+@register_pass("report", config=ReportConfig, requires=("manifest", "out_dir"), slot=130,
+               when=given("report"), implies=_implies, finish=_write)
+def report(ctx, cfg: ReportConfig, reporter) -> PassResult:
+    """Write OUT/tfcompile/report.html from the manifest (and the eval figures), after it is written."""
+    return PassResult(ctx, {"path": IN_ARTIFACT})

@@ -28,8 +28,9 @@ from tfcompile.errors import RecipeError
 from tfcompile.io.checkpoint import open_checkpoint
 from tfcompile.io.dtypes import torch_dtype_of
 from tfcompile.io.writer import ShardPlan, ShardWriter, TensorSpec
-from tfcompile.passes.load import ModelInfo
-from tfcompile.pipeline.passes import PassResult, register_pass
+from tfcompile.ir import ModelInfo
+from tfcompile.pipeline.passes import PassResult, Unsupported, given, register_pass
+from tfcompile.pipeline.recipe import Recipe
 from tfcompile.rotate import fuse
 from tfcompile.rotate.hadamard import rotation
 
@@ -43,17 +44,18 @@ class RotateConfig:
     heads: bool = True  # also rotate each attention head's values (R2: v_proj rows, o_proj columns)
 
 
-def _supports(recipe, cfg: RotateConfig) -> str | None:
+def _supports(recipe: Recipe, cfg: RotateConfig) -> list[Unsupported]:
+    reasons = []
     if cfg.kind not in KINDS:
-        raise RecipeError(f"rotate.kind {cfg.kind!r} is unknown", hint="choose one of: " + ", ".join(KINDS))
-    names = list(recipe.names())
-    if "distill" in names:
-        return "distillation trains against the unrotated model; use one or the other"
-    return None
+        reasons.append(Unsupported(f"rotate.kind {cfg.kind!r} is unknown", "choose one of: " + ", ".join(KINDS)))
+    if "distill" in recipe.names():
+        reasons.append(Unsupported("distillation trains against the unrotated model; use one or the other",
+                                   "drop the rotate.* settings or run tfcompile quantize"))
+    return reasons
 
 
 @register_pass("rotate", config=RotateConfig, requires=("source", "model"), produces=("source", "model"),
-               supports=_supports)
+               supports=_supports, slot=5, when=given("rotate"))
 def rotate(ctx, cfg: RotateConfig, reporter) -> PassResult:
     """Fuse a residual-stream (and per-head) rotation into the weights; later passes see the result."""
     src = ctx.source

@@ -21,13 +21,16 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from dataclasses import dataclass, field
-from typing import Any, Mapping
+from dataclasses import dataclass
 
 from tfcompile.errors import CheckpointError, FormatError, RecipeError
-from tfcompile.families import INCLUDES, family_of, keep_rules
+from tfcompile.families import INCLUDES, Family, family_of, keep_rules
 from tfcompile.families.experts import bias_slices, split_slices
-from tfcompile.pipeline.passes import PassResult, register_pass
+from tfcompile.io.checkpoint import Checkpoint
+from tfcompile.io.safetensors_header import TensorInfo
+from tfcompile.ir import ModelInfo, QuantGroup, QuantPlan, QuantTarget, Split
+from tfcompile.pipeline.passes import PassResult, Unsupported, check, register_pass
+from tfcompile.pipeline.recipe import Recipe
 from tfcompile.schemes import Scheme, get_scheme
 
 DEFAULT_IGNORE = (
@@ -49,57 +52,6 @@ _FUSE = {
 
 
 @dataclass(frozen=True)
-class QuantTarget:
-    module: str  # output module name, e.g. model.layers.0.self_attn.q_proj
-    source: str  # source tensor name
-    expert: int | None  # index along dim 0 of a fused 3-D expert tensor
-    rows: tuple[int, ...] | None  # (start, stop[, step]) rows of that slice (gate vs up; GPT-OSS interleaved)
-    shape: tuple[int, int]  # (N out_features, K in_features)
-    # A layout view Linear (tfcompile/layout): ((member target, source rows), ...) gathered and
-    # concatenated in this order; empty for an ordinary Linear.
-    parts: tuple = ()
-    transposed: bool = False  # the fused tensor stores (in, out): the slice is the weight's transpose
-
-
-@dataclass(frozen=True)
-class QuantGroup:
-    key: str  # e.g. model.layers.0.self_attn.qkv
-    members: tuple[QuantTarget, ...]
-
-
-@dataclass(frozen=True)
-class QuantPlan:
-    scheme: Scheme
-    groups: tuple[QuantGroup, ...]
-    passthrough: tuple[str, ...]  # source tensors copied verbatim
-    ignore: tuple[str, ...]  # Linear module names left unquantized (config.json `ignore`)
-    embeddings: tuple[str, ...]  # embedding modules (modelopt lists them in exclude_modules)
-    sources: frozenset[str]  # source tensors consumed by quantized groups
-    layout: Any = None  # tfcompile.layout.plan.LayoutPlan, attached by the `layout` pass
-    # fused per-expert biases split like their weights: source -> ((output name, expert, rows), ...)
-    splits: Any = None
-    family: str = "generic"  # tfcompile/families/rules.py: the rules that applied
-    # mixed precision (passes/mixed.py): group key -> its scheme where it is not `scheme`
-    group_schemes: Mapping[str, Scheme] = field(default_factory=dict)
-    mixed: Any = None  # JSON-able record of the mixed-precision search (the manifest's "mixed")
-
-    def targets(self) -> list[QuantTarget]:
-        return [t for g in self.groups for t in g.members]
-
-    def scheme_of(self, group: QuantGroup) -> Scheme:
-        """The scheme a group is quantized with: its mixed-precision choice, else the plan's."""
-        return self.group_schemes.get(group.key, self.scheme)
-
-    def schemes(self) -> list[Scheme]:
-        """Every scheme in use, the plan's first (one entry unless mixed precision chose others)."""
-        out = [self.scheme]
-        for g in self.groups:
-            if (s := self.scheme_of(g)) not in out:
-                out.append(s)
-        return out
-
-
-@dataclass(frozen=True)
 class SelectConfig:
     format: str = "nvfp4"
     ignore: tuple[str, ...] = ()  # extra patterns: globs over module names, or "re:<regex>"
@@ -108,18 +60,19 @@ class SelectConfig:
     include: tuple[str, ...] = ()  # kept module classes to quantize anyway: vision, mla_kv_b, linear_attn
 
 
-def _supports(recipe, cfg: SelectConfig) -> str | None:
-    get_scheme(cfg.format)  # raises RecipeError naming the valid formats
+def _supports(recipe: Recipe, cfg: SelectConfig) -> list[Unsupported]:
+    reasons = check(get_scheme, cfg.format)  # names the valid formats
     for p in cfg.ignore:
-        _compile(p)
+        reasons += check(_compile, p)
     bad = [i for i in cfg.include if i not in INCLUDES]
     if bad:
-        raise RecipeError(f"select.include {bad}: unknown module class", hint="choose from: " + ", ".join(INCLUDES))
-    return None
+        reasons.append(Unsupported(f"select.include {bad}: unknown module class",
+                                   "choose from: " + ", ".join(INCLUDES)))
+    return reasons
 
 
 @register_pass("select", config=SelectConfig, requires=("source", "model"), produces=("plan",),
-               supports=_supports)
+               supports=_supports, slot=10)
 def select(ctx, cfg: SelectConfig, reporter) -> PassResult:
     """Choose the Linear weights to quantize and group the ones engines fuse."""
     scheme = get_scheme(cfg.format)
@@ -168,7 +121,8 @@ def _is_embedding(module: str) -> bool:
     return re.search(r"(embed|wte|wpe)", module) is not None
 
 
-def _candidates(name: str, module: str, info, model, family) -> list[QuantTarget] | None:
+def _candidates(name: str, module: str, info: TensorInfo, model: ModelInfo,
+                family: Family) -> list[QuantTarget] | None:
     """The Linear weight(s) this tensor holds, or None if it holds none."""
     if not _LAYER.search(name):
         return None
@@ -181,7 +135,7 @@ def _candidates(name: str, module: str, info, model, family) -> list[QuantTarget
     return None
 
 
-def _bias_splits(source, fused: set[str], family) -> dict:
+def _bias_splits(source: Checkpoint, fused: set[str], family: Family) -> dict[str, tuple[Split, ...]]:
     """GPT-OSS-style fused expert biases of the split weights: source -> per-expert slices."""
     out = {}
     for w in sorted(fused):
@@ -191,7 +145,7 @@ def _bias_splits(source, fused: set[str], family) -> dict:
     return out
 
 
-def _check_target(name: str, info, scheme: Scheme) -> None:
+def _check_target(name: str, info: TensorInfo, scheme: Scheme) -> None:
     if info.dtype not in _FLOAT:
         hint = ("the checkpoint looks already quantized; start from the bf16 original"
                 if info.dtype.startswith(("F8", "U8", "I8")) else "convert it to bf16/fp16/fp32")

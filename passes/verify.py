@@ -1,4 +1,7 @@
-"""`verify`: run `tfcompile verify`'s checks on the staged artifact before it is published."""
+"""`verify`: run `tfcompile verify`'s checks on the staged artifact before it is published.
+
+The manifest is written after the last pass, so the checks read the one this run will
+write (`manifest_doc`: every file and section the passes so far returned)."""
 
 from __future__ import annotations
 
@@ -6,6 +9,7 @@ from dataclasses import dataclass
 
 from tfcompile.artifact.verify import verify_artifact
 from tfcompile.errors import VerifyError
+from tfcompile.passes.manifest import manifest_doc
 from tfcompile.pipeline.passes import PassResult, register_pass
 
 
@@ -17,11 +21,11 @@ class VerifyConfig:
     block_scales: bool = False  # read back per-block scales (pack checked them before writing)
 
 
-@register_pass("verify", config=VerifyConfig, requires=("manifest", "out_dir"), produces=("verify",))
+@register_pass("verify", config=VerifyConfig, requires=("manifest", "out_dir"), produces=("verify",), slot=110)
 def verify(ctx, cfg: VerifyConfig, reporter) -> PassResult:
     """Check checksums, layers, shapes, scales and shared global scales."""
     report = verify_artifact(ctx.out_dir, checksums=cfg.checksums, config_shapes=cfg.config_shapes,
-                             block_scales=cfg.block_scales)
+                             block_scales=cfg.block_scales, manifest=manifest_doc(ctx))
     if cfg.strict and not report.ok:
         first = report.failures()[0]
         raise VerifyError(f"artifact failed check '{first['check']}': {first['detail']}",

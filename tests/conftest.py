@@ -32,6 +32,10 @@ except ImportError:
     pass
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+# The built-in passes register themselves when an entry point imports them (tfcompile.api, the
+# CLI); tests that build recipes or run the pass manager directly get them the same way.
+import tfcompile.api  # noqa: E402,F401
+
 
 def load_models_module():
     spec = importlib.util.spec_from_file_location("tfcompile_test_models_shared", _MODELS)

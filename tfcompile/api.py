@@ -1,21 +1,30 @@
-"""Library entry points; the CLI is a thin layer over these."""
+"""Library entry points; the CLI is a thin layer over these.
+
+Importing this module registers the built-in passes (tfcompile.passes.builtin): the
+pipeline core imports no pass, its entry points do (docs/design.md "Layers").
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+import tfcompile.passes.builtin  # noqa: F401  (registers the built-in passes)
 from tfcompile.artifact.signing import load_private_key, sign_artifact
 from tfcompile.errors import UserError
 from tfcompile.io.atomic import atomic_output_dir
 from tfcompile.io.paths import allowed_roots
 from tfcompile.pipeline import manager
 from tfcompile.pipeline.context import Context
-from tfcompile.recipe.schema import Recipe
+from tfcompile.pipeline.recipe import Recipe
+from tfcompile.recipe.build import build_recipe
+from tfcompile.reporter import Reporter
 
 
 def run_pipeline(model_dir: Path, out_dir: Path | None, recipe: Recipe, *,
-                 overwrite: bool = False, reporter: Any = None, sign_key: Path | None = None) -> Context:
+                 overwrite: bool = False, reporter: Reporter | None = None,
+                 sign_key: Path | None = None) -> Context:
     """Validate and run `recipe` on `model_dir`.
 
     When the recipe packs an artifact, it is built in a temporary sibling of
@@ -30,7 +39,7 @@ def run_pipeline(model_dir: Path, out_dir: Path | None, recipe: Recipe, *,
     if not packs:
         ctx = Context(source_path=Path(model_dir), out_dir=None, recipe=recipe)
         return manager.run(ctx, recipe, reporter)
-    warn = getattr(reporter, "warn", None)
+    warn = reporter.warn if reporter is not None else None
     with atomic_output_dir(out_dir, overwrite=overwrite, protect=allowed_roots(Path(model_dir)), warn=warn) as staging:
         ctx = Context(source_path=Path(model_dir), out_dir=staging, recipe=recipe)
         ctx = manager.run(ctx, recipe, reporter)
@@ -39,7 +48,7 @@ def run_pipeline(model_dir: Path, out_dir: Path | None, recipe: Recipe, *,
     return ctx.with_(out_dir=Path(out_dir))
 
 
-def _signer(sign_key: Path | None, out_dir: Path | None, packs: bool):
+def _signer(sign_key: Path | None, out_dir: Path | None, packs: bool) -> Ed25519PrivateKey | None:
     if sign_key is None:
         return None
     if not packs:
@@ -53,8 +62,6 @@ def _signer(sign_key: Path | None, out_dir: Path | None, packs: bool):
 
 def quantize(model_dir, out_dir, fmt: str = "nvfp4", **recipe_options) -> Context:
     """`tfcompile quantize` as a function: `quantize("model/", "out/", "nvfp4a16")`."""
-    from tfcompile.recipe.build import build_recipe
-
     overwrite = recipe_options.pop("overwrite", False)
     recipe = build_recipe(fmt=fmt, **recipe_options)
     return run_pipeline(Path(model_dir), Path(out_dir), recipe, overwrite=overwrite)

@@ -36,7 +36,7 @@ import torch
 from tfcompile.errors import CheckpointError
 from tfcompile.families import V5, family_of
 from tfcompile.families.experts import PROJS, fuse_bias, fuse_weight
-from tfcompile.io.dtypes import code_of
+from tfcompile.io.dtypes import code_of, torch_dtype_of
 
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _SHOW = 5  # names shown per kind of problem
@@ -69,6 +69,7 @@ class Problems:
 
 def model_class(config: dict):
     """The transformers PreTrainedModel class named by config.json's architectures, or None."""
+    # lazy: transformers (~2 s to import); only when a model is built
     import transformers
 
     arch = (config.get("architectures") or [None])[0]
@@ -82,6 +83,7 @@ def build_meta_model(config: dict, where: str):
     """The architecture of `config` (a config.json dict) on the meta device; None if unknown.
 
     CheckpointError when transformers has the class but cannot build it from these values."""
+    # lazy: transformers (~2 s to import); only when a model is built
     import transformers
 
     cls = model_class(config)
@@ -114,6 +116,8 @@ class _Report:
 
 def _transformers_report(model, state: dict):
     """transformers' own loader (renames, MoE fusion, base-model prefix) on meta tensors."""
+    # lazy: transformers (~2 s to import); only when a model is built
+    # lazy: transformers (~2 s to import); only when a model is built
     from transformers.conversion_mapping import get_model_conversion_mapping
     from transformers.core_model_loading import convert_and_load_state_dict_in_model
     from transformers.modeling_utils import LoadStateDictConfig
@@ -229,8 +233,6 @@ def fuse_unmapped_experts(model, config: dict, tensors: dict) -> dict:
 
 def checkpoint_tensors(ckpt) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
     """{name: (dtype, shape)} of an open `Checkpoint` (headers only)."""
-    from tfcompile.io.dtypes import torch_dtype_of
-
     out = {}
     for name in ckpt.names():
         info = ckpt.info(name)
@@ -245,6 +247,7 @@ def checkpoint_tensors(ckpt) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
 @contextlib.contextmanager
 def _quiet_transformers() -> Iterator[None]:
     """No transformers log lines or progress bars on our stderr while it builds and matches."""
+    # lazy: transformers (~2 s to import); only when a model is built
     from transformers.utils import logging as hf_logging
 
     level, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
@@ -274,8 +277,6 @@ def _last_line(text: Any) -> str:
 
 
 def _key(name: str) -> list:
-    import re
-
     return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)]
 
 

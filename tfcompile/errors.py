@@ -45,9 +45,3 @@ class FormatError(UserError):
 
 class VerifyError(UserError):
     """An artifact failed verification."""
-
-
-class UsageError(TfcompileError):
-    """The command line itself is malformed (exit 2, like click's usage errors)."""
-
-    exit_code = 2

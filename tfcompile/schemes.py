@@ -1,7 +1,7 @@
 """Quantization schemes: what a `--format` name means, in one table.
 
-A scheme ties together the weight encoding (kernels/formats), the activation
-treatment, the compressed-tensors preset that vLLM/SGLang read, and the
+A scheme ties together the weight encoding (kernels/formats; `Scheme.weights` is
+its quantizer), the activation treatment (`Scheme.acts`), the compressed-tensors preset that vLLM/SGLang read, and the
 modelopt `quant_algo` that TensorRT-LLM reads. Names follow llm-compressor's
 presets (`NVFP4` is W4A4, `NVFP4A16` weight-only, ...) so users recognise them.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tfcompile.errors import RecipeError
+from tfcompile.kernels.formats.quantizer import ActQuantizer, WeightQuantizer, act_quantizer, weight_quantizer
 
 
 @dataclass(frozen=True)
@@ -27,19 +28,29 @@ class Scheme:
     summary: str
 
     @property
+    def weights(self) -> WeightQuantizer:
+        """The weight format's quantizer (tfcompile.kernels.formats.quantizer)."""
+        return weight_quantizer(self.weight, self.granularity, self.block)
+
+    @property
+    def acts(self) -> ActQuantizer | None:
+        """The activation quantizer; None for weight-only schemes."""
+        return act_quantizer(self.act)
+
+    @property
     def packed(self) -> bool:
         """4-bit formats store two codes per byte as `weight_packed`."""
-        return self.weight in ("nvfp4", "mxfp4")
+        return self.weights.packed
 
     @property
     def k_multiple(self) -> int:
         """K (in_features) must be a multiple of this (packing and scale blocks)."""
-        return {"nvfp4": 16, "mxfp4": 32, "mxfp8": 32}.get(self.weight, 1)
+        return self.weights.k_multiple
 
     @property
     def shares_global_scale(self) -> bool:
         """NVFP4 engines need q/k/v and gate/up to share one global scale."""
-        return self.weight == "nvfp4"
+        return self.weights.shares_global_scale
 
 
 _SCHEMES = (

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tfcompile.errors import TfcompileError
+from tfcompile.io.atomic import write_atomic
 
 from . import sass
 from .toolchain import MEM_GB, Toolchain, cache_root, mem_available_gb, nvcc_flags
@@ -143,8 +144,8 @@ def build_one(job: Job, tc: Toolchain, gate: MemoryGate | None = None, slots: in
             os.unlink(f.name)
         meta = {"name": job.name, "arch": job.arch, "sass": evidence, "seconds": round(seconds, 1),
                 "so_sha256": hashlib.sha256(so).hexdigest(), "nvcc": tc.version, "cutlass": tc.cutlass}
-        _write_atomic(root / f"{key}.so", so)
-        _write_atomic(root / f"{key}.json", json.dumps(meta, indent=1, sort_keys=True).encode())
+        write_atomic(root / f"{key}.so", so, fsync=False)
+        write_atomic(root / f"{key}.json", json.dumps(meta, indent=1, sort_keys=True).encode(), fsync=False)
         return Built(job.name, key, so, evidence, seconds, False)
 
 
@@ -193,12 +194,6 @@ def _run_nvcc(job: Job, tc: Toolchain, work: Path) -> tuple[bytes, float]:
                                 hint="a template or toolchain bug; emit the sources only with "
                                      "--set emit_cutlass.compile=never and report it")
     return out.read_bytes(), seconds
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
 
 
 @contextmanager

@@ -26,11 +26,12 @@ from importlib import metadata
 from pathlib import Path
 
 from tfcompile.errors import UserError
+from tfcompile.settings import settings
 
 MIN_CUDA = (12, 8)  # first nvcc with sm_100a
 # Per-job memory estimate of nvcc (cicc + ptxas + host compiler), GB, to bound parallel builds.
-# Measured peak RSS (docs/kernels.md): sm_90a FP8 3.8 GB, sm_100a NVFP4 4.0 GB (REFERENCE.md
-# sec. 5 saw ~5 GB for sm_100a); rounded up.
+# Measured peak RSS (docs/kernels.md): sm_90a FP8 3.8 GB, sm_100a NVFP4 4.0 GB (other runs saw
+# ~5 GB for sm_100a: docs/kernels.md "Hardware facts"); rounded up.
 MEM_GB = {"90a": 4.0, "100a": 5.0}
 
 
@@ -69,7 +70,7 @@ class Toolchain:
 
 
 def find_nvcc() -> str | None:
-    env = os.environ.get("TFCOMPILE_NVCC")
+    env = settings().nvcc
     if env:
         return env if Path(env).is_file() else None
     found = shutil.which("nvcc")
@@ -139,7 +140,7 @@ def _detect(nvcc_env: str | None, path_env: str | None) -> Toolchain:
 
 def detect() -> Toolchain:
     """The toolchain of this machine (memoized per TFCOMPILE_NVCC / PATH)."""
-    return _detect(os.environ.get("TFCOMPILE_NVCC"), os.environ.get("PATH"))
+    return _detect(settings().nvcc, os.environ.get("PATH"))
 
 
 def nvcc_flags(arch: str) -> list[str]:
@@ -170,5 +171,4 @@ def mem_available_gb() -> float:
 
 def cache_root() -> Path:
     """$TFCOMPILE_CACHE (default ~/.cache/tfcompile)/cutlass: compiled objects by content hash."""
-    root = os.environ.get("TFCOMPILE_CACHE") or Path.home() / ".cache" / "tfcompile"
-    return Path(root) / "cutlass"
+    return settings().cutlass_dir

@@ -14,17 +14,19 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
 import threading
-import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+
+from tfcompile.settings import settings
 
 from ._csrc import C_SOURCE
 
@@ -33,7 +35,7 @@ CFLAGS = ["-O3", "-march=native", "-fPIC", "-shared", "-fno-math-errno", "-ffp-c
 DTYPE_SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 
 _lock = threading.Lock()
-_state: dict = {"lib": None, "tried": False, "build_s": None}
+_state: dict = {"lib": None, "tried": False}
 _pool: dict = {}
 
 
@@ -45,14 +47,11 @@ def _cpu_tag() -> str:
                 return line
     except OSError:
         pass
-    import platform
-
     return platform.processor() or platform.machine()
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("TFCOMPILE_CACHE") or Path.home() / ".cache" / "tfcompile"
-    return Path(root) / "kernels"
+    return settings().native_kernels_dir
 
 
 def _build(out: Path) -> None:
@@ -86,15 +85,13 @@ def lib() -> ctypes.CDLL | None:
         if _state["tried"]:
             return _state["lib"]
         _state["tried"] = True
-        if os.environ.get("TFCOMPILE_NO_NATIVE"):
+        if settings().no_native:
             return None
         key = hashlib.sha256("\0".join([C_SOURCE, *CFLAGS, _cpu_tag()]).encode()).hexdigest()[:16]
         path = cache_dir() / f"formats_{key}.so"
         try:
-            t0 = time.perf_counter()
             if not path.exists():
                 _build(path)
-            _state["build_s"] = time.perf_counter() - t0
             handle = ctypes.CDLL(str(path))
             _declare(handle)
             _state["lib"] = handle
@@ -103,11 +100,6 @@ def lib() -> ctypes.CDLL | None:
             warnings.warn(f"tfcompile: fast format kernels unavailable, using the plain-torch "
                           f"reference (slower): {detail.strip()[:300]}", RuntimeWarning, stacklevel=3)
         return _state["lib"]
-
-
-def build_seconds() -> float | None:
-    """Wall time of the first `lib()` call (compile + load, or load only if cached)."""
-    return _state["build_s"]
 
 
 def fn(name: str, dtype: torch.dtype):

@@ -1,5 +1,5 @@
 """NVFP4: E2M1 elements in blocks of 16 along K, an E4M3 scale per block and
-one FP32 global scale per tensor (REFERENCE.md §2).
+one FP32 global scale per tensor (docs/formats.md "Block formats").
 
 Convention kept in QTensor.global_scale: compressed-tensors' *multiplier*
 g = 448*6/amax (`weight_global_scale`). modelopt stores the divisor

@@ -2,7 +2,7 @@
 
 Low nibble first: byte j = code[2j] | code[2j+1] << 4, the layout of
 compressed-tensors `pack_fp4_to_uint8`, modelopt NVFP4QTensor, torchao
-`pack_uint4` and Triton `tl.dot_scaled` (REFERENCE.md §3).
+`pack_uint4` and Triton `tl.dot_scaled` (docs/formats.md "Packing and layout").
 """
 
 from __future__ import annotations

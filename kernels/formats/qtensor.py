@@ -81,3 +81,21 @@ def dequantize(q: QTensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         eff = q.scale.float() / broadcast_global(q.global_scale, q.scale.ndim)
         out = _grouped(vals, eff, 16)
     return out.reshape(q.shape).to(dtype)
+
+
+def dequantize_rows(q: QTensor, idx: torch.Tensor) -> torch.Tensor:
+    """Decode only rows `idx` of a 2-D [N, K] QTensor, float32 [len(idx), K] (e.g. for a
+    sampled SQNR), without decoding the rest."""
+    data = q.data[idx]
+    if q.format == "fp8":
+        s = q.scale.float()
+        if q.granularity == "tensor":
+            return data.float() * s.reshape(())
+        if q.granularity == "channel":
+            return data.float() * s[idx]
+        bn, bk = q.block
+        per_row = s[idx // bn].repeat_interleave(bk, dim=1)[:, : data.shape[-1]]
+        return data.float() * per_row
+    sub = QTensor(q.format, data, q.scale[idx], q.global_scale, (len(idx), q.shape[-1]), q.granularity,
+                  q.rule, q.block)
+    return dequantize(sub, torch.float32)

@@ -191,12 +191,16 @@ def load_swizzled_scales(ptr, tile_m, kt0, ROWS_VALID_ATOMS, KT, BLOCK_M: tl.con
     return s.reshape(BLOCK_M, SK * 4)
 
 
+OPTION_KNOBS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
+
+
 def compile_options(cfg: dict) -> dict:
-    """The config's compile options (not constexprs): num_warps, num_stages and
-    enable_fp_fusion, the last explicit (True unless the config says otherwise)
-    because Triton 3.10 flips its default; fusion only ever contracts GEMM
-    epilogues here, the quantizers have no multiply-add to contract."""
-    opts = {key: cfg[key] for key in ("num_warps", "num_stages") if key in cfg}
+    """The config's compile options (the knobs that are not constexprs: num_warps, num_stages,
+    num_ctas, maxnreg) and enable_fp_fusion, the last explicit (True unless the config says
+    otherwise) because Triton 3.10 flips its default; fusion only ever contracts GEMM
+    epilogues here, the quantizers have no multiply-add to contract. The same options for an
+    ahead-of-time compile (tfcompile/tune/compile.py) and a launch under the interpreter."""
+    opts = {key: int(cfg[key]) for key in OPTION_KNOBS if cfg.get(key) is not None}
     opts["enable_fp_fusion"] = bool(cfg.get("enable_fp_fusion", True))
     return opts
 

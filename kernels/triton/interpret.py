@@ -33,10 +33,10 @@ import contextlib
 import types
 
 import numpy as np
-
+import torch
 import triton.language as tl
-
-from triton.runtime.interpreter import InterpretedFunction
+from triton.runtime import interpreter as _ip
+from triton.runtime.interpreter import InterpretedFunction, TensorHandle
 from triton.runtime.jit import JITFunction
 
 _TWINS: dict[tuple[int, str], object] = {}
@@ -102,7 +102,6 @@ def language(mode: str):
     snapshot = _snapshot() if mode == "interp" else None
     saved = []
     if mode == "interp" and _needs_bf16_dot_fix():
-        from triton.runtime import interpreter as _ip
         saved.append((_ip.InterpreterBuilder, "create_dot", _ip.InterpreterBuilder.create_dot))
         _ip.InterpreterBuilder.create_dot = _fixed_create_dot(_ip.InterpreterBuilder.create_dot)
     for mod in _LANG_MODULES:
@@ -161,8 +160,6 @@ def launchable(fn) -> _Launchable:
 
 
 def _fixed_create_dot(create_dot):
-    from triton.runtime.interpreter import TensorHandle
-
     def widen(h):
         if h.dtype != tl.bfloat16:
             return h
@@ -180,7 +177,6 @@ def _needs_bf16_dot_fix() -> bool:
     """Run a 16x16 bf16 tl.dot in the unpatched interpreter once; True if it is wrong."""
     global _BF16_DOT_BROKEN
     if _BF16_DOT_BROKEN is None:
-        import torch
         _BF16_DOT_BROKEN = False  # the probe itself runs unpatched
         a = torch.eye(16, dtype=torch.bfloat16) * 2
         out = torch.zeros(16, 16)
@@ -191,8 +187,6 @@ def _needs_bf16_dot_fix() -> bool:
 
 
 def _make_probe():
-    import triton
-
     @triton.jit
     def _bf16_dot_probe(a_ptr, o_ptr):
         r = tl.arange(0, 16)

@@ -30,36 +30,35 @@ Formats: NVFP4, MXFP4, MXFP8 and FP8 weights (every --format today); others are 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 
 import torch
 
 from tfcompile.errors import RecipeError
+from tfcompile.io.checkpoint import Checkpoint
+from tfcompile.ir import AWQFold, AWQInput, CalibStats, Program, QuantPlan, load_target, register_algorithm
 from tfcompile.kernels import formats as F
-from tfcompile.passes.quantize.program import Program, load_target, register_algorithm
-from tfcompile.passes.quantize.rtn import _round_up, group_global_scale, quantize_weight, run_rtn
+from tfcompile.passes.quantize.rtn import quantize_weight, run_rtn
+from tfcompile.reporter import Reporter
+from tfcompile.schemes import Scheme
 
 SUPPORTED_WEIGHTS = ("nvfp4", "mxfp4", "mxfp8", "fp8")  # Scheme.weight values AWQ can search
 GRID = tuple(round(0.05 * i, 2) for i in range(21))  # alpha values; 0 = RTN
 S_RANGE = (1e-4, 1e4)  # s is clamped to this range before normalisation (dead channels)
+HINT = "AWQ supports the NVFP4, MXFP4, MXFP8 and FP8 formats; use --algorithm rtn or gptq for this one"
 
 
-@dataclass(frozen=True)
-class AWQFold:
-    norm: str  # norm module whose weight (and bias) is divided by s
-    s: torch.Tensor  # float32 [K]: member weight columns are multiplied by it
-    alpha: float
-    loss: float  # output squared error on the recorded rows at `alpha`
-    rtn_loss: float  # the same at alpha = 0 (plain RTN)
-
-
-def check_scheme(scheme) -> None:
-    """RecipeError unless AWQ can quantize this scheme's weights."""
+def unsupported(scheme: Scheme) -> str | None:
+    """Why AWQ cannot quantize this scheme's weights (None: it can)."""
     if scheme.weight not in SUPPORTED_WEIGHTS:
-        raise RecipeError(f"quantize.algorithm awq does not support format {scheme.name!r} "
-                          f"({scheme.weight} weights)",
-                          hint="AWQ supports the NVFP4, MXFP4, MXFP8 and FP8 formats; "
-                               "use --algorithm rtn or gptq for this one")
+        return f"quantize.algorithm awq does not support format {scheme.name!r} ({scheme.weight} weights)"
+    return None
+
+
+def check_scheme(scheme: Scheme) -> None:
+    """RecipeError unless AWQ can quantize this scheme's weights."""
+    why = unsupported(scheme)
+    if why:
+        raise RecipeError(why, hint=HINT)
 
 
 def awq_scales(mean_abs: torch.Tensor, alpha: float) -> torch.Tensor:
@@ -77,26 +76,11 @@ def fold_norm(norm_w: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torc
     return folded, eff
 
 
-def fake_act(x: torch.Tensor, scheme, amax: float, model_dtype: torch.dtype) -> torch.Tensor:
+def fake_act(x: torch.Tensor, scheme: Scheme, amax: float, model_dtype: torch.dtype) -> torch.Tensor:
     """x [T, K] float32 through the scheme's activation quantize -> dequantize (float32);
     static scales from `amax` exactly as the artifact stores them."""
-    act = scheme.act
-    if act is None:
-        return x
-    if act == "nvfp4":
-        g = F.nvfp4_global_scale(torch.tensor([amax], dtype=torch.float32))
-        return F.dequantize(F.quantize_nvfp4_act(x, g))
-    if act in ("mxfp4", "mxfp8"):
-        return F.dequantize(F.quantize_mx_act(x, act[2:]))
-    mode = {"fp8-static": "static", "fp8-token": "per_token", "fp8-group128": "per_group"}.get(act)
-    if mode is None:
-        raise RecipeError(f"quantize.algorithm awq: unknown activation scheme {act!r}",
-                          hint="use --algorithm rtn")
-    scale = None
-    if mode == "static":  # as rtn.ct_tensors stores input_scale: amax/448 rounded up to the dtype
-        scale = _round_up(torch.tensor([amax / F.E4M3_MAX]).clamp_min(1e-12), model_dtype).float()
-    data, s = F.quantize_fp8_act(x, mode, scale=scale, group=128)
-    return F.dequantize_fp8_act(data, s, group=128)
+    acts = scheme.acts
+    return x if acts is None else acts.emulate(amax, model_dtype)(x)
 
 
 def group_loss(x, refs, weights, members, s, act_amax, program, model_dtype) -> float:
@@ -106,11 +90,11 @@ def group_loss(x, refs, weights, members, s, act_amax, program, model_dtype) -> 
     act_amax: the static input amax of x/s (static-activation schemes)."""
     scheme = program.scheme
     ws = [w * s for w in weights]
-    gscale = group_global_scale(scheme, members, ws, program.nvfp4_scales)
+    gscale = program.weights.group_global_scale(ws, [t.source for t in members])
     xq = fake_act(x / s, scheme, act_amax, model_dtype)
     err = 0.0
     for t, w, ref in zip(members, ws, refs):
-        q = quantize_weight(w, scheme, program, gscale, t.source, model_dtype)
+        q = quantize_weight(w, program, gscale, t.source, model_dtype)
         d = (xq @ F.dequantize(q, torch.float32).T).sub_(ref).reshape(-1)
         err += float(torch.dot(d, d))
     return err
@@ -142,31 +126,33 @@ def search(st, norm_w, weights, members, program, model_dtype,
     return AWQFold(st.norm, s, alpha, loss, rtn), folded
 
 
-def prepare_awq(ctx, program: Program, reporter, candidates=awq_candidates) -> tuple[Program, dict]:
+def prepare_awq(plan: QuantPlan, calib: CalibStats | None, source: Checkpoint, program: Program,
+                reporter: Reporter, candidates=None) -> tuple[Program, dict]:
     """Search every norm-fed group, fold its scale into the norm (an override of the
-    norm's passthrough tensor) and its static input amax; the rest stays RTN."""
+    norm's passthrough tensor) and its static input amax; the rest stays RTN. `candidates`:
+    the scale rule (AWQ's by default; smoothquant.py passes SmoothQuant's)."""
     check_scheme(program.scheme)
-    calib, algo = ctx.calib, program.algorithm
+    algo = program.algorithm
     if calib is None or not (calib.awq or calib.awq_skipped):
         raise RecipeError(f"quantize.algorithm {algo} needs activation statistics from the calibrate pass",
                           hint=f"use --algorithm {algo} (it schedules calibrate with awq=true)")
     folds, skipped, overrides, act = {}, dict(calib.awq_skipped), {}, dict(program.act_amax)
     reporter.task(f"{algo} search", len(calib.awq))
-    for g in ctx.plan.groups:
+    for g in plan.groups:
         st = calib.awq.get(g.key)
         if st is None:
             skipped.setdefault(g.key, "no AWQ statistics")
             continue
-        names = [n for n in (f"{st.norm}.weight", f"{st.norm}.bias") if n in ctx.plan.passthrough]
+        names = [n for n in (f"{st.norm}.weight", f"{st.norm}.bias") if n in plan.passthrough]
         if f"{st.norm}.weight" not in names:
             skipped[g.key] = f"{st.norm}.weight is not a tensor copied verbatim"
             continue
-        fold, tensors = fold_group(g, st, names, ctx.source, program, candidates)
+        fold, tensors = fold_group(g, st, names, source, program, candidates or awq_candidates)
         folds[g.key] = fold
         overrides.update(tensors)
         if program.scheme.act_static:
             act.update({t.module: folded_amax(act[t.module], st, fold.s) for t in g.members})
-        ctx.source.release()
+        source.release()
         reporter.advance(1, g.key)
     program = dataclasses.replace(program, act_amax=act, awq=folds, awq_skipped=skipped)
     stats = {"awq_groups": len(folds), "awq_rtn_groups": len(skipped),
@@ -174,7 +160,7 @@ def prepare_awq(ctx, program: Program, reporter, candidates=awq_candidates) -> t
     return program.with_overrides(overrides), stats
 
 
-def folded_amax(observed: float, st, s: torch.Tensor) -> float:
+def folded_amax(observed: float, st: AWQInput, s: torch.Tensor) -> float:
     """The static input amax after the fold: max_j(amax_j / s_j) over the per-channel maxima.
     An observer that clipped (observed < max_j amax_j) keeps its clipping ratio."""
     full, folded = float(st.max_abs.max()), float((st.max_abs / s).max())
@@ -204,7 +190,7 @@ def fold_group(group, st, names, source, program, candidates=awq_candidates) -> 
     return fold, out
 
 
-@register_algorithm("awq", prepare=prepare_awq, supports=check_scheme)
+@register_algorithm("awq", prepare=prepare_awq, supports=unsupported, hint=HINT)
 def run_awq(job, program, source):
     """RTN of W * s for groups with a fold (the same quantization the search scored)."""
     fold = program.awq.get(job.group.key)

@@ -23,9 +23,12 @@ AWQ: the search scores 4/6 quantization).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from tfcompile.kernels import formats as F
+from tfcompile.kernels.formats.quantizer import NVFP4Weights, weight_quantizer
 from tfcompile.passes.quantize.mse import nvfp4_mse
 
 SCALE_MAX = 256.0  # E4M3 value the largest block scale maps to when the block max -> 6 (448 for "max")
@@ -43,3 +46,22 @@ def global_scale(amax: torch.Tensor) -> torch.Tensor:
 def quantize(w: torch.Tensor, g: torch.Tensor, name: str | None = None) -> F.QTensor:
     """NVFP4 QTensor of w [N, K] with 4/6 block scales under global multiplier g (1,)."""
     return nvfp4_mse(w, g, name, targets=TARGETS)
+
+
+@dataclass(frozen=True)
+class FourOverSixWeights(NVFP4Weights):
+    """NVFP4 weights with 4/6 block scales (Program.nvfp4_weights): the group's global scale
+    normalised to 256, each block's max mapped to 6 or 4. Stored and read like any NVFP4."""
+
+    def group_global_scale(self, weights, names=()):
+        names = list(names) or [None] * len(weights)
+        amax = torch.cat([F.weight_amax(w, name=n) for w, n in zip(weights, names)]).amax()
+        return global_scale(amax.reshape(1))
+
+    def quantize(self, w, *, global_scale=None, rule="", scale_dtype=torch.float32, name=None, impl="auto"):
+        return quantize(w, global_scale, name)
+
+
+_NVFP4 = weight_quantizer("nvfp4")
+WEIGHTS = FourOverSixWeights(_NVFP4.format, _NVFP4.granularity, _NVFP4.block, _NVFP4.packed, _NVFP4.element,
+                             _NVFP4.k_multiple)

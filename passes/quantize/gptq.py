@@ -21,39 +21,18 @@ import time
 
 import torch
 
+from tfcompile.calibration.moe_policy import summarize
+from tfcompile.io.checkpoint import Checkpoint
+from tfcompile.io.jsonfile import JsonDict
+from tfcompile.ir import CalibStats, Job, LayerStats, Program, QuantPlan, register_algorithm
 from tfcompile.kernels import formats as F
-from tfcompile.passes.quantize.program import register_algorithm
 from tfcompile.passes.quantize.gptq_moe import is_expert_group, run_gptq_experts
 from tfcompile.passes.quantize.rtn import quantize_weight, run_rtn
+from tfcompile.reporter import Reporter
 
 DAMP = 0.01
 BLOCK = 128
 SERIAL_K = 4096  # Hessians smaller than this are factored on one thread (_lapack_threads)
-
-
-def _grid(q: F.QTensor) -> tuple[torch.Tensor, str]:
-    """Per-element dequant multiplier [N, K] (float32) of q's fixed scales, and the element grid."""
-    n, k = q.shape
-    if q.format == "nvfp4":
-        m = (q.scale.float() / q.global_scale.float().reshape(-1, 1)).repeat_interleave(16, 1)
-        return m, "e2m1"
-    if q.format in ("mxfp4", "mxfp8"):
-        m = F.decode_e8m0(q.scale).repeat_interleave(32, 1)
-        return m, "e2m1" if q.format == "mxfp4" else "e4m3"
-    s = q.scale.float()
-    if q.granularity == "tensor":
-        return s.reshape(1, 1).expand(n, k), "e4m3"
-    if q.granularity == "channel":
-        return s.reshape(n, 1).expand(n, k), "e4m3"
-    bn, bk = q.block
-    return s.repeat_interleave(bn, 0)[:n].repeat_interleave(bk, 1)[:, :k], "e4m3"
-
-
-def _round(x: torch.Tensor, grid: str) -> torch.Tensor:
-    """Values on the element grid (RNE, saturating), as float32."""
-    if grid == "e2m1":
-        return F.decode_e2m1(F.encode_e2m1(x))
-    return F.cast_e4m3(x).float()
 
 
 def _inverse_hessian(h: torch.Tensor, w: torch.Tensor, damp: float) -> torch.Tensor:
@@ -83,11 +62,12 @@ def _lapack_threads(k: int):
         torch.set_num_threads(old)
 
 
-def gptq_values(w: torch.Tensor, h: torch.Tensor, m: torch.Tensor, grid: str, *,
+def gptq_values(w: torch.Tensor, h: torch.Tensor, m: torch.Tensor, grid: F.WeightQuantizer, *,
                 damp: float = DAMP, act_order: bool = True, block: int = BLOCK) -> torch.Tensor:
     """Quantized values (dequantized, float32) of w [N, K] under fixed multipliers m [N, K] and
-    Hessian h [K, K]; or of a batch [B, N, K] / [B, K, K] solved together (MoE experts of one
-    shape: passes/quantize/gptq_moe.py), each exactly as it would be alone up to float rounding."""
+    Hessian h [K, K], rounded on `grid`'s element grid (its `round_to_grid`); or of a batch
+    [B, N, K] / [B, K, K] solved together (MoE experts of one shape: passes/quantize/gptq_moe.py),
+    each exactly as it would be alone up to float rounding."""
     single = w.dim() == 2
     if single:
         w, h, m = w[None], h[None], m[None]
@@ -107,7 +87,7 @@ def gptq_values(w: torch.Tensor, h: torch.Tensor, m: torch.Tensor, grid: str, *,
         hb = hinv[:, c0:c1, c0:c1]
         for j in range(c1 - c0):
             col, mj = wb[:, :, j], m[:, :, c0 + j]
-            q = _round(col / mj, grid) * mj
+            q = grid.round_to_grid(col / mj) * mj
             out[:, :, c0 + j] = q
             e = (col - q) / hb[:, j, j, None]
             wb[:, :, j + 1:] -= e[:, :, None] * hb[:, None, j, j + 1:]
@@ -119,38 +99,35 @@ def gptq_values(w: torch.Tensor, h: torch.Tensor, m: torch.Tensor, grid: str, *,
 
 def gptq_quantize(w: torch.Tensor, h: torch.Tensor, q_rtn: F.QTensor, **opts) -> F.QTensor:
     """Re-encode w by GPTQ under q_rtn's fixed scales; returns a QTensor of the same format."""
-    m, grid = _grid(q_rtn)
-    return encode(q_rtn, gptq_values(w, h, m, grid, **opts))
+    wq = F.quantizer_of(q_rtn)
+    m = wq.multipliers(q_rtn)  # each element's dequant multiplier under the fixed RTN scales
+    return encode(q_rtn, gptq_values(w, h, m, wq, **opts))  # exactly code * multiplier for every element
 
 
 def encode(q_rtn: F.QTensor, vals: torch.Tensor) -> F.QTensor:
     """q_rtn with its codes replaced by `vals` (float32, each exactly a code times q_rtn's multiplier)."""
-    m, _ = _grid(q_rtn)
-    elems = vals / m  # exact element values on the grid (division by the same multiplier)
-    if q_rtn.format in ("nvfp4", "mxfp4"):
-        data = F.pack_fp4(F.encode_e2m1(elems))
-    else:
-        data = F.cast_e4m3(elems)
-    return dataclasses.replace(q_rtn, data=data)
+    wq = F.quantizer_of(q_rtn)
+    elems = vals / wq.multipliers(q_rtn)  # exact element values on the grid (division by the same multiplier)
+    return dataclasses.replace(q_rtn, data=wq.encode(elems))
 
 
-def _warn_rtn(ctx, program, reporter):
+def _warn_rtn(plan: QuantPlan, calib: CalibStats | None, source: Checkpoint, program: Program,
+              reporter: Reporter) -> tuple[Program, JsonDict]:
     """Before pack runs: name the groups that stay RTN for want of a Hessian (experts routed fewer
     than calibrate.moe_min_tokens tokens, or modules no token reached)."""
-    from tfcompile.calibration.moe_policy import summarize
-
     have = set(program.hessians)  # keys only: membership on spilled Hessians would read them from disk
     missing = [t.module for j in program.jobs if j.group is not None and j.group.key not in have
                for t in j.group.members]
     if missing:
+        min_tokens = calib.moe_min_tokens if calib is not None else 0
         reporter.warn(f"gptq: {len(missing)} Linear(s) have no Hessian (experts routed fewer than "
-                      f"{getattr(ctx.calib, 'moe_min_tokens', 0)} calibration tokens, or never reached); "
+                      f"{min_tokens} calibration tokens, or never reached); "
                       f"they are quantized round-to-nearest: {summarize(missing)}")
     return program, {"rtn_no_hessian": len(missing)}
 
 
 @register_algorithm("gptq", prepare=_warn_rtn)
-def run_gptq(job, program, source):
+def run_gptq(job: Job, program: Program, source: Checkpoint) -> tuple[dict[str, torch.Tensor], list[LayerStats]]:
     """GPTQ with the group's shared Hessian (q/k/v and gate/up share one input); routed experts
     with their own Hessians, solved in batches (gptq_moe.py)."""
     h = program.hessians.get(job.group.key)
@@ -158,13 +135,13 @@ def run_gptq(job, program, source):
         out, stats = run_rtn(job, program, source)
         return out, [dict(x, algorithm="rtn (no Hessian)") for x in stats]
     if is_expert_group(job.group.key):
-        return run_gptq_experts(job, program, source, encode, _grid)
+        return run_gptq_experts(job, program, source, gptq_values, encode)
 
     solve: list[float] = []  # seconds per member, in member order
 
-    def quantizer(w, scheme, prog, gscale, name, model_dtype):
+    def quantizer(w, prog, gscale, name, model_dtype):
         t0 = time.perf_counter()
-        q = quantize_weight(w, scheme, prog, gscale, name, model_dtype)
+        q = quantize_weight(w, prog, gscale, name, model_dtype)
         q = gptq_quantize(w, h, q, act_order=prog.gptq_act_order, damp=prog.gptq_damp)
         solve.append(time.perf_counter() - t0)
         return q

@@ -20,11 +20,14 @@ from __future__ import annotations
 
 import re
 import time
+from typing import Callable
 
 import torch
 
-from tfcompile.passes.quantize.program import load_target
-from tfcompile.passes.quantize.rtn import group_global_scale, quantize_weight, run_rtn
+from tfcompile.io.checkpoint import Checkpoint
+from tfcompile.ir import Job, LayerStats, Program, QuantGroup, load_target
+from tfcompile.kernels.formats import QTensor, quantizer_of
+from tfcompile.passes.quantize.rtn import quantize_weight, run_rtn
 
 _EXPERT_GROUP = re.compile(r"^(?P<parent>.*\.experts)\.(?P<e>\d+)\.(?P<role>[^.]+)$")
 
@@ -33,24 +36,30 @@ def is_expert_group(key: str) -> bool:
     return _EXPERT_GROUP.match(key) is not None
 
 
-def run_gptq_experts(job, program, source, gptq_quantize, grid):
+# gptq.py's solver: (w, h, multipliers, grid quantizer, damp=, act_order=) -> values, batched [B, N, K]
+SolveFn = Callable[..., torch.Tensor]
+EncodeFn = Callable[[QTensor, torch.Tensor], QTensor]  # (RTN QTensor, solved values) -> QTensor
+
+
+def run_gptq_experts(job: Job, program: Program, source: Checkpoint, solve: SolveFn,
+                     encode: EncodeFn) -> tuple[dict[str, torch.Tensor], list[LayerStats]]:
     """GPTQ outputs of one expert group, solved with the rest of its batch on first use."""
     key = job.group.key
     scratch = program.scratch
     if key not in scratch:
-        _solve_batch(key, program, source, grid)
+        _solve_batch(key, program, source, solve)
     vals = list(scratch.pop(key))
-    solve = scratch.pop(key + "#seconds")
+    seconds = scratch.pop(key + "#seconds")
 
-    def quantizer(w, scheme, prog, gscale, name, model_dtype):
-        q = quantize_weight(w, scheme, prog, gscale, name, model_dtype)
-        return gptq_quantize(q, vals.pop(0))
+    def quantizer(w, prog, gscale, name, model_dtype):
+        q = quantize_weight(w, prog, gscale, name, model_dtype)
+        return encode(q, vals.pop(0))
 
     out, stats = run_rtn(job, program, source, quantizer=quantizer)
-    return out, [dict(x, algorithm="gptq", gptq_batch=True, timing={"solve_s": solve}) for x in stats]
+    return out, [dict(x, algorithm="gptq", gptq_batch=True, timing={"solve_s": seconds}) for x in stats]
 
 
-def _batch_of(key: str, program) -> list:
+def _batch_of(key: str, program: Program) -> list[QuantGroup]:
     """The groups solved together with `key`: same experts module, role and shapes, with Hessians
     (the peer lists are built once per program, in program.scratch)."""
     me = _EXPERT_GROUP.match(key)
@@ -71,29 +80,28 @@ def _batch_of(key: str, program) -> list:
     return peers[at - at % size: at - at % size + size]
 
 
-def _solve_batch(key: str, program, source, grid) -> None:
+def _solve_batch(key: str, program: Program, source: Checkpoint, solve: SolveFn) -> None:
     """Solve every member of key's batch; results go to program.scratch per group key."""
-    from tfcompile.passes.quantize.gptq import gptq_values
-
     t0 = time.perf_counter()
     groups = _batch_of(key, program)
-    ws, hs, ms, counts, fmt_grid = [], [], [], [], ""
+    ws, hs, ms, counts, grid = [], [], [], [], None
+    weights_q = program.weights
     for g in groups:
         weights = [load_target(source, t) for t in g.members]
-        gscale = group_global_scale(program.scheme, g.members, weights)
+        gscale = weights_q.group_global_scale(weights, [t.source for t in g.members])
         h = program.hessians[g.key]
         for t, w in zip(g.members, weights):
-            q = quantize_weight(w, program.scheme, program, gscale, t.source, w.dtype)
-            m, fmt_grid = grid(q)
+            q = quantize_weight(w, program, gscale, t.source, w.dtype)
+            grid = quantizer_of(q)
             ws.append(w.float())
-            ms.append(m)
+            ms.append(grid.multipliers(q))
             hs.append(h)
         counts.append(len(g.members))
     shapes = {tuple(w.shape) for w in ws}
     if len(shapes) > 1:  # a batch is one shape by construction (same module, role)
         raise RuntimeError(f"gptq: expert batch of {key} mixes shapes {sorted(shapes)}")
-    vals = gptq_values(torch.stack(ws), torch.stack(hs), torch.stack(ms), fmt_grid,
-                       damp=program.gptq_damp, act_order=program.gptq_act_order)
+    vals = solve(torch.stack(ws), torch.stack(hs), torch.stack(ms), grid,
+                 damp=program.gptq_damp, act_order=program.gptq_act_order)
     seconds = (time.perf_counter() - t0) / max(len(ws), 1)
     at = 0
     for g, n in zip(groups, counts):

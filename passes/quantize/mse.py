@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from tfcompile.kernels import formats as F
-from tfcompile.passes.quantize.program import register_algorithm
+from tfcompile.ir import register_algorithm
 from tfcompile.passes.quantize.rtn import run_rtn
 
 NVFP4_TARGETS = (6.0, 6.5, 7.0, 5.5, 5.0, 4.5, 4.0)  # where the block max maps on the E2M1 grid
@@ -86,15 +86,18 @@ def mxfp4_mse(w: torch.Tensor, rule: str, name: str | None = None) -> F.QTensor:
     return F.QTensor("mxfp4", torch.cat(packed), torch.cat(scales), None, (n, k), "group", rule, (32,))
 
 
+# weight format -> its block-scale search (w, program, group global scale, name) -> QTensor
+SEARCHES = {
+    "nvfp4": lambda w, program, gscale, name: nvfp4_mse(w, gscale, name),
+    "mxfp4": lambda w, program, gscale, name: mxfp4_mse(w, program.mx_rule, name),
+}
+
+
 @register_algorithm("mse")
 def run_mse(job, program, source):
     """Like RTN (same group global scales, outputs and stats), with searched block scales."""
-    if program.scheme.weight not in ("nvfp4", "mxfp4"):
+    search = SEARCHES.get(program.scheme.weight)
+    if search is None:
         return run_rtn(job, program, source)
-    return run_rtn(job, program, source, quantizer=_mse_quantizer)
-
-
-def _mse_quantizer(w, scheme, program, gscale, name, model_dtype):
-    if scheme.weight == "nvfp4":
-        return nvfp4_mse(w, gscale, name)
-    return mxfp4_mse(w, program.mx_rule, name)
+    return run_rtn(job, program, source,
+                   quantizer=lambda w, prog, gscale, name, model_dtype: search(w, prog, gscale, name))

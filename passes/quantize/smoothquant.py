@@ -20,8 +20,8 @@ from functools import partial
 
 import torch
 
-from tfcompile.passes.quantize.awq import S_RANGE, check_scheme, prepare_awq, run_awq
-from tfcompile.passes.quantize.program import register_algorithm
+from tfcompile.ir import register_algorithm
+from tfcompile.passes.quantize.awq import HINT, S_RANGE, prepare_awq, run_awq, unsupported
 
 GRID = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)  # migration strength alpha (0.5: the paper's default)
 
@@ -41,4 +41,4 @@ def smooth_candidates(st, weights: list[torch.Tensor]) -> list[tuple[float, torc
 
 
 register_algorithm("smoothquant", prepare=partial(prepare_awq, candidates=smooth_candidates),
-                   supports=check_scheme)(run_awq)
+                   supports=unsupported, hint=HINT)(run_awq)

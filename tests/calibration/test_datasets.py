@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -154,3 +155,28 @@ def test_auto_picks_python_doc_when_the_tokenizer_encodes_it(tok, tiny_llama_src
     assert not python_doc_encodes(tok, max(ids) + 1, 10**9)  # more tokens than the split holds
     got = calibration_tokens("auto", tok, samples=2, seq_len=32, seed=5, model=model, vocab=max(ids) + 1)
     assert torch.equal(got, calibration_tokens(want, tok, samples=2, seq_len=32, seed=5, model=model))
+
+
+def test_offline_mode_is_scoped_to_the_load(tok, monkeypatch):
+    """A data set name loads from the cache only (offline for that call) and leaves the process's
+    offline settings as they were: no HF_DATASETS_OFFLINE in the environment afterwards."""
+    import datasets
+    import huggingface_hub.constants as hub
+
+    from tfcompile.calibration import datasets as calib_datasets
+
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(hub, "HF_HUB_OFFLINE", False)
+    seen = {}
+
+    def fake_load(name, split):
+        seen["offline"] = (datasets.config.HF_HUB_OFFLINE, hub.HF_HUB_OFFLINE)
+        raise FileNotFoundError(name)
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load)
+    with pytest.raises(UserError, match="some-cached-set"):
+        calib_datasets.calibration_tokens("some-cached-set", tok, samples=1, seq_len=4, seed=0)
+    assert seen["offline"] == (True, True)
+    assert (datasets.config.HF_HUB_OFFLINE, hub.HF_HUB_OFFLINE) == (False, False)
+    assert "HF_DATASETS_OFFLINE" not in os.environ

@@ -183,15 +183,15 @@ def test_pack_refuses_to_ship_a_zero_scale(tiny_llama, tmp_path, run_cli, monkey
     """Defence in depth: a bad scale from any algorithm stops the run before publishing."""
     import dataclasses
 
-    from tfcompile.kernels import formats as F
+    from tfcompile.kernels.formats import quantizer
 
-    real = F.quantize_mxfp4
+    real = quantizer.quantize_mxfp4  # what the MXFP4 weight quantizer calls
 
     def broken(w, **kw):
         q = real(w, **kw)
         return dataclasses.replace(q, scale=torch.full_like(q.scale, 255))  # E8M0 NaN
 
-    monkeypatch.setattr(F, "quantize_mxfp4", broken)
+    monkeypatch.setattr(quantizer, "quantize_mxfp4", broken)
     out = tmp_path / "out"
     _assert_fails(run_cli("quantize", tiny_llama, "-o", out, "--format", "mxfp4a16"), out,
                   "weight_scale: E8M0 NaN")

@@ -6,12 +6,12 @@ by content, refs/main holding the commit sha, snapshots/<sha>/<file> symlinks to
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
 
 import pytest
+from fixtures import hub as hub_fixture
 from tests_helpers import tensors
 
 REPO = "tfcompile-test/tiny-llama"
@@ -22,19 +22,7 @@ TOKEN = "hf_tfcompileTestTokenNeverLogged0123456789"
 def make_hub_cache(cache: Path, src: Path, repo: str = REPO, commit: str = COMMIT,
                    refs: tuple[str, ...] = ("main",)) -> Path:
     """A Hub cache holding `src`'s files as revision `commit` of `repo`; returns the snapshot dir."""
-    root = cache / ("models--" + repo.replace("/", "--"))
-    snap = root / "snapshots" / commit
-    (root / "blobs").mkdir(parents=True, exist_ok=True)
-    snap.mkdir(parents=True)
-    for f in sorted(src.iterdir()):
-        data = f.read_bytes()
-        blob = root / "blobs" / hashlib.sha256(data).hexdigest()
-        blob.write_bytes(data)
-        os.symlink(os.path.relpath(blob, snap), snap / f.name)
-    (root / "refs").mkdir(exist_ok=True)
-    for ref in refs:
-        (root / "refs" / ref).write_text(commit)
-    return snap
+    return hub_fixture.make_hub_cache(cache, src, repo, commit, refs)
 
 
 @pytest.fixture

@@ -146,7 +146,7 @@ def _tamper(out: Path, edit) -> None:
     sd = load_file(f)
     edit(sd)
     save_file(sd, f, metadata={"format": "pt"})
-    from tfcompile.passes.manifest import write_manifest
+    from tfcompile.artifact.manifest import write_manifest
 
     m = json.loads((out / "tfcompile" / "manifest.json").read_text())
     m["files"]["model.safetensors"] = hashlib.sha256(f.read_bytes()).hexdigest()

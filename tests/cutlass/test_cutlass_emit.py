@@ -164,7 +164,7 @@ def test_the_libraries_c_abi_without_a_gpu(demo_artifact):
             with pytest.raises(CutlassLaunchError, match="CUDA tensors"):
                 lib.gemm(None, None, None, None, None, torch.empty(1, 1), 1, 256, 256)
         art = load_artifact(out, "cpu", kernels="cutlass")
-        assert art.backend == "emulated"
+        assert art.kernels == "emulated"
         with pytest.raises(UserError, match="unknown kernels"):
             load_artifact(out, "cpu", kernels="cudnn")
 
@@ -183,7 +183,7 @@ def test_a_second_emit_compiles_nothing(demo_artifact, tmp_path, cutlass_cache):
 @needs_nvcc
 @pytest.mark.slow
 def test_sm_100_without_a_drops_the_kernel_body_and_the_check_catches_it(cutlass_cache):
-    """The trap of REFERENCE.md sec. 5, reproduced: `-arch=sm_100` compiles, but the MMA is gone.
+    """The trap of docs/kernels.md "Hardware facts" (nvcc), reproduced: `-arch=sm_100` compiles, but the MMA is gone.
     (Built once per cache, like the kernels: keyed by source, flags and nvcc.)"""
     from tfcompile.kernels.cutlass import configs, render, sass
     from tfcompile.kernels.cutlass.toolchain import detect, nvcc_flags

@@ -92,8 +92,8 @@ def test_load_artifact_runs_the_cutlass_kernels(demo_artifact):
         out_dir = out_dir.parent / f"{fmt}-with-triton"
         quantize(DEMO, out_dir, fmt, "--target", target, "--set", "emit_cutlass.compile=always",
                  "--set", "emit.buckets=[1,16,64,256,1024,4096]")
-    art = load_artifact(out_dir, "cuda", backend="cuda", kernels="cutlass")
-    assert art.backend == "cutlass"
+    art = load_artifact(out_dir, "cuda", kernels="cutlass", require=True)
+    assert art.kernels == "cutlass"
     gen = torch.Generator(device="cuda").manual_seed(0)
     for name, ql in list(art.linears.items())[:7]:
         for m in (1, 33, 300):

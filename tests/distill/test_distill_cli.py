@@ -15,7 +15,7 @@ def _manifest(out):
 
 def _dequantized(out) -> dict[str, torch.Tensor]:
     """module -> tfcompile's dequantize() of the artifact's stored tensors (float32)."""
-    from tfcompile.evaluate.models import qtensor_of
+    from tfcompile.artifact.naming import qtensor_of
     from tfcompile.io.checkpoint import open_checkpoint
     from tfcompile.kernels.formats import dequantize
     from tfcompile.schemes import get_scheme

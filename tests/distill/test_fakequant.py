@@ -21,15 +21,18 @@ def _weight(seed=0, n=64, k=256):
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_weight_fake_quant_is_packs_quantization(fmt):
     """Same values as passes/quantize/rtn.py (the fused kernels pack runs), for both impls."""
-    from tfcompile.passes.quantize.rtn import group_global_scale, quantize_weight
+    from tfcompile.distill.fakequant import group_global_scale
+    from tfcompile.passes.quantize.rtn import quantize_weight
 
     scheme = SCHEMES[fmt]
     ws = [_weight(0), _weight(1)]  # a two-member fusion group
-    members = [type("T", (), {"source": f"w{i}"})() for i in range(2)]
-    gscale = group_global_scale(scheme, members, ws)
-    program = type("P", (), {"mx_rule": F.DEFAULT_MXFP8_RULE if scheme.weight == "mxfp8" else F.DEFAULT_MX_RULE})()
+    gscale = scheme.weights.group_global_scale(ws)  # pack's (rtn.run_rtn)
+    if scheme.weight == "nvfp4":  # distillation's, from its float32 master weights: the same value
+        assert torch.equal(group_global_scale(scheme, [w.float() for w in ws]), gscale)
+    rule = F.DEFAULT_MXFP8_RULE if scheme.weight == "mxfp8" else F.DEFAULT_MX_RULE
+    program = type("P", (), {"scheme": scheme, "mx_rule": rule})()
     for w in ws:
-        packed = F.dequantize(quantize_weight(w, scheme, program, gscale, "w", torch.bfloat16))
+        packed = F.dequantize(quantize_weight(w, program, gscale, "w", torch.bfloat16))
         for impl in ("reference", "auto"):
             ours = quant_dequant_weight(w.float(), scheme, gscale, program.mx_rule, torch.bfloat16, impl)
             assert torch.equal(ours, packed), (fmt, impl)
@@ -38,8 +41,7 @@ def test_weight_fake_quant_is_packs_quantization(fmt):
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4", "mxfp8", "fp8", "fp8-dynamic", "fp8-block"])
 def test_activation_fake_quant_is_evals_emulation(fmt):
     from tfcompile.evaluate.actquant import act_quantizer
-    from tfcompile.kernels.formats import nvfp4_global_scale
-    from tfcompile.passes.quantize.rtn import _round_up
+    from tfcompile.kernels.formats import nvfp4_global_scale, round_scale_up
 
     scheme = SCHEMES[fmt]
     x = torch.randn(2, 8, 256) * 3
@@ -48,7 +50,7 @@ def test_activation_fake_quant_is_evals_emulation(fmt):
     if scheme.act == "nvfp4":
         stored = nvfp4_global_scale(torch.tensor([amax]))
     elif scheme.act == "fp8-static":
-        stored = _round_up(torch.tensor([amax / 448]), torch.bfloat16)
+        stored = round_scale_up(torch.tensor([amax / 448]), torch.bfloat16)
     ref = act_quantizer(scheme.act, "m", stored)(x)
     for impl in ("reference", "auto"):
         assert torch.equal(act_fake_quant_fn(scheme.act, amax, "m", torch.bfloat16, impl)(x), ref)

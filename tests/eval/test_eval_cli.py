@@ -102,10 +102,10 @@ def test_vocab_mismatch(run_cli, tiny_llama, eval_text, tmp_path, model_factory)
     assert "vocabulary mismatch" in r.err and "512" in r.err and "256" in r.err and "hint:" in r.err
 
 
-def test_no_text_without_corpus(run_cli, tiny_llama, monkeypatch):
-    import tfcompile.evaluate.text as text
+def test_no_text_without_corpus(run_cli, tiny_llama, monkeypatch, tmp_path):
+    import tfcompile.calibration.corpus as corpus
 
-    monkeypatch.setattr(text, "_corpus_texts", lambda: None)
+    monkeypatch.setattr(corpus, "PYTHON_DOC_DIR", tmp_path / "no-python3.11-doc")
     r = run_cli("eval", tiny_llama, "--reference", tiny_llama)
     assert r.code == 1
     assert "no evaluation text" in r.err and "--text" in r.err

@@ -79,7 +79,7 @@ def model_class(src: Path):
 def dequantized_reference(src: Path, artifact: Path, dtype=torch.bfloat16):
     """The *original* model with every quantized Linear replaced by tfcompile's dequantized weight
     (plain bf16), fused experts written in the model's own layout: the independent decoder."""
-    from tfcompile.evaluate.models import qtensor_of
+    from tfcompile.artifact.naming import qtensor_of
     from tfcompile.families.experts import set_expert
     from tfcompile.families.names import NameMap
     from tfcompile.kernels.formats import dequantize

@@ -62,7 +62,7 @@ def test_independent_decoder_proves_our_moe_bytes(family, family_src, family_art
     from compressed_tensors.compressors import NVFP4PackedCompressor
     from compressed_tensors.quantization import QuantizationConfig
 
-    from tfcompile.evaluate.models import qtensor_of
+    from tfcompile.artifact.naming import qtensor_of
     from tfcompile.io.checkpoint import open_checkpoint
     from tfcompile.kernels.formats import dequantize
     from tfcompile.schemes import get_scheme

@@ -33,7 +33,7 @@ def test_the_families_trtllm_serves_are_marked():
 def test_modelopt_view_decodes_to_our_weights(family, family_artifact):
     from modelopt.torch.quantization.qtensor import NVFP4QTensor
 
-    from tfcompile.evaluate.models import qtensor_of
+    from tfcompile.artifact.naming import qtensor_of
     from tfcompile.io.checkpoint import open_checkpoint
     from tfcompile.kernels.formats import dequantize
     from tfcompile.schemes import get_scheme

@@ -111,16 +111,18 @@ def test_per_expert_calibration_forward_is_transformers_eager(family, family_src
 
 
 def test_gptq_batch_of_experts_equals_one_at_a_time():
+    from tfcompile.kernels.formats.quantizer import weight_quantizer
     from tfcompile.passes.quantize.gptq import gptq_values
 
+    grid = weight_quantizer("nvfp4")  # E2M1 elements
     g = torch.Generator().manual_seed(0)
     w = torch.randn(6, 32, 64, generator=g)
     x = torch.randn(6, 100, 64, generator=g)
     h = x.transpose(1, 2) @ x / 100
     m = torch.full((6, 32, 64), 0.25)
-    batch = gptq_values(w, h, m, "e2m1")
+    batch = gptq_values(w, h, m, grid)
     for i in range(6):
-        assert torch.equal(batch[i], gptq_values(w[i], h[i], m[i], "e2m1"))
+        assert torch.equal(batch[i], gptq_values(w[i], h[i], m[i], grid))
 
 
 def _kl(family_src, art, family):

@@ -109,7 +109,7 @@ def test_activation_quantizers():
 def test_fallback_without_native(monkeypatch):
     """No compiler: impl='auto' still works (reference) after one warning."""
     from tfcompile.kernels.formats import _native
-    monkeypatch.setattr(_native, "_state", {"lib": None, "tried": False, "build_s": None})
+    monkeypatch.setattr(_native, "_state", {"lib": None, "tried": False})
     monkeypatch.setenv("CC", "/nonexistent/cc")
     monkeypatch.setenv("TFCOMPILE_CACHE", "/tmp/tfcompile-test-nocc")
     monkeypatch.setattr(_native, "_cpu_tag", lambda: "no-such-cpu-for-test")

@@ -25,7 +25,7 @@ def test_pack_matches_compressed_tensors_all_256_pairs():
     vals = torch.where(codes == 8, torch.zeros_like(vals), vals)  # c-t packs +0 for the value 0
     ours = pack_fp4(torch.where(codes == 8, torch.zeros_like(codes), codes))
     assert torch.equal(ours, pack_fp4_to_uint8(vals))
-    # spec (REFERENCE.md §3): byte = q[2j] | q[2j+1] << 4
+    # spec (docs/formats.md "Packing and layout"): byte = q[2j] | q[2j+1] << 4
     assert ours[:, 0].tolist() == [int(c0) | (int(c1) << 4) for c0, c1 in torch.where(codes == 8, 0, codes).tolist()]
 
 

@@ -7,7 +7,7 @@ from tfcompile.kernels.formats import from_blackwell_scale_layout, to_blackwell_
 
 
 def formula_offset(m: int, kb: int, kb_total: int) -> int:
-    """REFERENCE.md §3 / CUTLASS SfKMajorAtom byte offset."""
+    """docs/formats.md "Packing and layout" / CUTLASS SfKMajorAtom byte offset."""
     atom = (m // 128) * (-(-kb_total // 4)) + kb // 4
     return atom * 512 + (m % 32) * 16 + ((m // 32) % 4) * 4 + (kb % 4)
 

@@ -55,7 +55,7 @@ def test_mxfp8_matches_oracle(rule):
 
 
 def test_floor_rule_clips_and_ceil_does_not():
-    # REFERENCE.md §2: amax 7 -> floor scale 1 (7 saturates to 6); ceil scale 2 (7 -> 3.5 -> 4*2 = 8)
+    # OCP MX v1.0 §6.3 (docs/formats.md "Block formats"): amax 7 -> floor scale 1 (7 saturates to 6); ceil scale 2 (7 -> 3.5 -> 4*2 = 8)
     w = torch.zeros(1, 32)
     w[0, 0] = 7.0
     f, c = quantize_mxfp4(w, rule="floor"), quantize_mxfp4(w, rule="ceil")

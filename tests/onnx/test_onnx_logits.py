@@ -43,14 +43,15 @@ def test_graph_and_weights_match_oracle(fmt, exported, onnx_artifact):
 def test_activation_quantizer_is_the_reference(fmt, exported, onnx_artifact):
     """The exported quantize -> dequantize of down_proj's input, on the graph's own input
     values, against tfcompile.kernels.formats' activation quantizer."""
-    from tfcompile.evaluate.actquant import STATIC_SCALE, act_quantizer
+    from tfcompile.evaluate.actquant import act_quantizer
     from tfcompile.schemes import get_scheme
 
     model, m = onnx.load(str(exported(fmt))), "model.layers.1.mlp.down_proj"
     x_name, xq_name = activation_pair(model, "/model/layers.1/mlp/down_proj")
     (x, xq), _ = run_onnx(with_outputs(model, [x_name, xq_name]), ids_for(256), [x_name, xq_name])
     scheme = get_scheme(fmt)
-    static = tensors(onnx_artifact(fmt)).get(f"{m}.{STATIC_SCALE.get(scheme.act, '')}")
+    acts = scheme.acts
+    static = tensors(onnx_artifact(fmt)).get(f"{m}.{acts.scale_name}") if acts.static else None
     want = act_quantizer(scheme.act, m, static)(torch.from_numpy(x)).numpy()
     if fmt == "nvfp4":  # TensorRT's op multiplies by the divisor 1/g where tfcompile divides by g:
         np.testing.assert_allclose(xq, want, rtol=2.0 ** -22, atol=0)  # <= 1-2 float32 ulps apart

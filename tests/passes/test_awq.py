@@ -13,15 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from tfcompile.calibration.awq_stats import AWQInput, verify_folds
+from tfcompile.calibration.awq_stats import verify_folds
 from tfcompile.errors import RecipeError
+from tfcompile.ir import AWQInput, Job, OutSpec, Program, QuantTarget
 from tfcompile.kernels import formats as F
 from tfcompile.passes.quantize.awq import (GRID, awq_scales, check_scheme, fake_act, fold_norm,
                                            folded_amax, search)
-from tfcompile.passes.quantize.naming import OutSpec
-from tfcompile.passes.quantize.program import Job, Program
-from tfcompile.passes.quantize.rtn import group_global_scale, quantize_weight
-from tfcompile.passes.select import QuantTarget
+from tfcompile.passes.quantize.rtn import quantize_weight
 from tfcompile.schemes import SCHEMES, get_scheme
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "interop"))
@@ -117,11 +115,11 @@ def _loss(fmt, ws, members, x, s, max_abs):
     scheme = get_scheme(fmt)
     prog = Program(scheme, "awq", (), {}, "floor", 16)
     scaled = [w.float() * s for w in ws]
-    gs = group_global_scale(scheme, members, scaled)
+    gs = scheme.weights.group_global_scale(scaled)
     xq = fake_act(x / s, scheme, float((max_abs / s).max()), torch.bfloat16)
     total = 0.0
     for t, w, w0 in zip(members, scaled, ws):
-        deq = F.dequantize(quantize_weight(w, scheme, prog, gs, t.source, torch.bfloat16))
+        deq = F.dequantize(quantize_weight(w, prog, gs, t.source, torch.bfloat16))
         total += float((xq @ deq.T - x @ w0.float().T).double().pow(2).sum())
     return total
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tfcompile.kernels import formats as F
-from tfcompile.passes.quantize.gptq import _grid, gptq_quantize, gptq_values
+from tfcompile.passes.quantize.gptq import gptq_quantize, gptq_values
 
 
 def _rtn(w, fmt):
@@ -49,8 +49,8 @@ def test_gptq_lowers_output_error(fmt):
     err = lambda qq: (x @ (w.float() - F.dequantize(qq)).T).pow(2).sum().item()  # noqa: E731
     assert err(g) < 0.5 * err(q), (err(g), err(q))  # measured here: 0.31-0.37 of RTN
     # the result is an ordinary encoding under the same scales: it dequantizes to GPTQ's values
-    m, grid = _grid(q)
-    assert torch.equal(F.dequantize(g), gptq_values(w, h, m, grid))
+    wq = F.quantizer_of(q)  # the format's fixed-scale view: each element's multiplier, its grid
+    assert torch.equal(F.dequantize(g), gptq_values(w, h, wq.multipliers(q), wq))
     assert torch.equal(g.scale.view(torch.uint8) if g.scale.dtype != torch.float32 else g.scale,
                        q.scale.view(torch.uint8) if q.scale.dtype != torch.float32 else q.scale)
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tfcompile.passes.quantize.awq import fold_norm, search
-from tfcompile.passes.quantize.program import Program
+from tfcompile.ir import Program
 from tfcompile.passes.quantize.smoothquant import GRID, smooth_candidates, smooth_scales
 from tfcompile.schemes import get_scheme
 

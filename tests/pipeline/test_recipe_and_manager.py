@@ -12,7 +12,7 @@ from tfcompile.pipeline import manager
 from tfcompile.pipeline.context import Context
 from tfcompile.pipeline.passes import REGISTRY, PassResult, PassSpec
 from tfcompile.recipe.build import build_recipe, preset_pipeline
-from tfcompile.recipe.schema import PassEntry, Recipe
+from tfcompile.pipeline.recipe import PassEntry, Recipe
 
 
 def test_presets_schedule_calibration_only_for_static_activations():
@@ -136,3 +136,56 @@ def test_gptq_and_kv_cache_schedule_calibration_from_any_source(tmp_path):
         r = build_recipe(fmt="nvfp4a16", **kw)
         assert "calibrate" in r.names(), kw
     assert build_recipe(fmt="nvfp4a16", sets=["quantize.algorithm=gptq"]).config("calibrate").hessian is True
+
+
+def test_validate_reports_every_reason_at_once():
+    """supports() returns reasons instead of raising; validate names all of them in one error."""
+    r = build_recipe(fmt="nvfp4a16", sets=["pack.max_shard_mb=-1", "pack.export=[\"bogus\"]"],
+                     overrides={"emit": {"targets": ["sm_99x"]}})
+    with pytest.raises(RecipeError) as e:
+        manager.validate(r)
+    msg = str(e.value.message)
+    assert "pass 'pack' cannot run: unknown export view(s) ['bogus']" in msg
+    assert "pass 'pack' cannot run: max_shard_mb must be positive" in msg
+    assert "pass 'emit' cannot run:" in msg and "sm_99x" in msg
+    assert e.value.hint.startswith("supported: modelopt") and "2 more reasons" in e.value.hint
+
+
+def test_a_pass_declares_when_the_standard_pipeline_runs_it():
+    """The docs/design.md worked example: a new pass is one registration; its slot and `when`
+    place it, its `implies` schedules what it needs, and no table elsewhere changes."""
+    from tfcompile.pipeline.passes import given
+
+    @dataclass(frozen=True)
+    class _PruneCfg:
+        threshold: float = 0.0
+
+    REGISTRY["_t_prune"] = PassSpec("_t_prune", _PruneCfg, frozenset({"program"}), frozenset({"program"}),
+                                    lambda c, cfg, r: PassResult(c), "", slot=45, when=given("_t_prune"),
+                                    implies=lambda s: {"calibrate": {"hessian": True}} if "_t_prune" in s else {})
+    try:
+        assert "_t_prune" not in build_recipe(fmt="nvfp4a16").names()
+        r = build_recipe(fmt="nvfp4a16", sets=["_t_prune.threshold=0.01"])
+        names = r.names()
+        assert names.index("quantize") < names.index("_t_prune") < names.index("pack")
+        assert r.config("_t_prune").threshold == 0.01
+        assert "calibrate" in names and r.config("calibrate").hessian is True  # implied, so scheduled
+        manager.validate(r)
+    finally:
+        REGISTRY.pop("_t_prune")
+
+
+def test_cli_options_build_the_same_recipe_as_settings():
+    """One options object (tfcompile/recipe/options.py) -> the pass tables the flags set."""
+    from tfcompile.recipe.options import CalibOptions, EvalOptions, LayoutOptions, RunOptions
+
+    run = RunOptions(fmt="fp8", algorithm="gptq", calib=CalibOptions(data="random", samples=4),
+                     evaluation=EvalOptions(max_kl=0.1), targets="sm_90a", cutlass="never",
+                     layout=LayoutOptions(target="trtllm", tp=2), exports=("modelopt",))
+    via_sets = build_recipe(fmt="fp8", sets=[
+        "quantize.algorithm=gptq", "calibrate.data=random", "calibrate.samples=4", "eval.max_kl=0.1",
+        "emit.targets=sm_90a", "emit_cutlass.compile=never", "layout.target=trtllm", "layout.tp=2",
+        "pack.export=[\"modelopt\"]"])
+    assert run.to_recipe() == via_sets
+    assert via_sets.config("emit_cutlass").targets == ("sm_90a",)  # taken from --target
+    assert RunOptions().to_recipe().format == "nvfp4"  # neither --format nor --recipe

@@ -17,12 +17,12 @@ def test_quant_linear_equals_reference_dequantized_linear(runtime_artifact, fmt)
 
     path = runtime_artifact(fmt)
     art = load_artifact(path, "cpu")
-    assert art.backend == "emulated" and art.scheme.name == fmt and not art.warnings
+    assert art.kernels == "emulated" and art.scheme.name == fmt and not art.warnings
     ref = load_candidate(path, torch.float32, kv_cache="off")  # `tfcompile eval`'s artifact model
     assert set(art.linears) == set(ref.linears) and len(art.linears) == 14
     gen = torch.Generator().manual_seed(0)
     for name, ql in art.linears.items():
-        assert isinstance(ql, QuantLinear) and ql.backend == "emulated"
+        assert isinstance(ql, QuantLinear) and ql.kernels == "emulated"
         x = torch.randn(2, 5, ql.in_features, generator=gen) * 3
         mod = ref.linears[name].module  # nn.Linear with the dequantized weight + activation pre-hook
         assert torch.equal(ql(x), mod(x)), name
@@ -47,10 +47,12 @@ def test_installed_model_gives_the_reference_logits(runtime_artifact):
 
 def test_backend_choice_and_errors(runtime_artifact):
     path = runtime_artifact("nvfp4a16")
-    with pytest.raises(UserError, match="unknown backend"):
-        load_artifact(path, backend="triton")
-    with pytest.raises(UserError, match="needs a CUDA device"):
-        load_artifact(path, "cpu", backend="cuda")
+    with pytest.raises(UserError, match="unknown kernels"):
+        load_artifact(path, kernels="cuda")
+    for kernels in ("triton", "cutlass", "auto"):
+        with pytest.raises(UserError, match="needs a CUDA device"):
+            load_artifact(path, "cpu", kernels=kernels, require=True)
+    assert load_artifact(path, "cpu", kernels="triton").kernels == "emulated"  # preferred, not required
     with pytest.raises(UserError, match="not a tfcompile artifact"):
         load_artifact(path / "tfcompile")
 

@@ -26,8 +26,8 @@ def test_cubins_match_the_emulation(runtime_artifact, fmt):
     target = _target()
     path = runtime_artifact(fmt, "--target", target, "--set", "emit.buckets=[1,16,64]")
     art = load_artifact(path, "cuda")
-    assert art.backend == "cuda" and art.target == target, art.warnings
-    emu = load_artifact(path, "cuda", backend="emulated")
+    assert art.kernels == "triton" and art.target == target, art.warnings
+    emu = load_artifact(path, "cuda", kernels="emulated")
     weight_only = not art.linears[next(iter(art.linears))].runner.act  # e.g. NVFP4 on sm_90a: W4A16
     gen = torch.Generator(device="cuda").manual_seed(0)
     for name, ql in art.linears.items():

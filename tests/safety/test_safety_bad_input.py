@@ -43,10 +43,10 @@ def test_recipe_with_wrong_types(body, needle, tiny_llama, tmp_path, run_cli):
 
 @pytest.mark.parametrize("value", ["inf", "Infinity", "NaN", "-inf", "1e400"])
 def test_max_shard_mb_not_finite_fails_before_quantizing(value, tiny_llama, tmp_path, run_cli, monkeypatch):
-    from tfcompile.passes.quantize import program
+    from tfcompile.passes import pack
 
     ran = []
-    monkeypatch.setattr(program, "execute", lambda *a, **k: ran.append(1) or (_ for _ in ()).throw(AssertionError))
+    monkeypatch.setattr(pack, "execute", lambda *a, **k: ran.append(1) or (_ for _ in ()).throw(AssertionError))
     out = tmp_path / "out"
     res = run_cli("quantize", tiny_llama, "-o", out, *FMT, "--set", f"pack.max_shard_mb={value}")
     assert_clean_failure(res, out, "max_shard_mb")
@@ -90,8 +90,19 @@ def _disk_full_for(monkeypatch, suffix: str) -> None:
             return raw if "b" in mode else io.TextIOWrapper(raw)
         return real_open(file, mode, *args, **kwargs)
 
+    real_fdopen = os.fdopen
+
+    def fake_fdopen(fd, mode="r", *args, **kwargs):
+        """Atomic writes (tfcompile/io/atomic.py) write a mkstemp file, `.NAME.tmp-XXXXXXXX`, by fd."""
+        name = os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))
+        if suffix in name and any(c in mode for c in "wxa"):
+            os.close(fd)
+            return io.BufferedWriter(Full())
+        return real_fdopen(fd, mode, *args, **kwargs)
+
     monkeypatch.setattr(io, "open", fake_open)
     monkeypatch.setattr(builtins, "open", fake_open)
+    monkeypatch.setattr(os, "fdopen", fake_fdopen)
 
 
 @pytest.mark.parametrize("suffix", ["config.json", "manifest.json.tmp"])

@@ -128,7 +128,7 @@ def test_verify_detects_artifact_missing_a_tensor(tiny_llama, tmp_path, run_cli)
     mpath = out / "tfcompile" / "manifest.json"
     doc = json.loads(mpath.read_text())
     doc["files"][WEIGHTS] = hashlib.sha256((out / WEIGHTS).read_bytes()).hexdigest()
-    from tfcompile.passes.manifest import write_manifest
+    from tfcompile.artifact.manifest import write_manifest
 
     write_manifest(out, doc)
     res = run_cli("verify", out, "--json")

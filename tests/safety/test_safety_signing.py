@@ -32,7 +32,7 @@ def signed(signed_src, tmp_path):
 
 def _rehash(art: Path) -> None:
     """What an attacker does after editing files: recompute every checksum and the self-digest."""
-    from tfcompile.passes.manifest import write_manifest
+    from tfcompile.artifact.manifest import write_manifest
 
     doc = json.loads((art / MANIFEST).read_text())
     doc["files"] = {rel: hashlib.sha256((art / rel).read_bytes()).hexdigest() for rel in doc["files"]}

@@ -88,7 +88,7 @@ def test_manifest_paths_must_stay_inside(entry, artifact, run_cli, monkeypatch):
     monkeypatch.setattr(tree, "sha256_file", lambda p: read.append(Path(p).resolve()) or real(p))
     doc = _manifest(artifact)
     doc["files"][entry] = "0" * 64
-    from tfcompile.passes.manifest import write_manifest
+    from tfcompile.artifact.manifest import write_manifest
 
     write_manifest(artifact, doc)
     res = run_cli("verify", artifact, "--json")
@@ -100,7 +100,7 @@ def test_manifest_paths_must_stay_inside(entry, artifact, run_cli, monkeypatch):
 
 def test_escaping_paths_leak_nothing_about_existence(artifact, run_cli):
     """The detail for an existing and a missing outside file is the same."""
-    from tfcompile.passes.manifest import write_manifest
+    from tfcompile.artifact.manifest import write_manifest
 
     original, details = _manifest(artifact), []
     for target in ("/etc/passwd", "/no/such/file/anywhere"):

@@ -6,7 +6,7 @@ is a VerifyError naming the field (exit 1), never a traceback.
 
 `seal(doc)` adds `"integrity": {"sha256": ...}`, the sha256 of the canonical
 JSON of the rest of the document (sorted keys, no whitespace). Every writer
-of the manifest seals it (passes/manifest.py `write_manifest`), so `verify`
+of the manifest seals it (tfcompile/artifact/manifest.py `write_manifest`), so `verify`
 reports a manifest edited by hand or by a tool that did not recompute it.
 The digest is not a secret: whoever edits the manifest *and* recomputes it
 is caught only by a signature (tfcompile/artifact/signing.py).
@@ -19,7 +19,8 @@ import json
 import re
 from typing import Any
 
-from tfcompile.errors import VerifyError
+from tfcompile.errors import RecipeError, VerifyError
+from tfcompile.schemes import get_scheme
 
 SCHEMA_VERSIONS = (1,)
 KEY = "integrity"
@@ -73,9 +74,6 @@ def check_schema(doc: Any, where: str) -> dict:
     scheme = doc.get("scheme")
     if not isinstance(scheme, dict) or not isinstance(scheme.get("name"), str):
         raise bad("scheme", "an object with a name")
-    from tfcompile.errors import RecipeError
-    from tfcompile.schemes import get_scheme
-
     try:
         get_scheme(scheme["name"])
     except RecipeError:

@@ -19,12 +19,13 @@ from pathlib import Path
 
 import torch
 
+from tfcompile.artifact.naming import ct_outputs, layer_scheme
+from tfcompile.checkpoint_check import build_meta_model, find_problems, fuse_unmapped_experts
+from tfcompile.errors import UserError
+from tfcompile.io.checkpoint import read_config
+
 
 def check_against_config(path: Path, doc: dict, scheme, headers: dict, rep) -> None:
-    from tfcompile.checkpoint_check import build_meta_model, find_problems, fuse_unmapped_experts
-    from tfcompile.errors import UserError
-    from tfcompile.io.checkpoint import read_config
-
     try:
         config = read_config(Path(path))
         model = build_meta_model(config, f"{path}/config.json")
@@ -54,9 +55,6 @@ def check_against_config(path: Path, doc: dict, scheme, headers: dict, rep) -> N
 
 def artifact_tensors(doc: dict, scheme, headers: dict) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
     """The artifact's tensors as the unquantized checkpoint names them: {name: (dtype, shape)}."""
-    from tfcompile.artifact.verify import layer_scheme
-    from tfcompile.passes.quantize.naming import ct_outputs
-
     consumed, out = set(), {}
     for layer in doc.get("layers", []):
         n, k = layer["shape"]

@@ -29,9 +29,15 @@ import json
 import os
 from pathlib import Path
 
-from tfcompile.errors import UserError
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-MANIFEST = "tfcompile/manifest.json"
+from tfcompile.artifact.manifest import MANIFEST
+from tfcompile.errors import UserError
+from tfcompile.io.jsonfile import write_json
+from tfcompile.settings import settings
+
 SIGNATURE = "tfcompile/manifest.sig"
 ALGORITHM = "ed25519"
 PASSPHRASE_ENV = "TFCOMPILE_KEY_PASSPHRASE"
@@ -54,13 +60,9 @@ def _read_key_file(path: Path, what: str) -> bytes:
 
 def load_private_key(path: str | os.PathLike):
     """The Ed25519PrivateKey in `path`; UserError (naming the file only) otherwise."""
-    from cryptography.exceptions import UnsupportedAlgorithm
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
     path = Path(path)
     data = _read_key_file(path, "private key")
-    password = os.environ.get(PASSPHRASE_ENV)
+    password = settings().key_passphrase
     password = password.encode() if password else None
     try:
         if b"BEGIN OPENSSH PRIVATE KEY" in data:
@@ -85,10 +87,6 @@ def load_private_key(path: str | os.PathLike):
 
 def load_public_key(path: str | os.PathLike):
     """The Ed25519PublicKey in `path`; UserError (naming the file only) otherwise."""
-    from cryptography.exceptions import UnsupportedAlgorithm
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-
     path = Path(path)
     data = _read_key_file(path, "public key")
     if b"PRIVATE KEY" in data:
@@ -113,8 +111,6 @@ def _kind(key) -> str:
 
 
 def key_id(public_key) -> str:
-    from cryptography.hazmat.primitives import serialization
-
     raw = public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     return hashlib.sha256(raw).hexdigest()
 
@@ -127,15 +123,7 @@ def sign_artifact(path: Path, private_key) -> Path:
            "manifest_sha256": hashlib.sha256(data).hexdigest(),
            "signature": base64.b64encode(private_key.sign(data)).decode()}
     out = Path(path) / SIGNATURE
-    tmp = out.with_name(out.name + ".tmp")
-    try:
-        tmp.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
-        os.replace(tmp, out)
-    except OSError as e:
-        from tfcompile.io.oserrors import write_error
-
-        tmp.unlink(missing_ok=True)
-        raise write_error(out, e) from e
+    write_json(out, doc, atomic=True)
     return out
 
 
@@ -167,8 +155,6 @@ def check_signature(path: Path, public_key=None) -> tuple[bool, str]:
         return False, f"{SIGNATURE}: unsupported algorithm {str(algorithm)[:20]!r}"
     if kid != key_id(public_key):
         return False, f"signed with a different key (key id {str(kid)[:16]}..., yours {key_id(public_key)[:16]}...)"
-    from cryptography.exceptions import InvalidSignature
-
     try:
         public_key.verify(signature, (Path(path) / MANIFEST).read_bytes())
     except InvalidSignature:

@@ -7,8 +7,9 @@ file exists and what it holds). `safe_entries` keeps only plain relative paths
 whose every component inside the artifact is a real directory or file, never a
 symlink. Everything else is reported with the same words whether or not the
 target exists. `unlisted` walks the artifact without following symlinks and
-returns every file the manifest does not list (the manifest and its
-signature excepted) and every symlink.
+returns every file the manifest does not list (the manifest, its signature
+and the HTML report `quantize --report` writes beside it excepted: none can be
+in the list it hashes) and every symlink.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from tfcompile.io.hashing import sha256_file
 # Files verify accepts without a manifest entry: the manifest itself, its detached signature (over
 # the manifest), and the human-readable report page (quantize --report), which quotes the
 # manifest's own sha256 and so cannot be listed in it. No engine reads any of them as weights.
-ALWAYS_ALLOWED = ("tfcompile/manifest.json", "tfcompile/manifest.sig", "tfcompile/report.html")
+REPORT_HTML = "tfcompile/report.html"
+ALWAYS_ALLOWED = ("tfcompile/manifest.json", "tfcompile/manifest.sig", REPORT_HTML)
 
 
 def _plain(rel: object) -> bool:

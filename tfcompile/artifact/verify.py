@@ -20,17 +20,18 @@ from pathlib import Path
 
 import torch
 
-from tfcompile.artifact.integrity import SCHEMA_VERSIONS, check_schema, check_seal
+from tfcompile.artifact.integrity import check_seal
+from tfcompile.artifact.manifest import load_manifest
+from tfcompile.artifact.mixed_config import config_mismatches
+from tfcompile.artifact.naming import ct_outputs, layer_scheme
+from tfcompile.artifact.shapes import check_against_config
 from tfcompile.artifact.signing import check_signature
 from tfcompile.artifact.tree import checksum_problems, listed_shards, safe_entries, unlisted
 from tfcompile.errors import UserError, VerifyError
 from tfcompile.io.dtypes import torch_dtype_of
+from tfcompile.io.jsonfile import JsonDict
 from tfcompile.io.safetensors_header import read_header
-from tfcompile.passes.quantize.naming import ct_outputs
 from tfcompile.schemes import get_scheme
-
-MANIFEST = "tfcompile/manifest.json"
-__all__ = ["MANIFEST", "SCHEMA_VERSIONS", "VerifyReport", "load_manifest", "verify_artifact"]
 
 
 @dataclass
@@ -49,33 +50,17 @@ class VerifyReport:
         return [c for c in self.checks if not c["ok"]]
 
 
-def load_manifest(path: Path) -> dict:
-    """The manifest of the artifact at `path`, its schema checked; VerifyError otherwise."""
-    mpath = Path(path) / MANIFEST
-    if os.path.islink(mpath) or os.path.islink(mpath.parent):
-        raise VerifyError(f"{mpath}: the manifest is a symlink", hint="the artifact was tampered with; rebuild it")
-    if not mpath.is_file():
-        raise VerifyError(f"{mpath}: no manifest; {path} is not a tfcompile artifact",
-                          hint="point at the directory `tfcompile quantize -o` wrote")
-    try:
-        doc = json.loads(mpath.read_bytes())
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
-        raise VerifyError(f"{mpath}: manifest is not valid JSON ({str(e)[:200]})",
-                          hint="the artifact is corrupt; rebuild it") from None
-    except OSError as e:
-        raise VerifyError(f"{mpath}: cannot read the manifest: {e.strerror}", hint="check permissions") from None
-    return check_schema(doc, str(mpath))
-
-
 def verify_artifact(path: Path, *, checksums: bool = True, config_shapes: bool = True,
-                    block_scales: bool = True, public_key=None) -> VerifyReport:
+                    block_scales: bool = True, public_key=None, manifest: JsonDict | None = None) -> VerifyReport:
     """Run the checks. The pipeline's own verify pass turns off the costly ones
     whose evidence it already has: re-hashing files it hashed while writing
     them, reading back per-block scales it checked in memory before writing
     them (`check_scale_tensor` in pack), and building the architecture with
-    transformers (2-3 s of imports) for the config checks."""
+    transformers (2-3 s of imports) for the config checks. It also passes the
+    `manifest` the run will write (the file is written after the last pass);
+    None reads OUT/tfcompile/manifest.json."""
     path = Path(path)
-    doc = load_manifest(path)
+    doc = load_manifest(path) if manifest is None else manifest
     rep = VerifyReport(str(path))
     rep.add("manifest", True, f"schema {doc['schema_version']}")
     entries = check_files(path, doc, rep, checksums=checksums, public_key=public_key)
@@ -88,8 +73,6 @@ def verify_artifact(path: Path, *, checksums: bool = True, config_shapes: bool =
     scheme = get_scheme(doc["scheme"]["name"])
     _check_layers(path, doc, scheme, headers, rep)
     if config_shapes:
-        from tfcompile.artifact.shapes import check_against_config
-
         check_against_config(path, doc, scheme, headers, rep)
     if doc.get("mixed"):
         _check_mixed_config(path, doc, rep)
@@ -142,16 +125,8 @@ def _dtype(code: str):
     return _CODES.get(code, code)
 
 
-def layer_scheme(layer: dict, scheme):
-    """A manifest layer's scheme: its own `format` (mixed precision), else the artifact's."""
-    name = layer.get("format")
-    return scheme if not name or name == scheme.name else get_scheme(name)
-
-
 def _check_mixed_config(path: Path, doc: dict, rep: VerifyReport) -> None:
     """Mixed precision: config.json's config groups name every layer once, with its own scheme."""
-    from tfcompile.mixed.config import config_mismatches
-
     try:
         qc = json.loads((path / "config.json").read_text())["quantization_config"]
     except (OSError, json.JSONDecodeError, KeyError) as e:

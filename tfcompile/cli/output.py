@@ -23,8 +23,8 @@ from rich.markup import escape
 from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
                            TimeRemainingColumn)
 
-INTERVAL_ENV = "TFCOMPILE_PROGRESS_INTERVAL"
-DEFAULT_INTERVAL_S = 10.0
+from tfcompile.settings import settings
+
 
 
 def stderr_console() -> Console:
@@ -40,14 +40,6 @@ def live_progress_allowed(console: Console) -> bool:
 def emit_json(doc: Any) -> None:
     sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True, default=str) + "\n")
     sys.stdout.flush()
-
-
-def progress_interval() -> float:
-    """Seconds between plain progress lines ($TFCOMPILE_PROGRESS_INTERVAL, default 10)."""
-    try:
-        return max(0.0, float(os.environ.get(INTERVAL_ENV, DEFAULT_INTERVAL_S)))
-    except ValueError:
-        return DEFAULT_INTERVAL_S
 
 
 def _secs(s: float) -> str:
@@ -95,6 +87,7 @@ class RichReporter:
         self.console = console
         self.quiet = quiet
         self.warnings: list[str] = []
+        self.note = None  # plain progress lines (a callable), set by commands that print them off a TTY
         self._live = live_progress_allowed(console) and not quiet
         self._progress: Progress | None = None
         self._task = None
@@ -118,7 +111,7 @@ class RichReporter:
         if self.quiet or not description:
             return
         if not self._live:
-            self._plain = PlainTask(description, total, progress_interval())
+            self._plain = PlainTask(description, total, settings().progress_interval)
             return
         self._progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                   TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),

@@ -8,6 +8,8 @@ from pathlib import Path
 import click
 
 from tfcompile.cli.output import emit_json, stderr_console
+from tfcompile.report import build_report, write_report
+from tfcompile.report.data import load_eval_json
 
 
 @click.command("report")
@@ -21,9 +23,6 @@ from tfcompile.cli.output import emit_json, stderr_console
 def report_cmd(artifact, out, eval_json, as_json, quiet):
     """Write ARTIFACT's report: summary, per-layer SQNR (and KL) plots, eval gates, formats and
     sizes, kernels and targets, provenance. One self-contained HTML page (no network to view it)."""
-    from tfcompile.report import build_report, write_report
-    from tfcompile.report.data import load_eval_json
-
     eval_doc = load_eval_json(eval_json) if eval_json is not None else None
     if str(out) == "-":
         sys.stdout.write(build_report(artifact, eval_doc))

@@ -1,5 +1,5 @@
-"""`tfcompile sign` and the safety options other commands share (`--sign`, `--public-key`,
-`--allow-unknown-architecture`). What is signed and why: tfcompile/artifact/signing.py."""
+"""`tfcompile sign`, and verify's `--public-key` (quantize and distill take `--sign` through
+tfcompile/cli/options.py). What is signed and why: tfcompile/artifact/signing.py."""
 
 from __future__ import annotations
 
@@ -8,26 +8,11 @@ from pathlib import Path
 import click
 from rich.markup import escape
 
+from tfcompile.artifact.manifest import load_manifest
+from tfcompile.artifact.signing import SIGNATURE, key_id, load_private_key, sign_artifact
+from tfcompile.artifact.verify import VerifyReport, check_files
 from tfcompile.cli.output import emit_json, stderr_console
-
-
-def sign_option(f):
-    """`--sign KEY` (quantize, distill): sign the manifest before the artifact is published."""
-    return click.option("--sign", "sign_key", type=click.Path(path_type=Path), metavar="KEY",
-                        help="Sign the artifact's manifest with this ed25519 private key (PEM or OpenSSH; "
-                        "passphrase from TFCOMPILE_KEY_PASSPHRASE). The key never enters the artifact.")(f)
-
-
-def unknown_architecture_option(f):
-    """`--allow-unknown-architecture` (quantize, distill): sets load.allow_unknown_architecture."""
-    return click.option("--allow-unknown-architecture", "allow_unknown_architecture", is_flag=True, default=None,
-                        help="Quantize an architecture transformers does not have, by tensor names alone: "
-                        "nothing checks that the checkpoint is complete (docs/cli.md \"Safety\").")(f)
-
-
-def load_overrides(allow_unknown_architecture: bool | None) -> dict | None:
-    """The `load` pass settings the options above give (None: none)."""
-    return {"allow_unknown_architecture": True} if allow_unknown_architecture else None
+from tfcompile.errors import VerifyError
 
 
 def public_key_option(f):
@@ -47,10 +32,6 @@ def sign_cmd(artifact, key, as_json):
 
     The artifact is checked first (manifest integrity, paths, no unlisted files, checksums):
     a signature vouches for what is there, so a damaged artifact is refused (exit 1)."""
-    from tfcompile.artifact.signing import SIGNATURE, key_id, load_private_key, sign_artifact
-    from tfcompile.artifact.verify import VerifyReport, check_files, load_manifest
-    from tfcompile.errors import VerifyError
-
     private = load_private_key(key)
     doc = load_manifest(artifact)
     rep = VerifyReport(str(artifact))

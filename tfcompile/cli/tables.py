@@ -5,6 +5,8 @@ from __future__ import annotations
 from rich.markup import escape
 from rich.table import Table
 
+from tfcompile.report.data import kv_cache_text
+
 
 def _mb(n: int | None) -> str:
     return "-" if n is None else f"{n / 2**20:,.1f} MiB"
@@ -27,20 +29,6 @@ def summary_table(manifest: dict) -> Table:
     if (hub := manifest.get("source", {}).get("hub")):
         t.add_row("source", escape(f"{hub['repo_id']} @ {hub['commit'][:12]} (Hugging Face Hub)"))
     return t
-
-
-def kv_cache_text(manifest: dict) -> str:
-    """The KV cache an engine runs with this artifact: dtype, scale granularity, engine layout."""
-    kv = manifest["scheme"].get("kv_cache")
-    if not kv:
-        return "not quantized (the engine's default dtype)"
-    per = {"tensor": "per tensor", "attn_head": "per KV head"}.get(kv.get("strategy"), kv.get("strategy"))
-    text = (f"{kv['dtype']}, {per} k_scale/v_scale in {len(manifest.get('kv_modules', []))} attention modules")
-    spec = (manifest.get("layout") or {}).get("spec") or {}
-    if spec:
-        text += (f"; {spec.get('target')} layout {spec.get('kv_layout')}, {spec.get('block_size')} tokens "
-                 f"per page (tfcompile/kv_cache.json)")
-    return text
 
 
 def layers_table(manifest: dict, limit: int | None = None) -> Table:

@@ -26,6 +26,8 @@ from typing import Any
 import torch
 
 from tfcompile.errors import UserError
+from tfcompile.io.atomic import atomic_file, write_atomic
+from tfcompile.io.jsonfile import write_json
 
 RUN, STATE, METRICS = "run.json", "state.pt", "metrics.jsonl"
 
@@ -53,7 +55,7 @@ class ResumeDir:
                                 hint="resume with the same model, recipe and thread count, or give a new "
                                      "--resume-dir (or delete that one)")
         else:
-            _atomic_write(run, (json.dumps(fingerprint, indent=2, sort_keys=True) + "\n").encode())
+            write_json(run, fingerprint, atomic=True)
         return cls(path, fingerprint)
 
     def load(self) -> dict[str, Any] | None:
@@ -67,22 +69,12 @@ class ResumeDir:
                             hint=f"delete {f} to start over from the beginning") from None
 
     def save(self, state: dict[str, Any]) -> None:
-        tmp = self.path / (STATE + ".tmp")
-        with open(tmp, "wb") as fh:
+        with atomic_file(self.path / STATE) as fh:  # fsynced, then renamed: a kill keeps the last one
             torch.save(state, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, self.path / STATE)
 
     @property
     def teacher_dir(self) -> Path:
         return self.path / "teacher"
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
 
 
 class MetricsLog:
@@ -102,7 +94,7 @@ class MetricsLog:
                         kept.append(line)
                 except json.JSONDecodeError:
                     continue  # a line cut by a kill
-        _atomic_write(path, "".join(x + "\n" for x in kept).encode())
+        write_atomic(path, "".join(x + "\n" for x in kept).encode(), fsync=False)
 
     def write(self, record: dict) -> None:
         if self.path is None:

@@ -27,7 +27,10 @@ from dataclasses import dataclass
 
 import torch
 
+from tfcompile.calibration.corpus import iter_token_blocks, python_doc_texts
+from tfcompile.calibration.datasets import calibration_tokens, load_texts
 from tfcompile.errors import UserError
+from tfcompile.evaluate.text import load_text, token_rows
 
 SELF_SEED_OFFSET = 1_000_003  # held-out sequences of "self"/"random" use seed + this
 
@@ -45,8 +48,6 @@ def load_data(data: str, tokenizer, teacher, *, blocks: int, seq_len: int, heldo
     """`blocks` training blocks of `seq_len` tokens (fewer if the text is short) and the held-out rows."""
     vocab = int(teacher.get_output_embeddings().weight.shape[0])
     if data in ("self", "random"):
-        from tfcompile.calibration.datasets import calibration_tokens
-
         train = calibration_tokens(data, tokenizer, samples=blocks, seq_len=seq_len, seed=seed,
                                    model=teacher, vocab=vocab)
         rows = max(1, -(-heldout_tokens // heldout_seq_len)) if heldout_tokens else 0
@@ -59,8 +60,6 @@ def load_data(data: str, tokenizer, teacher, *, blocks: int, seq_len: int, heldo
     train = _blocks(train_texts, tokenizer, seq_len, blocks, data)
     heldout = []
     if heldout_tokens:
-        from tfcompile.evaluate.text import token_rows
-
         heldout = token_rows(held_text, tokenizer, max_tokens=heldout_tokens, seq_len=heldout_seq_len,
                              vocab=vocab)
     return DistillData(train, heldout, names[0], names[1])
@@ -69,14 +68,9 @@ def load_data(data: str, tokenizer, teacher, *, blocks: int, seq_len: int, heldo
 def _texts(data: str, tokenizer, seed: int, percent: float) -> tuple[list[str], str, tuple[str, str]]:
     """(shuffled training documents, held-out text, (train name, held-out name))."""
     if data == "python-doc":
-        from tfcompile.calibration.corpus import python_doc_texts
-        from tfcompile.evaluate.text import load_text
-
         texts = python_doc_texts("train")
         order = torch.randperm(len(texts), generator=torch.Generator().manual_seed(seed)).tolist()
         return [texts[i] for i in order], load_text(None).text, ("python-doc:train", "python-doc:heldout")
-    from tfcompile.calibration.datasets import load_texts
-
     docs = load_texts(data, tokenizer, seed)  # shuffled with the seed
     held = [d for d in docs if _bucket(d) < percent]
     train = [d for d in docs if _bucket(d) >= percent]
@@ -93,8 +87,6 @@ def _bucket(doc: str) -> float:
 
 
 def _blocks(texts: list[str], tokenizer, seq_len: int, blocks: int, data: str) -> torch.Tensor:
-    from tfcompile.calibration.corpus import iter_token_blocks
-
     got = list(iter_token_blocks(tokenizer, texts, seq_len, blocks))
     if not got:
         raise UserError(f"distill data {data}: the training text gives no block of {seq_len} tokens",

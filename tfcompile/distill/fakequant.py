@@ -10,7 +10,9 @@ the student's outputs are identical either way. Backward is the straight-through
 estimator: d(fq(x))/dx = 1 (Bengio et al. 2013), because rounding has a zero
 derivative almost everywhere.
 
-Weight rules, as passes/quantize/rtn.py applies them:
+Weights and activations go through the scheme's own quantizers (`Scheme.weights`,
+`Scheme.acts`; tfcompile/kernels/formats/quantizer.py), the objects pack and `tfcompile
+eval` use, so the rules are the artifact's by construction:
 - NVFP4: one global scale per fusion group (q/k/v, gate/up), 2688 / the group's
   max |w|, recomputed from the current weights at every forward (no gradient
   flows through it: it is a max over ~1e5 elements).
@@ -29,7 +31,7 @@ from typing import Callable
 import torch
 
 from tfcompile.kernels import formats as F
-from tfcompile.passes.quantize.rtn import _round_up
+from tfcompile.schemes import Scheme
 
 Fn = Callable[[torch.Tensor], torch.Tensor]
 
@@ -58,35 +60,22 @@ def to_storage(w: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return ste(w, lambda t: t.to(dtype).float())
 
 
-def quant_dequant_weight(w: torch.Tensor, scheme, gscale: torch.Tensor | None, rule: str,
+def quant_dequant_weight(w: torch.Tensor, scheme: Scheme, gscale: torch.Tensor | None, rule: str,
                          model_dtype: torch.dtype, impl: str = "reference") -> torch.Tensor:
     """[N, K] float32 (already rounded to the model dtype) -> its dequantized artifact value."""
-    if scheme.weight == "nvfp4":
-        q = F.quantize_nvfp4(w, global_scale=gscale, impl=impl)
-    elif scheme.weight == "mxfp4":
-        q = F.quantize_mxfp4(w, rule=rule, impl=impl)
-    elif scheme.weight == "mxfp8":
-        q = F.quantize_mxfp8(w, rule=rule, impl=impl)
-    else:
-        block = scheme.block or (128, 128)
-        stored = _round_up(F.fp8_weight_scale(w, scheme.granularity, block=block, impl=impl),
-                           model_dtype)
-        q = F.quantize_fp8(w, scheme.granularity, scale=stored.float(), block=block, impl=impl)
+    q = scheme.weights.quantize(w, global_scale=gscale, rule=rule, scale_dtype=model_dtype, impl=impl)
     return F.dequantize(q, torch.float32)
 
 
-def fake_quant_weight(w: torch.Tensor, scheme, gscale, rule: str, model_dtype,
-                      impl: str = "reference") -> torch.Tensor:
+def fake_quant_weight(w: torch.Tensor, scheme: Scheme, gscale: torch.Tensor | None, rule: str,
+                      model_dtype: torch.dtype, impl: str = "reference") -> torch.Tensor:
     """STE fake quantization of a weight [N, K] (float32, storage-rounded)."""
     return ste(w, lambda t: quant_dequant_weight(t, scheme, gscale, rule, model_dtype, impl))
 
 
-def group_global_scale(scheme, weights: list[torch.Tensor]) -> torch.Tensor | None:
+def group_global_scale(scheme: Scheme, weights: list[torch.Tensor]) -> torch.Tensor | None:
     """NVFP4: 2688 / max |w| over the fusion group, (1,) float32, as pack computes it; else None."""
-    if scheme.weight != "nvfp4":
-        return None
-    amax = torch.stack([w.detach().abs().amax() for w in weights]).amax()
-    return F.nvfp4_global_scale(amax.float().reshape(1))
+    return scheme.weights.group_global_scale([w.detach() for w in weights])
 
 
 def act_fake_quant_fn(act: str | None, static_amax: float | None, module: str,
@@ -94,26 +83,9 @@ def act_fake_quant_fn(act: str | None, static_amax: float | None, module: str,
     """x -> dequantize(quantize(x)) for scheme activation kind `act` (None: weight-only).
 
     static_amax: the calibrated input amax of the Linear's fusion group (max over
-    members), for the static kinds; turned into the stored scale exactly as
-    passes/quantize/rtn.py writes it."""
-    if act is None:
-        return None
-    if act == "nvfp4":
-        g = F.nvfp4_global_scale(torch.tensor([float(static_amax)]).float())
-        return lambda x: F.dequantize(F.quantize_nvfp4_act(x, g, name=module, impl=impl)).to(x.dtype)
-    if act in ("mxfp4", "mxfp8"):
-        elem = act[2:]
-        return lambda x: F.dequantize(F.quantize_mx_act(x, elem, name=module, impl=impl)).to(x.dtype)
-    mode = {"fp8-static": "static", "fp8-token": "per_token", "fp8-group128": "per_group"}.get(act)
-    if mode is None:
-        raise ValueError(f"{module}: unknown activation scheme {act!r}")
-    scale = None
-    if mode == "static":
-        s = torch.tensor([float(static_amax) / F.E4M3_MAX]).clamp_min(1e-12)
-        scale = _round_up(s, model_dtype).float()  # `input_scale` as stored, in the model dtype
-    return lambda x: _fp8_act(x, mode, scale, module)
-
-
-def _fp8_act(x: torch.Tensor, mode: str, scale: torch.Tensor | None, module: str) -> torch.Tensor:
-    data, s = F.quantize_fp8_act(x, mode, scale=scale, group=128, name=module)
-    return F.dequantize_fp8_act(data, s, group=128, dtype=x.dtype)
+    members), for the static kinds; turned into the stored scale exactly as pack writes it."""
+    try:
+        q = F.act_quantizer(act)
+    except ValueError:
+        raise ValueError(f"{module}: unknown activation scheme {act!r}") from None
+    return None if q is None else q.emulate(static_amax, model_dtype, name=module, impl=impl)

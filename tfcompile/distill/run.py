@@ -20,7 +20,9 @@ from pathlib import Path
 import torch
 
 from tfcompile.calibration.forward import load_hf_model, load_tokenizer
+from tfcompile.calibration.sequential import find_layers
 from tfcompile.distill.checkpoint import METRICS, ResumeDir
+from tfcompile.distill.config import DistillConfig
 from tfcompile.distill.data import BlockOrder, load_data
 from tfcompile.distill.heldout import heldout_metrics, sig
 from tfcompile.distill.layerwise import run_layerwise
@@ -28,10 +30,24 @@ from tfcompile.distill.loss import ce_loss, hidden_mse, kl_loss
 from tfcompile.distill.student import Student, build_student
 from tfcompile.distill.teacher import CachedTeacher, OnlineTeacher
 from tfcompile.distill.train import Loop, Segment, deterministic
+from tfcompile.io.checkpoint import Checkpoint
+from tfcompile.io.jsonfile import JsonDict
 from tfcompile.io.overlay import overlay_specs, write_overlay
-from tfcompile.passes.quantize.program import torch_dtype
+from tfcompile.ir import Program, QuantPlan
+from tfcompile.reporter import Reporter
 
 HELDOUT_SEQ_LEN = 256  # rows of tfcompile eval's default length (or the model's maximum)
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What a run distills: the checkpoint and the quantize pass's plan and program."""
+    source_path: Path
+    source: Checkpoint  # memory-mapped; its tensors' names, dtypes and shapes fingerprint the run
+    dtype: torch.dtype  # the checkpoint's (the distilled weights are stored in it)
+    plan: QuantPlan
+    program: Program
+    recipe: JsonDict  # the recorded recipe (Recipe.to_dict()): part of a --resume-dir's fingerprint
 
 
 @dataclass(frozen=True)
@@ -42,18 +58,18 @@ class Outcome:
     stats: dict  # pass stats for --json (timings included)
 
 
-def distill_checkpoint(ctx, cfg, reporter, work_dir: Path) -> Outcome:
+def distill_checkpoint(ctx: Inputs, cfg: DistillConfig, reporter: Reporter, work_dir: Path) -> Outcome:
     """Distill the plan's Linears of ctx.source_path; write their weights into work_dir."""
     t0 = time.perf_counter()
     teacher = load_hf_model(ctx.source_path, torch.float32)
     convert = functools.partial(build_student, plan=ctx.plan, program=ctx.program, train=cfg.train,
                                 lora_rank=cfg.lora_rank, lora_alpha=cfg.lora_alpha, seed=cfg.seed,
-                                dtype=torch_dtype(ctx.model.dtype), impl=cfg.impl)
+                                dtype=ctx.dtype, impl=cfg.impl)
     # block-wise without held-out figures: one model, made the student layer by layer (memory: once)
     progressive = cfg.mode == "layerwise" and not cfg.heldout_tokens
     student = Student.frozen(teacher) if progressive else convert(load_hf_model(ctx.source_path, torch.float32))
     if cfg.train_unquantized:
-        student.train_unquantized(set(ctx.plan.passthrough), torch_dtype(ctx.model.dtype))
+        student.train_unquantized(set(ctx.plan.passthrough), ctx.dtype)
     resume = ResumeDir.open(cfg.resume_dir, fingerprint(ctx)) if cfg.resume_dir else None
     data = _data(ctx, cfg, teacher)
     t_setup = time.perf_counter()
@@ -78,7 +94,7 @@ def distill_checkpoint(ctx, cfg, reporter, work_dir: Path) -> Outcome:
     return Outcome(path, names, record, stats)
 
 
-def _data(ctx, cfg, teacher):
+def _data(ctx: Inputs, cfg: DistillConfig, teacher):
     blocks = cfg.steps * cfg.batch * cfg.grad_accum if cfg.mode == "model" else cfg.layer_samples
     max_pos = getattr(teacher.config, "max_position_embeddings", None) or HELDOUT_SEQ_LEN
     return load_data(cfg.data, load_tokenizer(ctx.source_path), teacher, blocks=blocks, seq_len=cfg.seq_len,
@@ -97,7 +113,8 @@ def _record(cfg, loop, data, names, before, after) -> dict:
             "final_loss": {k: sig(v) for k, v in sorted(loop.last.items()) if k != "lr"}}
 
 
-def _train(ctx, cfg, reporter, teacher, student: Student, data, resume, work_dir: Path, convert=None):
+def _train(ctx: Inputs, cfg: DistillConfig, reporter: Reporter, teacher, student: Student, data, resume,
+           work_dir: Path, convert=None):
     """Run the training loop; returns (teacher, loop, training seconds). The teacher may be
     freed while training with the disk cache and loaded again for the held-out figures."""
     per_step = cfg.batch * cfg.grad_accum
@@ -156,8 +173,6 @@ def _model_segment(student: Student, target, train: torch.Tensor, cfg) -> Segmen
 
 
 def _num_layers(model) -> int:
-    from tfcompile.calibration.sequential import find_layers
-
     return len(find_layers(model)[1])
 
 
@@ -167,11 +182,11 @@ def _config(cfg) -> dict:
             for f in dataclasses.fields(cfg) if not f.metadata.get("runtime")}
 
 
-def fingerprint(ctx) -> dict:
+def fingerprint(ctx: Inputs) -> dict:
     """What a --resume-dir must match: recipe, source, torch version and thread count."""
     src = ctx.source
     tensors = json.dumps([[n, src.info(n).dtype, list(src.info(n).shape)] for n in src.names()])
-    return {"recipe": ctx.recipe.to_dict(), "config_sha256": _sha(json.dumps(src.config, sort_keys=True)),
+    return {"recipe": ctx.recipe, "config_sha256": _sha(json.dumps(src.config, sort_keys=True)),
             "tensors_sha256": _sha(tensors), "torch": torch.__version__, "threads": torch.get_num_threads()}
 
 

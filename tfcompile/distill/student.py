@@ -28,15 +28,17 @@ student's weights bit for bit.
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 from dataclasses import dataclass, field
 from typing import Iterator
 
 import torch
 from torch import nn
+from torch.nn.utils import parametrize
 
-from tfcompile.distill.fakequant import (act_fake_quant_fn, fake_quant_weight, group_global_scale, ste,
-                                         to_storage)
+from tfcompile.distill.fakequant import (act_fake_quant_fn, fake_quant_weight,
+                                         group_global_scale, ste, to_storage)
 from tfcompile.errors import UserError
 
 ALPHA_MIN = 0.3  # scales mode: never clip a block below 30% of its max (as the mse observer's range)
@@ -207,8 +209,6 @@ class Student:
         they are: norms, embeddings, an untied lm_head), in fp32, seen by the model rounded to the
         checkpoint dtype (straight-through), which is what the distilled checkpoint stores.
         Parameters shared by several modules (tied embeddings) stay frozen."""
-        from torch.nn.utils import parametrize
-
         uses: dict[int, int] = {}
         for _, p in self.model.named_parameters(remove_duplicate=False):
             uses[id(p)] = uses.get(id(p), 0) + 1
@@ -254,8 +254,6 @@ def build_student(model: nn.Module, plan, program, *, train: str, lora_rank: int
 
 
 def _stable_hash(name: str) -> int:
-    import hashlib
-
     return int(hashlib.sha256(name.encode()).hexdigest()[:8], 16)
 
 

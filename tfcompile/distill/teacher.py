@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ import numpy as np
 import torch
 
 from tfcompile.distill.loss import TopK, topk_logits
+from tfcompile.io.atomic import write_atomic
 
 
 @dataclass(frozen=True)
@@ -70,9 +72,8 @@ class CachedTeacher:
         if meta_path.is_file() and json.loads(meta_path.read_text()) == meta:
             return cls(directory, shape)
         _build(directory, model, train, kk, batch, progress)
-        tmp = meta_path.with_name(meta_path.name + ".tmp")
-        tmp.write_text(json.dumps(meta, sort_keys=True) + "\n")
-        os.replace(tmp, meta_path)  # the cache counts only once its meta file exists
+        # the cache counts only once its meta file exists
+        write_atomic(meta_path, (json.dumps(meta, sort_keys=True) + "\n").encode(), fsync=False)
         return cls(directory, shape)
 
 
@@ -100,6 +101,4 @@ def _build(directory: Path, model, train: torch.Tensor, k: int, batch: int, prog
 
 
 def _digest(t: torch.Tensor) -> str:
-    import hashlib
-
     return hashlib.sha256(t.contiguous().numpy().tobytes()).hexdigest()

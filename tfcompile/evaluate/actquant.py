@@ -1,8 +1,8 @@
 """Activation quantization as an engine applies it, emulated in float.
 
-Each function maps a Linear's input x to quantize -> dequantize(x) in x's
-dtype, using tfcompile.kernels.formats' activation quantizers (the same
-reference the weights were encoded with). Per scheme (`Scheme.act`):
+Each function maps a Linear's input x to quantize -> dequantize(x) in x's dtype, with the
+scheme's activation quantizer (`Scheme.acts`, tfcompile.kernels.formats.quantizer: the same
+one the quantize pass and distillation use). Per scheme (`Scheme.act`):
 
 | act          | emulation                                                  |
 |--------------|------------------------------------------------------------|
@@ -20,40 +20,24 @@ from typing import Callable
 
 import torch
 
-from tfcompile.kernels.formats import (dequantize, dequantize_fp8_act, quantize_fp8_act,
-                                       quantize_mx_act, quantize_nvfp4_act)
+from tfcompile.kernels.formats import act_quantizer as _quantizer
 
 ActFn = Callable[[torch.Tensor], torch.Tensor]
 
-# act kind -> the artifact tensor suffix holding its static scale (if any)
-STATIC_SCALE = {"nvfp4": "input_global_scale", "fp8-static": "input_scale"}
-
 
 def act_quantizer(act: str | None, module: str, static_scale: torch.Tensor | None = None) -> ActFn | None:
-    """The emulation for scheme activation kind `act` (None: weight-only, no emulation)."""
-    if act is None:
+    """The emulation for scheme activation kind `act` (None: weight-only, no emulation);
+    `static_scale`: the artifact's stored input scale (static kinds)."""
+    try:
+        q = _quantizer(act)
+    except ValueError:
+        raise ValueError(f"{module}: unknown activation scheme {act!r}") from None
+    if q is None:
         return None
-    if act in STATIC_SCALE and static_scale is None:
-        raise ValueError(f"{module}: activation scheme {act} needs its {STATIC_SCALE[act]}")
-    if act == "nvfp4":
-        g = static_scale.detach().float().reshape(1).clone()
-        return lambda x: dequantize(quantize_nvfp4_act(x, g, name=module)).to(x.dtype)
-    if act in ("mxfp4", "mxfp8"):
-        elem = act[2:]
-        return lambda x: dequantize(quantize_mx_act(x, elem, name=module)).to(x.dtype)
-    if act == "fp8-static":
-        s = static_scale.detach().float().reshape(1).clone()
-        return lambda x: _fp8(x, "static", s, module)
-    if act == "fp8-token":
-        return lambda x: _fp8(x, "per_token", None, module)
-    if act == "fp8-group128":
-        return lambda x: _fp8(x, "per_group", None, module)
-    raise ValueError(f"{module}: unknown activation scheme {act!r}")
-
-
-def _fp8(x: torch.Tensor, mode: str, scale: torch.Tensor | None, module: str) -> torch.Tensor:
-    data, s = quantize_fp8_act(x, mode, scale=scale, group=128, name=module)
-    return dequantize_fp8_act(data, s, group=128, dtype=x.dtype)
+    if q.static and static_scale is None:
+        raise ValueError(f"{module}: activation scheme {act} needs its {q.scale_name}")
+    scale = static_scale.detach().clone() if static_scale is not None else None
+    return lambda x: q.fake_quant(x, scale, name=module)
 
 
 def pre_hook(fn: ActFn):

@@ -51,7 +51,7 @@ from torch import nn
 
 from tfcompile.evaluate.errors import EvalError
 from tfcompile.families.attention import is_mla, register_wrapper
-from tfcompile.kernels.formats import cast_e4m3
+from tfcompile.kernels.formats import cast_e4m3, dequantize, quantize_nvfp4_act
 
 KV_EMULATOR = "tfcompile_kv_fp8_emulation"
 KV_MODES = ("auto", "off")  # --kv-cache: auto = emulate when the artifact has a KV-cache scheme
@@ -89,8 +89,6 @@ def fake_quant_nvfp4(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     block scales computed as the cache is written, the static global dequant multiplier
     k_scale / 6 (k_scale = amax / 448, as modelopt exports it; the compressed-tensors multiplier
     is its reciprocal 6 / k_scale = 448 * 6 / amax). Per tensor only: scale (1,)."""
-    from tfcompile.kernels.formats import dequantize, quantize_nvfp4_act
-
     g = (6.0 / scale.float()).reshape(1)
     return dequantize(quantize_nvfp4_act(x.float().contiguous(), g), torch.float32).to(x.dtype)
 

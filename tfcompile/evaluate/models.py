@@ -24,20 +24,19 @@ from typing import Any
 import torch
 from torch import nn
 
+from tfcompile.artifact.manifest import MANIFEST, has_manifest, load_manifest
+from tfcompile.artifact.naming import ct_outputs, layer_scheme, qtensor_of, static_input_scale
 from tfcompile.calibration.moe import MoERecorder
-from tfcompile.evaluate.actquant import STATIC_SCALE, ActFn, act_quantizer, pre_hook
+from tfcompile.evaluate.actquant import ActFn, act_quantizer, pre_hook
 from tfcompile.evaluate.errors import EvalError
-from tfcompile.artifact.verify import layer_scheme
 from tfcompile.evaluate.kvcache import KINDS, KV_MODES, KVEmulator, KVScales, install, read_kv_scales
 from tfcompile.families.experts import set_expert, set_expert_bias
 from tfcompile.families.names import NameMap
 from tfcompile.io.checkpoint import Checkpoint, open_checkpoint
+from tfcompile.io.jsonfile import JsonDict
 from tfcompile.io.sources.model import is_published, load_decoded_model
-from tfcompile.kernels.formats import QTensor, dequantize
-from tfcompile.passes.quantize.naming import ct_outputs
+from tfcompile.kernels.formats import dequantize
 from tfcompile.schemes import Scheme, get_scheme
-
-MANIFEST = Path("tfcompile") / "manifest.json"
 _EXPERT = re.compile(r"^(?P<parent>.*experts)\.(?P<e>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)$")
 _EXPERT_BIAS = re.compile(r"^(?P<parent>.*experts)\.(?P<e>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.bias$")
 
@@ -63,7 +62,7 @@ class Candidate:
 
 
 def _transformers():
-    import transformers
+    import transformers  # lazy: transformers (~2 s to import); only when a model is built
 
     transformers.utils.logging.disable_progress_bar()  # stderr belongs to our reporter
     transformers.utils.logging.set_verbosity_error()
@@ -80,10 +79,6 @@ def _arch_class(path: Path, cfg):
     return cls
 
 
-def _has_manifest(path: Path) -> bool:
-    return (Path(path) / MANIFEST).is_file()
-
-
 def load_checkpoint_model(path: Path, dtype: torch.dtype, role: str) -> nn.Module:
     """A plain Hugging Face checkpoint via transformers (validated first by tfcompile.io)."""
     path = Path(path)
@@ -91,7 +86,7 @@ def load_checkpoint_model(path: Path, dtype: torch.dtype, role: str) -> nn.Modul
             if role == "reference" else "a Hugging Face checkpoint directory or a tfcompile artifact")
     if not path.exists():
         raise EvalError(f"{role} {path} does not exist", hint=f"pass {what}")
-    if role == "reference" and _has_manifest(path):
+    if role == "reference" and has_manifest(path):
         raise EvalError(f"reference {path} is a tfcompile artifact", hint=f"pass {what}")
     ckpt = open_checkpoint(path)  # CheckpointError (a UserError) for anything unusable
     ckpt.close()
@@ -111,18 +106,19 @@ def load_checkpoint_model(path: Path, dtype: torch.dtype, role: str) -> nn.Modul
     return model.eval()
 
 
-def load_candidate(path: Path, dtype: torch.dtype, kv_cache: str = "auto") -> Candidate:
+def load_candidate(path: Path, dtype: torch.dtype, kv_cache: str = "auto",
+                   manifest: JsonDict | None = None) -> Candidate:
     """MODEL_OR_ARTIFACT: a tfcompile artifact (dequantized + emulated) or a checkpoint (as is).
 
-    kv_cache: "auto" emulates the artifact's FP8 KV cache when it has one, "off" never does."""
+    kv_cache: "auto" emulates the artifact's FP8 KV cache when it has one, "off" never does.
+    manifest: the artifact's manifest when it is not on disk yet (`quantize --eval` evaluates
+    the staged artifact before the manifest is written); None reads it."""
     if kv_cache not in KV_MODES:
         raise EvalError(f"unknown --kv-cache {kv_cache!r}", hint="choose one of: " + ", ".join(KV_MODES))
     path = Path(path)
-    if not _has_manifest(path):
+    if manifest is None and not has_manifest(path):
         return Candidate(load_checkpoint_model(path, dtype, "model"), "checkpoint", None)
-    from tfcompile.artifact.verify import load_manifest
-
-    manifest = load_manifest(path)
+    manifest = load_manifest(path) if manifest is None else manifest
     scheme = get_scheme(manifest["scheme"]["name"])
     ckpt = open_checkpoint(path)
     try:
@@ -191,27 +187,8 @@ def _build_artifact(path: Path, ckpt: Checkpoint, manifest: dict, scheme: Scheme
     return cand
 
 
-def qtensor_of(ckpt: Checkpoint, scheme: Scheme, m: str, n: int, k: int) -> QTensor:
-    """Rebuild the QTensor of Linear `m` [n, k] from its compressed-tensors tensors."""
-    if scheme.weight == "nvfp4":
-        return QTensor("nvfp4", ckpt.get(f"{m}.weight_packed"), ckpt.get(f"{m}.weight_scale"),
-                       ckpt.get(f"{m}.weight_global_scale").float().reshape(1), (n, k), "group", None, (16,))
-    if scheme.weight == "mxfp4":
-        return QTensor("mxfp4", ckpt.get(f"{m}.weight_packed"), ckpt.get(f"{m}.weight_scale"),
-                       None, (n, k), "group", None, (32,))
-    if scheme.weight == "mxfp8":
-        return QTensor("mxfp8", ckpt.get(f"{m}.weight"), ckpt.get(f"{m}.weight_scale"),
-                       None, (n, k), "group", None, (32,))
-    s = ckpt.get(f"{m}.weight_scale").float()
-    s = s.reshape(1) if scheme.granularity == "tensor" else s
-    block = tuple(scheme.block) if scheme.granularity == "block" else ()
-    return QTensor("fp8", ckpt.get(f"{m}.weight"), s, None, (n, k), scheme.granularity, None, block)
-
-
 def _act_fn(ckpt: Checkpoint, scheme: Scheme, m: str) -> ActFn | None:
-    suffix = STATIC_SCALE.get(scheme.act or "")
-    static = ckpt.get(f"{m}.{suffix}") if suffix else None
-    return act_quantizer(scheme.act, m, static)
+    return act_quantizer(scheme.act, m, static_input_scale(ckpt, scheme, m))
 
 
 def _load_plain(path: Path, ckpt: Checkpoint, model: nn.Module, names: list[str], rename: NameMap) -> set[str]:

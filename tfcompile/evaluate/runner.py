@@ -16,6 +16,7 @@ from tfcompile.evaluate.lens import LayerKL
 from tfcompile.evaluate.metrics import LayerSQNR, LogitMetrics
 from tfcompile.evaluate.models import load_candidate, load_checkpoint_model
 from tfcompile.evaluate.text import batches, load_text, load_tokenizer, token_rows
+from tfcompile.io.jsonfile import JsonDict
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEFAULT_SEQ_LEN = 256
@@ -38,11 +39,13 @@ def _vocab(model) -> int:
 def evaluate(model_path: Path, reference: Path, *, text: Path | None = None, max_tokens: int = 16384,
              seq_len: int | None = None, batch_size: int = 4, dtype: str = "float32",
              kv_cache: str = "auto", thresholds: dict[str, float | None] | None = None,
-             progress: Progress | None = None, layer_kl: bool = False) -> dict:
+             progress: Progress | None = None, layer_kl: bool = False,
+             manifest: JsonDict | None = None) -> dict:
     """The report as a JSON-ready dict (see docs/ci.md for the fields).
 
     kv_cache: "auto" emulates an artifact's FP8 KV cache (kvcache.py), "off" does not.
-    layer_kl: also KL per decoder layer through the logit lens (lens.py), as "layer_kl"."""
+    layer_kl: also KL per decoder layer through the logit lens (lens.py), as "layer_kl".
+    manifest: the artifact's manifest when it is not on disk yet (`quantize --eval`)."""
     for name, value in (("--max-tokens", max_tokens), ("--seq-len", seq_len), ("--batch-size", batch_size)):
         _check_positive(name, value)
     if dtype not in DTYPES:
@@ -53,7 +56,7 @@ def evaluate(model_path: Path, reference: Path, *, text: Path | None = None, max
     source = load_text(text)  # cheap checks first
     ref = load_checkpoint_model(Path(reference), DTYPES[dtype], "reference")
     tokenizer = load_tokenizer(Path(reference))
-    cand = load_candidate(Path(model_path), DTYPES[dtype], kv_cache)
+    cand = load_candidate(Path(model_path), DTYPES[dtype], kv_cache, manifest)
     vocab, ref_vocab = _vocab(cand.model), _vocab(ref)
     if vocab != ref_vocab:
         raise EvalError(f"vocabulary mismatch: {model_path} has {vocab} output tokens, "

@@ -10,12 +10,13 @@ a shorter last row is kept when it has at least two tokens.
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from tfcompile.calibration.corpus import python_doc_texts
+from tfcompile.errors import UserError
 from tfcompile.evaluate.errors import EvalError
 
 CHARS_PER_TOKEN_BOUND = 32  # text beyond max_tokens * this cannot be needed
@@ -41,26 +42,12 @@ def load_text(path: Path | None) -> EvalText:
         except (OSError, UnicodeDecodeError) as e:
             raise EvalError(f"evaluation text {path}: cannot read it as UTF-8 ({e})",
                             hint="pass a UTF-8 plain-text file with --text") from None
-    texts = _corpus_texts()
-    if texts is None:
-        raise EvalError("no evaluation text: --text was not given and tfcompile.calibration.corpus "
-                        "(python_doc_texts) is not available",
-                        hint="pass --text FILE with a few thousand words of plain text like the model's use")
-    return EvalText(texts, "tfcompile.calibration.corpus:heldout")
+    return EvalText(_corpus_texts(), "tfcompile.calibration.corpus:heldout")
 
 
-def _corpus_texts() -> str | None:
+def _corpus_texts() -> str:
     try:
-        corpus = importlib.import_module("tfcompile.calibration.corpus")
-    except ImportError:
-        return None
-    fn = getattr(corpus, "python_doc_texts", None)
-    if fn is None:
-        return None
-    from tfcompile.errors import UserError
-
-    try:
-        texts = fn("heldout")
+        texts = python_doc_texts("heldout")
     except UserError as e:  # the Debian package is not installed (first run, or not Debian)
         raise EvalError(f"no evaluation text: --text (quantize: --eval-text) was not given, and the default, "
                         f"the held-out split of Debian's python3.11-doc, is not here ({e.message})",
@@ -72,7 +59,7 @@ def _corpus_texts() -> str | None:
 
 def load_tokenizer(reference: Path):
     """The reference's tokenizer (its files only: no remote code, no network)."""
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # lazy: transformers (~2 s to import); only when a model is built
 
     try:
         return AutoTokenizer.from_pretrained(str(reference), trust_remote_code=False)

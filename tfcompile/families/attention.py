@@ -52,10 +52,12 @@ def is_mla(module) -> bool:
 
 def original_attention(model) -> Callable:
     """The attention function `model` would call (before any set_attn_implementation of ours)."""
+    # lazy: transformers (~2 s to import); only when a model is built
     from transformers import AttentionInterface
 
     impl = getattr(model.config, "_attn_implementation", None) or "sdpa"
     if impl == "sdpa":  # looked up per call (tests watch what SDPA receives)
+        # lazy: transformers (~2 s to import); only when a model is built
         from transformers.integrations import sdpa_attention
 
         return lambda *args, **kwargs: sdpa_attention.sdpa_attention_forward(*args, **kwargs)
@@ -75,6 +77,8 @@ def register_wrapper(name: str, model, make: Callable[[Callable], Callable]) -> 
     The mask matters: transformers builds no mask at all for an attention name it has no mask
     function for, which SDPA survives (is_causal) but eager attention (GPT-OSS) and sliding
     windows do not. One name per original implementation, since the mask is looked up by name."""
+    # lazy: transformers (~2 s to import); only when a model is built
+    # lazy: transformers (~2 s to import); only when a model is built
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 

@@ -54,6 +54,8 @@ class NameMap:
 
 def _renamings(model) -> list:
     try:
+        # lazy: transformers (~2 s to import); only when a model is built
+        # lazy: transformers (~2 s to import); only when a model is built
         from transformers import PreTrainedModel
         from transformers.conversion_mapping import get_model_conversion_mapping
         from transformers.core_model_loading import WeightRenaming

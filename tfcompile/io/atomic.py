@@ -25,7 +25,7 @@ import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import BinaryIO, Callable, Iterator
 
 from tfcompile.errors import UserError
 from tfcompile.io import locks, publish, signals
@@ -137,3 +137,34 @@ def current_umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
+
+
+@contextmanager
+def atomic_file(path: str | os.PathLike, *, fsync: bool = True) -> Iterator[BinaryIO]:
+    """A binary file to write that replaces `path` whole or not at all: a temp sibling is
+    written (and fsynced), then renamed over `path` when the block ends; if the block raises,
+    the temp file is removed and `path` is untouched. The file gets the mode `open()` would give
+    (0666 minus the umask; mkstemp's is 0600). For files rewritten in place (the manifest, a
+    tuning table in a published artifact, a resume checkpoint, a cache entry) and files a
+    reader may open while they are written (a lock's owner record); OSError propagates
+    (callers that report it to the user wrap it with `tfcompile.io.oserrors.write_error`)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp-")
+    try:
+        os.fchmod(fd, 0o666 & ~current_umask())
+        with os.fdopen(fd, "wb") as f:
+            yield f
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_atomic(path: str | os.PathLike, data: bytes, *, fsync: bool = True) -> None:
+    """Replace the file at `path` with `data` whole or not at all (`atomic_file`)."""
+    with atomic_file(path, fsync=fsync) as f:
+        f.write(data)

@@ -49,6 +49,8 @@ class Checkpoint:
         self.config = config
         self.files = sorted(files)
         self._infos = dict(sorted(infos.items()))
+        # what replaced tensors of the original (OverlayCheckpoint: distillation), recorded in the manifest
+        self.provenance: dict[str, Any] = {}
         self._maps: dict[Path, tuple[mmap.mmap, int]] = {}  # file -> (mapping, data section start)
         self._touched: list[tuple[Path, int, int]] = []  # (file, byte offset, bytes) handed out since release()
 
@@ -63,6 +65,11 @@ class Checkpoint:
             close = difflib.get_close_matches(name, self._infos, n=3)
             hint = f"did you mean {', '.join(close)}?" if close else "list the tensors with Checkpoint.names()"
             raise CheckpointError(f"{self.path}: no tensor named {name!r}", hint=hint) from None
+
+    def get_expert(self, name: str, e: int) -> torch.Tensor:
+        """Expert `e` of the fused expert tensor `name` ([E, ...] -> [...]); a published source
+        that decodes experts overrides it to decode only that one (tfcompile/io/sources/mxfp4.py)."""
+        return self.get(name)[e]
 
     def get(self, name: str) -> torch.Tensor:
         """The tensor `name`, a read-only view of the memory-mapped file (no copy)."""

@@ -13,17 +13,17 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 
+from tfcompile.io.atomic import write_atomic
 from tfcompile.io.hashing import sha256_file
+from tfcompile.settings import settings
 
 MAX_ENTRIES = 4096
 
 
 def cache_path() -> Path:
-    root = os.environ.get("TFCOMPILE_CACHE") or Path.home() / ".cache" / "tfcompile"
-    return Path(root) / "sha256.json"
+    return settings().sha256_cache
 
 
 def _key(path: Path) -> str:
@@ -41,12 +41,8 @@ def _load(cpath: Path) -> dict[str, str]:
 
 def _store(cpath: Path, entries: dict[str, str]) -> None:
     try:
-        cpath.parent.mkdir(parents=True, exist_ok=True)
         items = list(entries.items())[-MAX_ENTRIES:]
-        fd, tmp = tempfile.mkstemp(dir=cpath.parent, prefix=".sha256.")
-        with os.fdopen(fd, "w") as f:
-            json.dump(dict(items), f)
-        os.replace(tmp, cpath)
+        write_atomic(cpath, json.dumps(dict(items)).encode(), fsync=False)
     except OSError:
         pass  # a cache we cannot write only costs time next run
 

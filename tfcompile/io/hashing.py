@@ -22,3 +22,8 @@ def sha256_file(path: str | os.PathLike) -> str:
             f"cannot read {os.fspath(path)}: {e.strerror or e}", hint="check that the file exists and is readable"
         ) from e
     return h.hexdigest()
+
+
+def sha256_bytes(data: bytes | str) -> str:
+    """Hex SHA-256 of `data` (a str is hashed as UTF-8)."""
+    return hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()

@@ -85,6 +85,8 @@ def hub_source(path: str | os.PathLike) -> dict:
 
 
 def _download(repo_id: str, revision: str | None, quiet: bool, option: str) -> Path:
+    # lazy: huggingface_hub (~0.5 s to import); only when MODEL is a Hub id
+    # lazy: huggingface_hub (~0.5 s to import); only when MODEL is a Hub id
     from huggingface_hub import snapshot_download
     from huggingface_hub import errors as hf
 
@@ -119,6 +121,7 @@ def _download(repo_id: str, revision: str | None, quiet: bool, option: str) -> P
 @contextmanager
 def _bars_off(quiet: bool):
     """huggingface_hub's download bars (stderr) follow -q."""
+    # lazy: huggingface_hub (~0.5 s to import); only when MODEL is a Hub id
     from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
 
     was = are_progress_bars_disabled()

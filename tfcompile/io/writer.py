@@ -25,6 +25,7 @@ import torch
 from tfcompile.errors import UserError
 from tfcompile.io.direct import OutputFile
 from tfcompile.io.dtypes import code_of
+from tfcompile.io.jsonfile import write_json
 from tfcompile.io.oserrors import write_error
 from tfcompile.io.paths import INDEX_FILE, SINGLE_FILE
 
@@ -108,9 +109,8 @@ def write_index(out_dir: str | os.PathLike, plans: list[ShardPlan]) -> Path | No
     if len(plans) < 2:
         return None
     path = Path(out_dir) / INDEX_FILE
-    text = json.dumps(index_json(plans), indent=2, sort_keys=True) + "\n"
     try:
-        path.write_text(text, encoding="utf-8")
+        write_json(path, index_json(plans))
     except OSError as e:
         raise write_error(path, e) from e
     return path

@@ -8,7 +8,7 @@ and whether the engine's view should carry fused q/k/v and gate/up weights.
 RecipeError (exit 1) with a hint naming what the backend does accept.
 
 Facts are as read in the sources named per row (vLLM 0.11-0.17 attention
-backends, FlashInfer, TensorRT-LLM and SGLang docs and PRs; REFERENCE.md §6).
+backends, FlashInfer, TensorRT-LLM and SGLang docs and PRs; docs/formats.md "Engine layouts").
 Where a source was not checked on a run, the row says so; a rule that is
 unknown is None (not checked) rather than guessed.
 """
@@ -52,6 +52,8 @@ RULES: dict[tuple[str, str], BackendRules] = {r.engine + "/" + r.backend: r for 
         ("bf16", "fp16", "fp8_e4m3"), "collapse", ("half",), False,
         "vllm/v1/attention/backends/flashinfer.py: get_supported_kernel_block_sizes [16, 32, 64], HND "
         "stride order; FlashInfer head dims 64/128/256; one k_scale/v_scale per layer, so per-head "
+        # this text is the row's `rules_source` in kv_cache.json (artifact bytes): kept as written; the
+        # fact is in docs/formats.md "Engine layouts"
         "scales collapse to their max (REFERENCE.md §6)"),
     BackendRules(
         "sglang", "flashinfer", ("NHD",), "any", 1, (64, 128, 256), 8,

@@ -24,6 +24,7 @@ def mla_reference(attn, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
 
     `attn` is a transformers DeepseekV3Attention (its weights and RoPE convention are read);
     cos/sin are the model's rotary tables for those positions ([T, rope_dim])."""
+    # lazy: transformers (~2 s to import); only when a model is built
     from transformers.models.deepseek_v3.modeling_deepseek_v3 import (apply_rotary_pos_emb,
                                                                       apply_rotary_pos_emb_interleave)
 

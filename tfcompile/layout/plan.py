@@ -1,8 +1,8 @@
 """The layout plan: how every quantized group and copied tensor appears in the engine view.
 
 Built once by the `layout` pass (passes/layout.py) from the resolved options
-(`LayoutSpec`), config.json's head geometry and select's QuantPlan, and
-attached to the plan (`QuantPlan.layout`). pack streams the view from it
+(`LayoutSpec`), config.json's head geometry and select's QuantPlan; the pass
+produces it as the context's `layout`. pack streams the view from it
 (view.py), manifest records it (`record`), the reference decoder reads the
 view's layout.json written from it.
 
@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from tfcompile.errors import RecipeError
+from tfcompile.ir import QuantGroup, QuantPlan
 from tfcompile.layout.heads import HeadPlan, split_rows
 
 # member leaf name -> projection role in its fused group
@@ -96,7 +97,7 @@ def _members(v: ViewLinear) -> list[str]:
     return seen
 
 
-def build(spec: LayoutSpec, heads: HeadPlan | None, plan, names: Mapping[str, tuple]) -> LayoutPlan:
+def build(spec: LayoutSpec, heads: HeadPlan | None, plan: QuantPlan, names: Mapping[str, tuple]) -> LayoutPlan:
     """The layout plan for select's `plan`; `names`: every source tensor -> its shape."""
     groups: dict[str, tuple[ViewLinear, ...]] = {}
     for g in plan.groups:
@@ -112,7 +113,7 @@ def _role(key: str) -> str:
     return key.rpartition(".")[2]
 
 
-def _group_view(g, spec: LayoutSpec, heads: HeadPlan | None) -> tuple[ViewLinear, ...] | None:
+def _group_view(g: QuantGroup, spec: LayoutSpec, heads: HeadPlan | None) -> tuple[ViewLinear, ...] | None:
     role = _role(g.key)
     projs = [PROJ.get(t.module.rpartition(".")[2]) for t in g.members]
     fuse = (role == "qkv" and spec.fuse_qkv) or (role in ("gate_up", "w13") and spec.fuse_gate_up)
@@ -139,7 +140,7 @@ def _span(heads: HeadPlan, p: str, r: int) -> tuple[int, int]:
     return (r * n, (r + 1) * n)
 
 
-def _fused(g, role: str, projs: list, spec: LayoutSpec, heads: HeadPlan | None) -> ViewLinear:
+def _fused(g: QuantGroup, role: str, projs: list, spec: LayoutSpec, heads: HeadPlan | None) -> ViewLinear:
     """One fused Linear: per TP shard, each member's rows for that shard, in _ORDER."""
     parent = g.key.rpartition(".")[0]
     by_proj = {p: i for i, p in enumerate(projs)}
@@ -163,7 +164,7 @@ def _fused(g, role: str, projs: list, spec: LayoutSpec, heads: HeadPlan | None) 
     return ViewLinear(f"{parent}.{FUSED_NAME[role]}", tuple(pieces), tuple(shards))
 
 
-def _copies(plan, groups, heads: HeadPlan | None, names: Mapping[str, tuple]):
+def _copies(plan: QuantPlan, groups, heads: HeadPlan | None, names: Mapping[str, tuple]):
     """Copied tensors the view changes: biases and unquantized q/k/v rows, q/k norms."""
     member_of = {t.module: (g, i) for g in plan.groups for i, t in enumerate(g.members)}
     copies, dropped, fused_bias = {}, set(), {}

@@ -26,6 +26,9 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from tfcompile.artifact.manifest import load_manifest
+from tfcompile.artifact.naming import ct_outputs, qtensor_of
+from tfcompile.kernels.formats import dequantize
 from tfcompile.layout.paged_attention import KVFormat, PagedKV, paged_attention
 from tfcompile.schemes import get_scheme
 
@@ -58,11 +61,6 @@ class _Tensors:
 
 def load_view(artifact: Path, view: str | None = None) -> View:
     """The compressed-tensors view (None) or engine view `view` of a tfcompile artifact, dequantized."""
-    from tfcompile.artifact.verify import load_manifest
-    from tfcompile.evaluate.models import qtensor_of
-    from tfcompile.kernels.formats import dequantize
-    from tfcompile.passes.quantize.naming import ct_outputs
-
     artifact = Path(artifact)
     manifest = load_manifest(artifact)
     scheme = get_scheme(manifest["scheme"]["name"])

@@ -24,18 +24,19 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any, Iterator
 
 import torch
 
 from tfcompile.artifact.configs import ct_quantization_config
+from tfcompile.artifact.naming import ct_outputs
 from tfcompile.artifact.verify import SCALE_SUFFIXES, check_scale_tensor
+from tfcompile.io.checkpoint import Checkpoint
 from tfcompile.io.dtypes import torch_dtype_of
+from tfcompile.io.jsonfile import write_json
+from tfcompile.ir import Job, OutSpec, Program, QuantPlan, execute
 from tfcompile.layout.plan import LayoutPlan, ViewLinear
-from tfcompile.passes.quantize.naming import OutSpec, ct_outputs
-from tfcompile.passes.quantize.program import Job, execute
 
 LAYOUT_JSON = "layout.json"
 SCHEMA = 1
@@ -55,7 +56,7 @@ class _Op:
 class EngineView:
     """The engine view's write plan over `program` (one list of ops per main job)."""
 
-    def __init__(self, layout: LayoutPlan, program, source, model_dtype: torch.dtype):
+    def __init__(self, layout: LayoutPlan, program: Program, source: Checkpoint, model_dtype: torch.dtype):
         self.layout, self.dir = layout, layout.view
         self.model_dtype = model_dtype
         self.program = dataclasses.replace(program, act_amax=_fused_amax(layout, program))
@@ -67,7 +68,8 @@ class EngineView:
     def specs(self) -> list[OutSpec]:
         return [o for ops in self._ops for op in ops for o in op.outputs]
 
-    def tensors(self, job, main: dict, source) -> Iterator[tuple[str, torch.Tensor]]:
+    def tensors(self, job: Job, main: dict[str, torch.Tensor],
+                source: Checkpoint) -> Iterator[tuple[str, torch.Tensor]]:
         """The view's tensors for the next main job (jobs arrive in program order)."""
         ops, self._next = self._ops[self._next], self._next + 1
         for op in ops:
@@ -88,7 +90,7 @@ class EngineView:
                 yield op.outputs[0].name, t[torch.tensor(rows)].contiguous()
 
     # -- planning ----------------------------------------------------------------------------
-    def _plan(self, job) -> list[_Op]:
+    def _plan(self, job: Job) -> list[_Op]:
         lay = self.layout
         if job.kind == "group":
             return self._plan_group(job)
@@ -106,7 +108,7 @@ class EngineView:
             return [_Op("gather", (OutSpec(out, spec.dtype, shape),), (job.source, rows))]
         return [_Op("main", job.outputs)]
 
-    def _plan_group(self, job) -> list[_Op]:
+    def _plan_group(self, job: Job) -> list[_Op]:
         views = self.layout.groups.get(job.group.key)
         if views is None:
             return [_Op("main", job.outputs)]
@@ -124,7 +126,7 @@ class EngineView:
                 ops.append(_Op("main", tuple(o for o in job.outputs if o.name.rpartition(".")[0] == t.module)))
         return ops
 
-    def _view_job(self, job, v: ViewLinear) -> Job:
+    def _view_job(self, job: Job, v: ViewLinear) -> Job:
         members = job.group.members
         k = members[0].shape[1]
         parts = tuple((members[p.member], p.rows) for p in v.pieces)
@@ -136,14 +138,15 @@ class EngineView:
 
 
 
-def open_view(layout: LayoutPlan | None, program, source, model_dtype: torch.dtype) -> EngineView | None:
+def open_view(layout: LayoutPlan | None, program: Program, source: Checkpoint,
+              model_dtype: torch.dtype) -> EngineView | None:
     """The engine view to stream, or None when the layout changes no weight."""
     if layout is None or layout.view is None:
         return None
     return EngineView(layout, program, source, model_dtype)
 
 
-def _fused_amax(layout: LayoutPlan, program) -> dict:
+def _fused_amax(layout: LayoutPlan, program: Program) -> dict[str, float]:
     """act_amax with each view Linear's input amax: the max over its members (one input)."""
     act = dict(program.act_amax)
     if not act:
@@ -158,8 +161,8 @@ def _fused_amax(layout: LayoutPlan, program) -> dict:
     return act
 
 
-def write_view_files(out: Path, layout: LayoutPlan, source_config: dict, plan, kv: str | None,
-                     layers: dict[str, list[int]], dump) -> dict[str, str]:
+def write_view_files(out: Path, layout: LayoutPlan, source_config: dict, plan: QuantPlan, kv: str | None,
+                     layers: dict[str, list[int]]) -> dict[str, str]:
     """config.json and layout.json of the view; returns {relative path: sha256}."""
     d = out / layout.view
     cfg = copy.deepcopy({k: v for k, v in source_config.items() if k != "quantization_config"})
@@ -170,11 +173,11 @@ def write_view_files(out: Path, layout: LayoutPlan, source_config: dict, plan, k
     if layout.spec.kv_dtype == "nvfp4":
         qc["kv_cache_scheme"] = dict(NVFP4_KV_SCHEME)
     cfg["quantization_config"] = qc
-    return {f"{layout.view}/config.json": dump(d / "config.json", cfg),
-            f"{layout.view}/{LAYOUT_JSON}": dump(d / LAYOUT_JSON, layout_json(layout, plan, layers))}
+    return {f"{layout.view}/config.json": write_json(d / "config.json", cfg),
+            f"{layout.view}/{LAYOUT_JSON}": write_json(d / LAYOUT_JSON, layout_json(layout, plan, layers))}
 
 
-def layout_json(layout: LayoutPlan, plan, layers: dict[str, list[int]]) -> dict:
+def layout_json(layout: LayoutPlan, plan: QuantPlan, layers: dict[str, list[int]]) -> dict:
     """The view's name map: every quantized Linear of the view with its shape, fused members and
     per-TP-shard row spans, plus the head order the reference decoder and engines need."""
     s, h = layout.spec, layout.heads
@@ -207,7 +210,3 @@ def heads_record(layout: LayoutPlan) -> dict:
             "q_heads_per_shard": h.q_per_shard, "kv_heads_per_shard": h.kv_per_shard,
             "kv_replicas": h.replicas, "kv_head_map": list(h.kv_map),
             "rope_row_order": list(h.order) if h.order is not None else None}
-
-
-def read_layout_json(view_dir: Path) -> dict:
-    return json.loads((Path(view_dir) / LAYOUT_JSON).read_text())

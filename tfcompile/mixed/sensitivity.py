@@ -1,7 +1,7 @@
 """Measured sensitivity: the KL of the model's output when one fusion group alone is quantized.
 
 For every fusion group and every candidate format, the group's weights are replaced by their
-round-to-nearest quantization in that format (the quantizers pack uses: passes/quantize/rtn.py,
+round-to-nearest quantization in that format (the quantizers pack uses: Scheme.weights,
 NVFP4's shared group global scale included) and its inputs are quantized as that format's
 activations are at inference (tfcompile eval's emulation, static scales from the max |x| seen
 on these tokens); the cost is the mean KL(reference || model) of the next-token distribution
@@ -22,11 +22,9 @@ from torch import nn
 
 from tfcompile.calibration.forward import calibration_ids, load_hf_model, resolve_data
 from tfcompile.calibration.sequential import find_layers
-from tfcompile.evaluate.actquant import act_quantizer, pre_hook
+from tfcompile.evaluate.actquant import pre_hook
 from tfcompile.kernels import formats as F
 from tfcompile.mixed.search import GroupCost
-from tfcompile.passes.quantize.program import Program
-from tfcompile.passes.quantize.rtn import _round_up, group_global_scale, quantize_weight
 from tfcompile.schemes import Scheme, get_scheme
 
 
@@ -130,18 +128,14 @@ class _quantized:
 
     def __init__(self, group, mods, scheme: Scheme, amax: dict, mx_rule: str, dtype: torch.dtype):
         self.mods, self.saved, self.hooks = mods, [m.weight.data for m in mods], []
-        prog = Program(scheme, "rtn", (), {}, mx_rule, 0)
         ws = [m.weight.data.float() for m in mods]
-        g = group_global_scale(scheme, group.members, ws)
-        self.new = [F.dequantize(quantize_weight(w, scheme, prog, g, t.source, dtype), torch.float32).to(dtype)
-                    for t, w in zip(group.members, ws)]
+        wq = scheme.weights  # the quantizer pack uses (kernels/formats/quantizer.py), RTN
+        g = wq.group_global_scale(ws, [t.source for t in group.members])
+        rule = mx_rule or wq.default_rule
+        self.new = [F.dequantize(wq.quantize(w, global_scale=g, rule=rule, scale_dtype=dtype, name=t.source),
+                                 torch.float32).to(dtype) for t, w in zip(group.members, ws)]
         a = max(amax.get(t.module, 0.0) for t in group.members)
-        static = None
-        if scheme.act == "nvfp4":
-            static = F.nvfp4_global_scale(torch.tensor([a]))
-        elif scheme.act == "fp8-static":
-            static = _round_up(torch.tensor([a / F.E4M3_MAX]).clamp_min(1e-12), dtype)
-        self.act = act_quantizer(scheme.act, group.key, static)
+        self.act = None if scheme.acts is None else scheme.acts.emulate(a, dtype, name=group.key)
 
     def __enter__(self):
         for m, w in zip(self.mods, self.new):

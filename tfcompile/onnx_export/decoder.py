@@ -59,7 +59,7 @@ def rope_tables(cfg: Mapping[str, Any], head_dim: int) -> tuple[np.ndarray, floa
     if kind in ("dynamic", "longrope"):
         raise OnnxExportError(f"rope_type {kind!r} depends on the sequence length and is not exported",
                               hint="export a model with static RoPE (default, linear, llama3, yarn)")
-    import transformers
+    import transformers  # lazy: transformers (~2 s to import); only when a model is built
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     if kind not in ROPE_INIT_FUNCTIONS:

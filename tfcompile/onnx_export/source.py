@@ -18,6 +18,7 @@ from typing import Any, Mapping
 
 import torch
 
+from tfcompile.artifact.manifest import MANIFEST, load_manifest
 from tfcompile.onnx_export.config import MIN_OPSET_FP4, OnnxExportError
 from tfcompile.schemes import Scheme, get_scheme
 
@@ -37,8 +38,6 @@ class ArtifactView:
 def view_from_path(path: Path) -> ArtifactView:
     """The view of a published artifact (its tfcompile/manifest.json and config.json), or of a
     plain Hugging Face checkpoint (no quantization: every Linear exported as stored)."""
-    from tfcompile.artifact.verify import MANIFEST, load_manifest
-
     path = Path(path)
     if not path.is_dir():
         raise OnnxExportError(f"{path} is not a directory",

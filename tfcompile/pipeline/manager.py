@@ -1,23 +1,24 @@
 """The pass manager: check the whole schedule, then run it pass by pass.
 
 `validate` walks the recipe without running anything: every pass's `requires`
-must be in the starting context or produced by an earlier pass, and every
-pass's `supports` check must pass. `run` executes, times each pass, checks
-that it produced what it declared, and on failure names the failing pass and
-the passes that ran before it.
+must be in the starting context or produced by an earlier pass, and no pass's
+`supports` may report a reason it cannot run (every reason of every pass is
+reported at once). `run` executes, times each pass, checks that it produced
+what it declared, and on failure names the failing pass and the passes that ran
+before it; after the last pass it calls the passes' `finish` hooks in order.
 """
 
 from __future__ import annotations
 
 import errno
 import time
-from typing import Any
 
 from tfcompile.errors import RecipeError, TfcompileError
 from tfcompile.io.oserrors import write_error
 from tfcompile.pipeline.context import INITIAL_FIELDS, Context
-from tfcompile.pipeline.passes import PassSpec, get_pass
-from tfcompile.pipeline.report import NullReporter
+from tfcompile.pipeline.passes import REGISTRY, PassSpec, Unsupported, get_pass
+from tfcompile.pipeline.recipe import Recipe
+from tfcompile.reporter import NullReporter, Reporter
 
 
 _ENVIRONMENT = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO}
@@ -38,10 +39,11 @@ class PassFailed(TfcompileError):
         self.inner = inner
 
 
-def validate(recipe: Any) -> list[PassSpec]:
+def validate(recipe: Recipe) -> list[PassSpec]:
     """Check the schedule statically; return the pass specs in order."""
     available = set(INITIAL_FIELDS)
     specs, seen = [], []
+    problems: list[tuple[str, Unsupported]] = []
     for entry in recipe.passes:
         spec = get_pass(entry.name)
         missing = sorted(spec.requires - available)
@@ -53,24 +55,35 @@ def validate(recipe: Any) -> list[PassSpec]:
                 hint=f"schedule {makers} before '{spec.name}', or drop it from --skip/--until",
             )
         if spec.supports is not None:
-            reason = spec.supports(recipe, entry.config)
-            if reason:
-                raise RecipeError(f"pass '{spec.name}' cannot run: {reason}",
-                                  hint=f"change the recipe or --skip {spec.name}")
+            reasons = spec.supports(recipe, entry.config)
+            if not isinstance(reasons, list):  # e.g. a pass written for the old API (a str or None)
+                raise TypeError(f"pass {spec.name!r}: supports() must return a list of Unsupported, "
+                                f"got {type(reasons).__name__}")
+            problems += [(spec.name, u) for u in reasons]
         available |= spec.produces
         specs.append(spec)
         seen.append(spec.name)
+    if problems:
+        raise _unsupported(problems)
     return specs
 
 
-def _producers(fields: list[str]) -> str:
-    from tfcompile.pipeline.passes import REGISTRY
+def _unsupported(problems: list[tuple[str, Unsupported]]) -> RecipeError:
+    """One error naming every reason; the first reason's hint (each is listed in the message)."""
+    lines = [f"pass '{name}' cannot run: {u.reason}" for name, u in problems]
+    name, first = problems[0]
+    hint = first.hint or f"change the recipe or --skip {name}"
+    if len(problems) > 1:
+        hint += f" (and {len(problems) - 1} more reason{'s' if len(problems) > 2 else ''} above)"
+    return RecipeError("; ".join(lines), hint=hint)
 
+
+def _producers(fields: list[str]) -> str:
     names = sorted({s.name for s in REGISTRY.values() if s.produces & set(fields)})
     return " or ".join(f"'{n}'" for n in names) or "a pass that produces them"
 
 
-def run(ctx: Context, recipe: Any, reporter: Any = None) -> Context:
+def run(ctx: Context, recipe: Recipe, reporter: Reporter | None = None) -> Context:
     """Run `recipe` over `ctx`; returns the final context with per-pass stats."""
     reporter = reporter or NullReporter()
     specs = validate(recipe)
@@ -94,4 +107,12 @@ def run(ctx: Context, recipe: Any, reporter: Any = None) -> Context:
         ctx = result.ctx.with_(pass_stats=dict(stats))
         reporter.pass_finished(spec.name, seconds, result.stats)
         done.append(spec.name)
+    for spec in specs:
+        if spec.finish is not None:
+            try:
+                ctx = spec.finish(ctx)
+            except (KeyboardInterrupt, PassFailed):
+                raise
+            except BaseException as e:  # noqa: BLE001 - re-raised with the pass named
+                raise PassFailed(spec.name, done, e) from e
     return ctx

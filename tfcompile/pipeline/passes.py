@@ -3,7 +3,22 @@
 A pass is a name, a frozen config dataclass (unknown keys are rejected when a
 recipe is parsed), the context fields it `requires` and `produces`, and a pure
 function `run(ctx, cfg, reporter) -> PassResult`. Passes keep no state between
-runs and touch no globals; the registry maps names to specs.
+runs and touch no globals; the registry maps names to specs. It is filled by
+importing the pass modules (`tfcompile.passes.builtin`), which the entry points
+(tfcompile.api, the CLI) do; the pipeline core imports no pass.
+
+Each pass also declares when the standard pipeline (`tfcompile quantize`, `distill`)
+schedules it, so no central table decides:
+- `slot`: its position in the standard pipeline (None: only in a recipe's explicit list);
+- `when(selection)`: whether it runs, from the format and the settings given
+  (None: always);
+- `implies(settings)`: settings it needs in other passes (GPTQ's Hessians from
+  `calibrate`), applied under the user's own; an implied pass is scheduled too;
+- `supports(recipe, cfg)`: every reason the pass cannot run with this recipe
+  (`Unsupported`, with a hint), all at once; [] when it can. It never raises.
+A pass may also `finish` the run: after the last pass has run, the manager calls each
+scheduled pass's `finish(ctx)` in order (the manifest pass writes the manifest there, once,
+from the facts every pass returned).
 """
 
 from __future__ import annotations
@@ -12,18 +27,50 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
+from tfcompile.errors import RecipeError, UserError
+from tfcompile.io.jsonfile import JsonValue
 from tfcompile.pipeline.context import FIELDS, Context
+from tfcompile.pipeline.recipe import Recipe
+from tfcompile.reporter import Reporter
+from tfcompile.schemes import Scheme
+
+Settings = Mapping[str, Mapping[str, Any]]  # pass name -> {field: value} given for it
 
 
 @dataclass(frozen=True)
 class PassResult:
     ctx: Context
-    stats: Mapping[str, Any] = field(default_factory=dict)  # JSON-able figures for the report
+    stats: Mapping[str, JsonValue] = field(default_factory=dict)  # JSON-able figures for the report
 
 
-RunFn = Callable[[Context, Any, Any], PassResult]
-# supports(recipe, cfg) -> None when the pass can run, else a reason string.
-SupportsFn = Callable[[Any, Any], "str | None"]
+@dataclass(frozen=True)
+class Unsupported:
+    """One reason a pass cannot run with a recipe, and what to do about it."""
+    reason: str
+    hint: str | None = None
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What decides the standard pipeline: the format's scheme (None: no format) and every
+    setting given, by pass (recipe file, CLI options and --set, merged; an option with no
+    value, such as --export onnx, gives its pass an empty table)."""
+    scheme: Scheme | None
+    settings: Settings
+
+    def given(self, name: str) -> bool:
+        """Any setting was given for pass `name`."""
+        return name in self.settings
+
+    def value(self, name: str, key: str) -> Any:
+        return self.settings.get(name, {}).get(key)
+
+
+RunFn = Callable[[Context, Any, Reporter], PassResult]
+SupportsFn = Callable[[Recipe, Any], "list[Unsupported]"]
+WhenFn = Callable[[Selection], bool]
+ImpliesFn = Callable[[Settings], "dict[str, dict[str, Any]]"]
+FinishFn = Callable[[Context], Context]
 
 
 @dataclass(frozen=True)
@@ -35,12 +82,18 @@ class PassSpec:
     run: RunFn
     doc: str
     supports: SupportsFn | None = None
+    slot: int | None = None  # position in the standard pipeline; None: never scheduled by it
+    when: WhenFn | None = None  # None: every standard pipeline runs it
+    implies: ImpliesFn | None = None
+    finish: FinishFn | None = None  # called with the final context after the last pass
 
 
 REGISTRY: dict[str, PassSpec] = {}
 
 
-def register_pass(name: str, *, config: type, requires=(), produces=(), supports=None):
+def register_pass(name: str, *, config: type, requires=(), produces=(), supports: SupportsFn | None = None,
+                  slot: int | None = None, when: WhenFn | None = None, implies: ImpliesFn | None = None,
+                  finish: FinishFn | None = None):
     """Decorator: register `run` as pass `name`. Field names are checked here."""
     req, prod = frozenset(requires), frozenset(produces)
     bad = (req | prod) - FIELDS
@@ -53,25 +106,33 @@ def register_pass(name: str, *, config: type, requires=(), produces=(), supports
         if name in REGISTRY:
             raise ValueError(f"pass {name!r} registered twice")
         doc = (fn.__doc__ or "").strip().splitlines()[0] if fn.__doc__ else ""
-        REGISTRY[name] = PassSpec(name, config, req, prod, fn, doc, supports)
+        REGISTRY[name] = PassSpec(name, config, req, prod, fn, doc, supports, slot, when, implies, finish)
         return fn
 
     return wrap
 
 
 def get_pass(name: str) -> PassSpec:
-    _load_builtin_passes()
     try:
         return REGISTRY[name]
     except KeyError:
-        from tfcompile.errors import RecipeError
-
         raise RecipeError(
             f"unknown pass {name!r}",
-            hint="known passes: " + ", ".join(sorted(REGISTRY)),
+            hint=("known passes: " + ", ".join(sorted(REGISTRY))) if REGISTRY else
+            "no pass is registered: import tfcompile.api (it registers the built-in passes)",
         ) from None
 
 
-def _load_builtin_passes() -> None:
-    """Import the built-in pass modules once (explicit list, no package walking)."""
-    import tfcompile.passes.builtin  # noqa: F401  (registers on import)
+def given(name: str) -> WhenFn:
+    """`when`: the pass runs when any setting was given for it (its CLI option or a recipe table)."""
+    return lambda sel: sel.given(name)
+
+
+def check(fn: Callable[..., Any], *args: Any) -> list[Unsupported]:
+    """Run a validator that raises a UserError (a RecipeError, a toolchain error) and turn what it
+    raises into a reason: how `supports` functions reuse checks shared with the passes' runs."""
+    try:
+        fn(*args)
+    except UserError as e:
+        return [Unsupported(e.message, e.hint)]
+    return []

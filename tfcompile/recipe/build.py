@@ -1,4 +1,9 @@
-"""Build a Recipe from presets, a recipe file and CLI edits (one code path)."""
+"""Build a Recipe from presets, a recipe file and CLI edits (one code path).
+
+Presets < recipe file < CLI options < --set; then --skip / --until. Which passes the
+standard pipeline of a format runs is declared by the passes themselves (their `slot`,
+`when` and `implies`, tfcompile/pipeline/passes.py): `preset_pipeline` only asks them.
+"""
 
 from __future__ import annotations
 
@@ -8,42 +13,31 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from tfcompile.errors import RecipeError
-from tfcompile.pipeline.passes import get_pass
-from tfcompile.recipe.schema import RECIPE_VERSION, PassEntry, Recipe, build_config
+from tfcompile.pipeline.passes import REGISTRY, Selection, Settings, get_pass
+from tfcompile.pipeline.recipe import RECIPE_VERSION, PassEntry, Recipe, build_config
 from tfcompile.schemes import get_scheme
 
 
-def preset_pipeline(fmt: str, kv_cache: bool = False, evaluate: bool = False, emit: bool = False,
-                    layout: bool = False, onnx: bool = False, distill: bool = False,
-                    cutlass: bool = False, report: bool = False, rotate: bool = False,
-                    mixed: bool = False) -> list[str]:
-    """The pass list `tfcompile quantize --format FMT [--kv-cache fp8] [--eval] [--target T] [--layout E]
-    [--export onnx]` runs (`tfcompile distill`: distill=True; any emit_cutlass setting: cutlass=True)."""
-    scheme = get_scheme(fmt)
-    names = ["load"] + (["rotate"] if rotate else []) + ["select"]  # rotate: passes/rotate.py
-    if mixed:
-        names.append("mixed")  # per-group formats (passes/mixed.py), before calibration and layout
-    if layout:
-        names.append("layout")  # engine layout checks and plan, before any slow pass (passes/layout.py)
-    if scheme.act_static or kv_cache:
-        names.append("calibrate")  # static activation or KV-cache scales need statistics
-    names.append("quantize")
-    if distill:
-        names.append("distill")  # trains the fake-quantized model; pack re-quantizes its weights
-    names.append("pack")
-    if emit:
-        names.append("emit")  # GPU kernels into kernels/, before manifest records every file
-    if onnx:
-        names.append("onnx")  # OUT/onnx/model.onnx from the packed tensors, before manifest hashes it
-    names.append("manifest")
-    if cutlass:
-        names.append("emit_cutlass")  # after manifest (it records whether nvcc compiled), before verify
-    names.append("verify")
-    if evaluate:
-        names.append("eval")  # measured on the staged, verified artifact, before it is published
-    if report:
-        names.append("report")  # OUT/tfcompile/report.html from the final manifest (passes/report.py)
-    return names
+def implied_settings(settings: Settings) -> dict[str, dict[str, Any]]:
+    """Settings the given ones imply in other passes (GPTQ: calibrate.hessian), by pass."""
+    out: dict[str, dict[str, Any]] = {}
+    for spec in REGISTRY.values():
+        if spec.implies is not None:
+            for name, values in spec.implies(settings).items():
+                out.setdefault(name, {}).update(values)
+    return out
+
+
+def preset_pipeline(fmt: str, settings: Settings | None = None) -> list[str]:
+    """The pass list `tfcompile quantize --format FMT` runs with these settings (pass -> {field:
+    value} given; e.g. {"calibrate": {"kv_cache": "fp8"}} for --kv-cache fp8): every registered
+    pass with a slot whose `when` holds, or that another pass's settings imply, in slot order."""
+    settings = dict(settings or {})
+    implied = implied_settings(settings)
+    sel = Selection(get_scheme(fmt), {**settings, **{n: {**v, **settings.get(n, {})} for n, v in implied.items()}})
+    specs = [s for s in REGISTRY.values() if s.slot is not None]
+    chosen = [s for s in specs if s.name in implied or s.when is None or s.when(sel)]
+    return [s.name for s in sorted(chosen, key=lambda s: s.slot)]
 
 
 def load_recipe_file(path: Path) -> dict:
@@ -107,43 +101,23 @@ def build_recipe(
         name, key, raw = _parse_set(item)
         edits.append((name, {key: _parse_value(raw)}, f"--set {item}"))
     edits = _route_onnx_export(edits)
-    # The preset's shape follows the settings, wherever they came from: an FP8 KV cache,
-    # GPTQ or AWQ needs the calibrate pass (GPTQ its Hessians, AWQ its activation statistics).
-    kv = any(n == "calibrate" and isinstance(t, Mapping) and t.get("kv_cache") for n, t, _ in edits)
-    gptq = any(n == "quantize" and isinstance(t, Mapping) and t.get("algorithm") == "gptq"
-               for n, t, _ in edits)
-    # AWQ and SmoothQuant both need each norm-fed group's input statistics
-    awq = any(n == "quantize" and isinstance(t, Mapping) and t.get("algorithm") in ("awq", "smoothquant")
-              for n, t, _ in edits)
-    evaluate = any(n == "eval" for n, _, _ in edits)  # any eval setting (--eval, --max-kl ...) runs it
-    emit = any(n == "emit" and isinstance(t, Mapping) and t.get("targets") for n, t, _ in edits)  # --target
-    layout = any(n == "layout" for n, _, _ in edits)  # --layout, --tp, --kv-layout ... or layout.* settings
-    onnx = any(n == "onnx" for n, _, _ in edits)  # --export onnx, or any onnx.* setting
-    distill = any(n == "distill" for n, _, _ in edits)  # tfcompile distill, or any distill.* setting
-    cutlass = any(n == "emit_cutlass" for n, _, _ in edits)  # any emit_cutlass.* setting (passes/emit_cutlass.py)
-    report = any(n == "report" for n, _, _ in edits)  # quantize --report (passes/report.py)
-    rotate = any(n == "rotate" for n, _, _ in edits)  # any rotate.* setting (passes/rotate.py)
-    mixed = any(n == "mixed" for n, _, _ in edits)  # any mixed.* setting (passes/mixed.py)
-    pipeline = list(data.get("pipeline") or (preset_pipeline(fmt, kv or gptq or awq, evaluate, emit, layout, onnx,
-                                                             distill, cutlass, report, rotate, mixed) if fmt else []))
+    # The preset's shape follows the settings, wherever they came from (the passes declare how)
+    settings = _given(edits)
+    pipeline = list(data.get("pipeline") or (preset_pipeline(fmt, settings) if fmt else []))
     if not pipeline:
         raise RecipeError("no pipeline: give --format or a recipe with `format` or `pipeline`",
                           hint="e.g. tfcompile quantize --format nvfp4 MODEL -o OUT")
     values: dict[str, dict[str, Any]] = {n: {} for n in pipeline}
     if fmt and "select" in values:
         values["select"]["format"] = fmt
-    if gptq and "calibrate" in values:
-        values["calibrate"]["hessian"] = True  # GPTQ needs each group's input Hessian
-    if awq and "calibrate" in values:
-        values["calibrate"]["awq"] = True  # AWQ needs each norm-fed group's input statistics
-    if report and "eval" in values:
-        values["eval"]["details"] = True  # the report plots the per-layer eval figures
+    for name, implied in implied_settings(settings).items():  # under the user's own settings
+        if name in values:
+            values[name].update(implied)
     for name, table, where in edits:
         if name == "calibrate" and name not in values and fmt:
             raise _needs_no_calibration(fmt, where, values)
         _merge(values, name, table, where)
     _check_format_agrees(fmt, values)
-    _inherit_emit(values)
     pipeline = _cut(pipeline, skip, until)
     entries = tuple(PassEntry(n, build_config(get_pass(n).config, values[n], f"pass {n}"))
                     for n in pipeline)
@@ -160,8 +134,6 @@ def _check_format_agrees(fmt: str | None, values: dict) -> None:
 
 def _needs_no_calibration(fmt: str, where: str, values: dict) -> RecipeError:
     """A calibration option on a pipeline without the calibrate pass: say why it has none."""
-    from tfcompile.schemes import get_scheme
-
     scheme = get_scheme(fmt)
     why = ("its activations stay in bf16 (weight-only)" if scheme.act is None else
            "its activation scales are computed at run time (dynamic)" if not scheme.act_static else
@@ -172,12 +144,12 @@ def _needs_no_calibration(fmt: str, where: str, values: dict) -> RecipeError:
                             "scales), --kv-cache fp8, and --algorithm gptq / awq")
 
 
-def _inherit_emit(values: dict) -> None:
-    """emit_cutlass takes `--target` (emit.targets) and emit.tuning unless given its own."""
-    if "emit_cutlass" in values and "emit" in values:
-        for key in ("targets", "tuning"):
-            if not values["emit_cutlass"].get(key) and values["emit"].get(key):
-                values["emit_cutlass"][key] = values["emit"][key]
+def _given(edits: list) -> dict[str, dict[str, Any]]:
+    """Every setting given, by pass (later edits win; a pass named with no values gets {})."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, table, _ in edits:
+        out.setdefault(name, {}).update(table if isinstance(table, Mapping) else {})
+    return out
 
 
 def _route_onnx_export(edits: list) -> list:

@@ -9,12 +9,13 @@ one is a line `...:INFO:CONSOLE:<line>] "<message>", source: <url> (<line>)`; a 
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from tfcompile.settings import settings
 
 CANDIDATES = ("chromium", "chromium-browser", "google-chrome")
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-extensions",
@@ -30,7 +31,7 @@ class Rendered:
 
 def find() -> str | None:
     """$TFCOMPILE_CHROMIUM, else the first Chromium on PATH."""
-    return os.environ.get("TFCOMPILE_CHROMIUM") or next(filter(None, map(shutil.which, CANDIDATES)), None)
+    return settings().chromium or next(filter(None, map(shutil.which, CANDIDATES)), None)
 
 
 def _run(page: Path, *extra: str, timeout: float = 180) -> subprocess.CompletedProcess:

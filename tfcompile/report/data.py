@@ -10,9 +10,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from tfcompile.artifact.manifest import MANIFEST, load_manifest
 from tfcompile.errors import UserError
 
-MANIFEST = "tfcompile/manifest.json"
 KV_DESCRIPTOR = "tfcompile/kv_cache.json"
 TRITON_INDEX = "kernels/index.json"
 
@@ -29,8 +29,6 @@ class ReportData:
 
 
 def load(artifact: Path, eval_doc: dict | None = None) -> ReportData:
-    from tfcompile.artifact.verify import load_manifest
-
     artifact = Path(artifact)
     manifest = load_manifest(artifact)
     raw = (artifact / MANIFEST).read_bytes()
@@ -40,6 +38,20 @@ def load(artifact: Path, eval_doc: dict | None = None) -> ReportData:
     return ReportData(manifest.get("source", {}).get("name") or artifact.name, manifest,
                       hashlib.sha256(raw).hexdigest(), sizes, _json(artifact / KV_DESCRIPTOR),
                       _json(artifact / TRITON_INDEX), evaluation)
+
+
+def kv_cache_text(manifest: dict) -> str:
+    """The KV cache an engine runs with this artifact: dtype, scale granularity, engine layout."""
+    kv = manifest["scheme"].get("kv_cache")
+    if not kv:
+        return "not quantized (the engine's default dtype)"
+    per = {"tensor": "per tensor", "attn_head": "per KV head"}.get(kv.get("strategy"), kv.get("strategy"))
+    text = (f"{kv['dtype']}, {per} k_scale/v_scale in {len(manifest.get('kv_modules', []))} attention modules")
+    spec = (manifest.get("layout") or {}).get("spec") or {}
+    if spec:
+        text += (f"; {spec.get('target')} layout {spec.get('kv_layout')}, {spec.get('block_size')} tokens "
+                 f"per page (tfcompile/kv_cache.json)")
+    return text
 
 
 def load_eval_json(path: Path) -> dict:

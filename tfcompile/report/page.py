@@ -10,7 +10,7 @@ from html import escape
 from tfcompile import __version__
 from tfcompile.evaluate.kvcache import describe
 from tfcompile.report import svg
-from tfcompile.report.data import ReportData, decoder_layer, model_order, projection
+from tfcompile.report.data import ReportData, decoder_layer, kv_cache_text, model_order, projection
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 CSS = """
@@ -62,8 +62,6 @@ def _mib(n: int | None) -> str:
 
 
 def summary(d: ReportData) -> str:
-    from tfcompile.cli.tables import kv_cache_text
-
     s, sc = d.manifest["summary"], d.manifest["scheme"]
     worst = s.get("worst_sqnr_db")
     cards = [_card(sc["name"], f"{sc['weight']}, {sc['granularity']}" + (f" {sc['block']}" if sc.get("block") else "")),

@@ -4,7 +4,7 @@
 `LoadedArtifact.install(model)` swaps them into a model built from the artifact's config.json.
 """
 
-from tfcompile.runtime.linear import QuantLinear
-from tfcompile.runtime.loader import BACKENDS, LoadedArtifact, load_artifact
+from tfcompile.runtime.linear import Kernels, QuantLinear
+from tfcompile.runtime.loader import LoadedArtifact, load_artifact
 
-__all__ = ["BACKENDS", "LoadedArtifact", "QuantLinear", "load_artifact"]
+__all__ = ["Kernels", "LoadedArtifact", "QuantLinear", "load_artifact"]

@@ -18,6 +18,8 @@ from typing import Callable
 
 import torch
 
+from tfcompile.kernels.formats import to_blackwell_scale_layout
+
 FP8_GROUP = 128
 
 
@@ -35,8 +37,6 @@ class Weights:
 
 def prepare(ql) -> Weights:
     """Weights of a QuantLinear in kernel layouts (one-time transforms)."""
-    from tfcompile.kernels.formats import to_blackwell_scale_layout
-
     dev = ql.data.device
     fp8 = ql.format == "fp8"
     scale = ql.scale.float().contiguous() if fp8 else ql.scale.contiguous()
@@ -158,8 +158,6 @@ A_OPERANDS: dict[str, Callable] = {
 
 def synthetic_weights(scheme, n: int, k: int, dev) -> Weights:
     """Random weights of `scheme`'s format in kernel layouts (for timing)."""
-    from tfcompile.kernels.formats import to_blackwell_scale_layout
-
     fmt = scheme.weight
     static = torch.ones(1, device=dev) if scheme.act_static else None
     if fmt == "fp8":

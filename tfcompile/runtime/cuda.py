@@ -18,7 +18,11 @@ from pathlib import Path
 
 import torch
 
-from tfcompile.runtime.bindings import ACT_BINDERS, FOLLOWUP_BINDERS, GEMM_BINDERS, has_binder, prepare
+from tfcompile.runtime.bindings import (ACT_BINDERS, FOLLOWUP_BINDERS,
+                                        GEMM_BINDERS, has_binder, prepare)
+from tfcompile.runtime.linear import Kernels
+from tfcompile.tune.compile import jit_fn
+from tfcompile.tune.registry import load_kernels
 from tfcompile.tune.shapes import bucket_for
 
 
@@ -26,9 +30,8 @@ class LoadedKernel:
     """One emitted kernel file, loaded (module load happens at the first launch)."""
 
     def __init__(self, kdef, doc: dict, cubin: bytes):
-        from triton.compiler import ASTSource, CompiledKernel
-
-        from tfcompile.tune.compile import jit_fn
+        from triton.compiler import (  # lazy: triton's compiler and driver (~1 s to import); only on a GPU
+            ASTSource, CompiledKernel)
 
         self.kdef, self.doc = kdef, doc
         sig = {a: doc["signature"][a] for a in doc["arg_order"]}  # the launcher reads it in order
@@ -112,8 +115,6 @@ class LinearRunner:
 
 def attach(art, target: str, device: torch.device) -> str | None:
     """Give each QuantLinear of `art` a LinearRunner; None, or why the kernels cannot be used."""
-    from tfcompile.tune.registry import load_kernels
-
     kernels, _ = load_kernels()
     store = KernelStore(art.path, target, kernels)
     gemms, acts = store.serving["gemm"], store.serving["act_quant"]
@@ -131,12 +132,12 @@ def attach(art, target: str, device: torch.device) -> str | None:
         runners[name] = r
     ensure_allocator()
     for name, ql in art.linears.items():
-        ql.runner, ql.backend = runners[name], "cuda"
+        ql.runner, ql.kernels = runners[name], Kernels.TRITON
     return None
 
 
 def ensure_allocator() -> None:
     """Kernels using device-side tensor descriptors (TMA) need Triton's global scratch allocator."""
-    import triton
+    import triton  # lazy: triton's compiler and driver (~1 s to import); only on a GPU
 
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))

@@ -25,6 +25,10 @@ from pathlib import Path
 import torch
 
 from tfcompile.errors import TfcompileError
+from tfcompile.runtime.bindings import ACT_BINDERS, prepare
+from tfcompile.runtime.cuda import KernelStore, ensure_allocator
+from tfcompile.runtime.linear import Kernels
+from tfcompile.tune.registry import load_kernels
 from tfcompile.tune.shapes import bucket_for
 
 
@@ -129,8 +133,6 @@ class CutlassRunner:
     GEMM of the bucket of M (bf16 out)."""
 
     def __init__(self, ql, store: CutlassStore, gemm: str, triton_store, act: str):
-        from tfcompile.runtime.bindings import prepare
-
         self.ql, self.store, self.gemm, self.tstore, self.act = ql, store, gemm, triton_store, act
         self.w = prepare(ql)
         n, k = ql.out_features, ql.in_features
@@ -139,8 +141,6 @@ class CutlassRunner:
         self._weights: dict[str, tuple] = {}  # stem -> gemm_operands (alpha computed once)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        from tfcompile.runtime.bindings import ACT_BINDERS
-
         n, k = self.ql.out_features, self.ql.in_features
         lead = x.shape[:-1]
         x2 = x.reshape(-1, k).to(torch.bfloat16).contiguous()
@@ -164,9 +164,6 @@ class CutlassRunner:
 
 def attach(art, target: str, device: torch.device) -> str | None:
     """Give each QuantLinear of `art` a CutlassRunner; None, or why the CUTLASS kernels cannot be used."""
-    from tfcompile.runtime.cuda import KernelStore, ensure_allocator
-    from tfcompile.tune.registry import load_kernels
-
     if not (art.path / "kernels" / target / "cutlass" / "index.json").is_file():
         return f"the artifact has no CUTLASS kernels for {target} (quantize with --target TARGET --cutlass auto)"
     store = CutlassStore(art.path, target)
@@ -189,5 +186,5 @@ def attach(art, target: str, device: torch.device) -> str | None:
         runners[name] = r
     ensure_allocator()
     for name, ql in art.linears.items():
-        ql.runner, ql.backend = runners[name], "cutlass"
+        ql.runner, ql.kernels = runners[name], Kernels.CUTLASS
     return None

@@ -1,14 +1,15 @@
 """QuantLinear: one quantized Linear of an artifact, run by its kernels or their emulation.
 
 It holds the tensors exactly as the artifact stores them (buffers, so
-`.to(device)` moves them) and computes y = act(x) @ dequantize(W)^T (+ bias):
+`.to(device)` moves them) and computes y = act(x) @ dequantize(W)^T (+ bias), with
+the kernels `Kernels` names:
 
 - "emulated" (any device, the CPU path): activations quantize -> dequantize as
-  the scheme says (tfcompile.evaluate.actquant, the same functions `tfcompile
-  eval` uses), weights decoded once by tfcompile.kernels.formats.dequantize
+  the scheme says (the scheme's activation quantizer, the same one `tfcompile
+  eval` emulates), weights decoded once by tfcompile.kernels.formats.dequantize
   (fp32, cached per dtype), then torch's matmul in x's dtype. This equals the
   reference dequantized nn.Linear bit for bit.
-- "cuda": the artifact's cubins launched through Triton's driver
+- "triton": the artifact's cubins launched through Triton's driver
   (runtime/cuda.py) for the bucket of M = x.shape[:-1].numel().
 - "cutlass": the artifact's CUTLASS shared objects (runtime/cutlass.py), after the
   Triton activation-quantization kernel.
@@ -16,11 +17,26 @@ It holds the tensors exactly as the artifact stores them (buffers, so
 
 from __future__ import annotations
 
+import enum
+
 import torch
 from torch import nn
 from torch.nn import functional as F
 
+from tfcompile.evaluate.actquant import act_quantizer
 from tfcompile.kernels.formats import QTensor, dequantize
+
+
+class Kernels(str, enum.Enum):
+    """Which kernels run an artifact's Linears: the one vocabulary of `load_artifact(kernels=)`,
+    `LoadedArtifact.kernels` and `QuantLinear.kernels`."""
+    AUTO = "auto"  # the artifact's Triton kernels on a CUDA device of one of its targets, else emulated
+    TRITON = "triton"  # the artifact's Triton cubins (kernels/<target>/)
+    CUTLASS = "cutlass"  # the artifact's CUTLASS shared objects (kernels/<target>/cutlass/)
+    EMULATED = "emulated"  # the torch emulation, on any device
+
+    def __str__(self) -> str:
+        return self.value
 
 
 class QuantLinear(nn.Module):
@@ -37,8 +53,8 @@ class QuantLinear(nn.Module):
         self.register_buffer("bias", bias)
         self.act_kind = act_kind  # Scheme.act: how activations are quantized (None: weight-only)
         self._act = None  # (device, x -> quantize-dequantize(x)), built for the scales' device
-        self.backend = "emulated"
-        self.runner = None  # runtime.cuda.LinearRunner ("cuda") / runtime.cutlass.CutlassRunner ("cutlass")
+        self.kernels = Kernels.EMULATED  # what forward runs (TRITON / CUTLASS once attached)
+        self.runner = None  # runtime.cuda.LinearRunner (triton) / runtime.cutlass.CutlassRunner (cutlass)
         self._w: dict[torch.dtype, torch.Tensor] = {}
 
     @property
@@ -53,8 +69,6 @@ class QuantLinear(nn.Module):
             return None
         dev = None if self.static_scale is None else self.static_scale.device
         if self._act is None or self._act[0] != dev:
-            from tfcompile.evaluate.actquant import act_quantizer
-
             self._act = (dev, act_quantizer(self.act_kind, self.name, self.static_scale))
         return self._act[1]
 
@@ -71,7 +85,7 @@ class QuantLinear(nn.Module):
         return super()._apply(fn, *args, **kwargs)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.backend in ("cuda", "cutlass") and x.is_cuda:
+        if self.kernels != Kernels.EMULATED and x.is_cuda:
             return self.runner(x)
         return self.emulated(x)
 
@@ -83,4 +97,4 @@ class QuantLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, format={self.format}, "
-                f"backend={self.backend}")
+                f"kernels={self.kernels}")

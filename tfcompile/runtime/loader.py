@@ -1,10 +1,11 @@
-"""`load_artifact(path, device)`: an artifact's quantized Linears, ready to run.
+"""`load_artifact(path, device, kernels)`: an artifact's quantized Linears, ready to run.
 
 On a CUDA device whose target (sm_90a / sm_100a) the artifact has kernels
 for (`tfcompile quantize --target`), each QuantLinear launches the artifact's
-own cubins; anywhere else it runs the torch emulation with the same API. The
-result can be installed into a model built from the artifact's config.json
-(`LoadedArtifact.install`), so an evaluation runs through the kernel path.
+own cubins (or, with kernels="cutlass", its CUTLASS GEMMs); anywhere else it runs
+the torch emulation with the same API. The result can be installed into a model
+built from the artifact's config.json (`LoadedArtifact.install`), so an
+evaluation runs through the kernel path.
 """
 
 from __future__ import annotations
@@ -16,12 +17,16 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from tfcompile.artifact.manifest import load_manifest
+from tfcompile.artifact.naming import qtensor_of, static_input_scale
 from tfcompile.errors import UserError
-from tfcompile.runtime.linear import QuantLinear
+from tfcompile.io.checkpoint import Checkpoint, open_checkpoint
+from tfcompile.runtime import cuda, cutlass
+from tfcompile.runtime.linear import Kernels, QuantLinear
 from tfcompile.schemes import Scheme, get_scheme
+from tfcompile.tune.hardware import target_of_capability
 
-BACKENDS = ("auto", "emulated", "cuda")
-KERNEL_SOURCES = ("auto", "triton", "cutlass")  # which emitted GEMMs the "cuda" backend runs
+ATTACH = {Kernels.TRITON: cuda.attach, Kernels.CUTLASS: cutlass.attach}
 
 
 @dataclass
@@ -29,8 +34,8 @@ class LoadedArtifact:
     path: Path
     scheme: Scheme
     linears: dict[str, QuantLinear]  # module name -> QuantLinear, in manifest order
-    backend: str  # "cuda" | "cutlass" | "emulated"
-    target: str | None = None  # the kernels' target when backend == "cuda"
+    kernels: Kernels  # what runs them: TRITON | CUTLASS | EMULATED
+    target: str | None = None  # the kernels' target when they run on a GPU
     warnings: list[str] = field(default_factory=list)
 
     def install(self, model: nn.Module) -> list[str]:
@@ -49,21 +54,20 @@ class LoadedArtifact:
         return missing
 
 
-def load_artifact(path: str | Path, device: str | torch.device = "cpu", backend: str = "auto",
-                  kernels: str = "auto") -> LoadedArtifact:
+def load_artifact(path: str | Path, device: str | torch.device = "cpu", kernels: str | Kernels = "auto",
+                  require: bool = False) -> LoadedArtifact:
     """Read every quantized Linear of the artifact at `path` onto `device`.
 
-    backend: "auto" (the artifact's kernels on a CUDA device that runs one of its
-    targets, else emulation), "emulated", or "cuda" (an error when impossible).
-    kernels: which GEMMs run on CUDA: "triton" (kernels/<target>/), "cutlass"
-    (kernels/<target>/cutlass/, runtime/cutlass.py), or "auto" (Triton, as before)."""
-    from tfcompile.artifact.verify import load_manifest
-    from tfcompile.io.checkpoint import open_checkpoint
-
-    if backend not in BACKENDS:
-        raise UserError(f"unknown backend {backend!r}", hint="choose one of: " + ", ".join(BACKENDS))
-    if kernels not in KERNEL_SOURCES:
-        raise UserError(f"unknown kernels {kernels!r}", hint="choose one of: " + ", ".join(KERNEL_SOURCES))
+    kernels (`Kernels`): "auto" (the artifact's Triton kernels on a CUDA device that runs one
+    of its targets, else the emulation), "triton" (kernels/<target>/), "cutlass"
+    (kernels/<target>/cutlass/, runtime/cutlass.py) or "emulated". When the kernels asked for
+    cannot run here, the emulation runs and `warnings` says why; with `require`, that is an
+    error instead."""
+    try:
+        kernels = Kernels(kernels)
+    except ValueError:
+        raise UserError(f"unknown kernels {kernels!r}",
+                        hint="choose one of: " + ", ".join(k.value for k in Kernels)) from None
     path, device = Path(path), torch.device(device)
     manifest = load_manifest(path)
     scheme = get_scheme(manifest["scheme"]["name"])
@@ -74,33 +78,31 @@ def load_artifact(path: str | Path, device: str | torch.device = "cpu", backend:
                    for la in manifest.get("layers", [])}
     finally:
         ckpt.close()
-    art = LoadedArtifact(path, scheme, linears, "emulated")
-    if backend != "emulated" and device.type == "cuda":
-        _attach_cuda(art, device, forced=backend == "cuda", kernels=kernels)
-    elif backend == "cuda":
-        raise UserError(f"backend 'cuda' needs a CUDA device, got {device}", hint="pass device='cuda'")
+    art = LoadedArtifact(path, scheme, linears, Kernels.EMULATED)
+    if kernels == Kernels.EMULATED:
+        return art
+    if device.type == "cuda":
+        _attach_cuda(art, device, require, Kernels.TRITON if kernels == Kernels.AUTO else kernels)
+    elif require:
+        raise UserError(f"kernels={kernels.value!r} needs a CUDA device, got {device}",
+                        hint="pass device='cuda', or kernels='emulated'")
     return art
 
 
-def _linear(ckpt, names: set, scheme: Scheme, name: str, n: int, k: int) -> QuantLinear:
+def _linear(ckpt: Checkpoint, names: set, scheme: Scheme, name: str, n: int, k: int) -> QuantLinear:
     """One QuantLinear from the artifact's tensors (copied out of the memory map)."""
-    from tfcompile.evaluate.actquant import STATIC_SCALE
-    from tfcompile.evaluate.models import qtensor_of
-
     q = qtensor_of(ckpt, scheme, name, n, k)
     q = type(q)(q.format, q.data.clone(), q.scale.clone(),
                 None if q.global_scale is None else q.global_scale.clone(), q.shape, q.granularity, q.rule,
                 q.block)
-    suffix = STATIC_SCALE.get(scheme.act or "")
-    static = ckpt.get(f"{name}.{suffix}").clone() if suffix else None
+    static = static_input_scale(ckpt, scheme, name)
+    static = static.clone() if static is not None else None
     bias = ckpt.get(f"{name}.bias").clone() if f"{name}.bias" in names else None
     return QuantLinear(name, q, scheme.act, static, bias)
 
 
-def _attach_cuda(art: LoadedArtifact, device: torch.device, forced: bool, kernels: str = "auto") -> None:
-    """Use the artifact's kernels for this GPU's target, or say why not (emulation stays)."""
-    from tfcompile.tune.hardware import target_of_capability
-
+def _attach_cuda(art: LoadedArtifact, device: torch.device, require: bool, kernels: Kernels) -> None:
+    """Use the artifact's `kernels` for this GPU's target, or say why not (emulation stays)."""
     why = None
     target = target_of_capability(*torch.cuda.get_device_capability(device)) if torch.cuda.is_available() \
         else None
@@ -112,15 +114,11 @@ def _attach_cuda(art: LoadedArtifact, device: torch.device, forced: bool, kernel
     elif target not in json.loads(index_path.read_text()).get("targets", {}):
         why = f"the artifact has no kernels for {target}"
     if why is None:
-        if kernels == "cutlass":
-            from tfcompile.runtime.cutlass import attach
-        else:
-            from tfcompile.runtime.cuda import attach
-
-        why = attach(art, target, device)
+        why = ATTACH[kernels](art, target, device)
     if why is None:
-        art.backend, art.target = ("cutlass" if kernels == "cutlass" else "cuda"), target
+        art.kernels, art.target = kernels, target
         return
-    if forced:
-        raise UserError(f"cannot run {art.path} with its kernels: {why}", hint="use backend='auto' or 'emulated'")
+    if require:
+        raise UserError(f"cannot run {art.path} with its {kernels.value} kernels: {why}",
+                        hint="use kernels='auto' or 'emulated', or require=False")
     art.warnings.append(f"kernels not used, torch emulation instead: {why}")

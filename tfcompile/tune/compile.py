@@ -1,8 +1,13 @@
-"""Ahead-of-time compilation of one kernel config with Triton (no GPU needed).
+"""Ahead-of-time compilation of one kernel config with Triton (no GPU needed): the one path.
 
 `compile_kernel` runs triton.compile(ASTSource(fn, signature, constexprs),
 target=GPUTarget("cuda", capability, 32)) and returns what the artifact
-stores: PTX, cubin and the launch metadata.
+stores: PTX, cubin and the launch metadata. Emission (passes/emit.py), GPU
+measurement (tfcompile/runtime/measure.py, through `triton_compile`) and the
+PTX tests (tests/kernels/triton/test_triton_ptx.py) all compile here; the
+registry's `signature` / `constexprs` for (N, K, config) go into the ASTSource
+and the config's knobs become compile options (kernels/triton/common.py
+`compile_options`).
 
 Reproducibility: Triton's output is deterministic for one Triton install,
 but by default it embeds line info whose file entries are the absolute paths
@@ -16,7 +21,6 @@ Triton 3.9's default) so the result does not depend on TRITON_DEFAULT_FP_FUSION.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from contextlib import contextmanager
@@ -25,7 +29,6 @@ from typing import Any, Mapping
 
 # Triton metadata fields that name files of this machine: dropped from what is stored.
 _LOCAL_FIELDS = ("extern_libs",)
-OPTION_KNOBS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
 
 
 @dataclass(frozen=True)
@@ -45,21 +48,16 @@ class Compiled:
 def jit_fn(fn):
     """The compilable twin of a kernel function (tfcompile.kernels.triton.interpret): a kernel
     decorated while TRITON_INTERPRET=1 was set is an interpreter object that cannot compile."""
-    try:
-        from tfcompile.kernels.triton.interpret import as_jit
-    except ImportError:  # pragma: no cover - the kernels package is part of tfcompile
-        return fn
+    from tfcompile.kernels.triton.interpret import as_jit  # lazy: the kernels package imports triton (~1 s)
+
     return as_jit(fn)
 
 
 def jit_language():
     """`tl.*` library functions as JIT functions while compiling (the kernels package's guard
     against interpreter patches left in `triton.language` by CPU launches in this process)."""
-    try:
-        from tfcompile.kernels.triton.interpret import language
-    except ImportError:  # pragma: no cover
-        from contextlib import nullcontext
-        return nullcontext()
+    from tfcompile.kernels.triton.interpret import language  # lazy: the kernels package imports triton (~1 s)
+
     return language("jit")
 
 
@@ -79,25 +77,32 @@ def _no_line_info():
 
 def options_of(config: Mapping) -> dict:
     """triton.compile options from a tuning config (knobs that are not constexprs)."""
-    opts = {k: int(config[k]) for k in OPTION_KNOBS if config.get(k) is not None}
-    opts["enable_fp_fusion"] = True
-    return opts
+    from tfcompile.kernels.triton.common import compile_options  # lazy: the kernels package imports triton (~1 s)
+
+    return compile_options(dict(config))
 
 
-def compile_kernel(kdef, n: int, k: int, config: Mapping, capability: int) -> Compiled:
-    """Compile `kdef` for shape (N, K) with `config` for sm_<capability>a."""
-    import triton
+def triton_compile(kdef, n: int, k: int, config: Mapping, capability: int):
+    """Triton's CompiledKernel of `kdef` for shape (N, K) with `config` for sm_<capability>(a):
+    the registry's signature and constexprs, the config's options, no line info."""
+    import triton  # lazy: triton's compiler (~1 s to import) only when something compiles
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     sig = dict(kdef.signature(n, k, dict(config)))
     consts = dict(kdef.constexprs(n, k, dict(config)))
-    opts = options_of(config)
     with _no_line_info(), jit_language():
-        ck = triton.compile(ASTSource(jit_fn(kdef.fn), sig, consts), target=GPUTarget("cuda", capability, 32),
-                            options=opts)
+        return triton.compile(ASTSource(jit_fn(kdef.fn), sig, consts), target=GPUTarget("cuda", capability, 32),
+                              options=options_of(config))
+
+
+def compile_kernel(kdef, n: int, k: int, config: Mapping, capability: int) -> Compiled:
+    """Compile `kdef` for shape (N, K) with `config` for sm_<capability>a: what the artifact stores."""
+    ck = triton_compile(kdef, n, k, config, capability)
+    sig = dict(kdef.signature(n, k, dict(config)))
+    consts = dict(kdef.constexprs(n, k, dict(config)))
     return Compiled(ck.asm["ptx"], bytes(ck.asm["cubin"]), portable_metadata(ck.metadata), sig,
-                    _jsonable(consts), opts)
+                    _jsonable(consts), options_of(config))
 
 
 def portable_metadata(md) -> dict:
@@ -117,10 +122,6 @@ def _jsonable(v: Any) -> Any:
     if isinstance(v, (str, int, float, bool)) or v is None:
         return v
     return str(v)
-
-
-def sha256(data: bytes | str) -> str:
-    return hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()
 
 
 def cache_key(kernel: str, n: int, k: int, config: Mapping, capability: int) -> str:
@@ -146,7 +147,7 @@ class FrontendCheck:
 
     @staticmethod
     def _run(kdef, n, k, config, consts, capability) -> str | None:
-        from triton._C.libtriton import ir
+        from triton._C.libtriton import ir  # lazy: triton's compiler (~1 s to import); only to check a config
         from triton.backends.compiler import GPUTarget
         from triton.compiler import ASTSource
         from triton.compiler.compiler import make_backend

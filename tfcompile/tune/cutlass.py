@@ -14,17 +14,18 @@ table entry (e.g. measured on a GPU, or edited by hand) wins over the cost model
 
 from __future__ import annotations
 
+import json
 from typing import Iterable, Mapping
 
-from tfcompile.tune.search import Ranker
+from tfcompile.kernels.cutlass.configs import KERNELS, gaps, serving
+from tfcompile.kernels.cutlass.toolchain import cutlass_includes
+from tfcompile.tune.search import Ranker, canonical
 from tfcompile.tune.shapes import Problem
 from tfcompile.tune.table import cost_entry
 
 
 def version() -> str:
     """The nvidia-cutlass version the sources are generated for ("none" when not installed)."""
-    from tfcompile.kernels.cutlass.toolchain import cutlass_includes
-
     return cutlass_includes()[1] or "none"
 
 
@@ -36,8 +37,6 @@ def problems(scheme: str, shapes: Iterable[tuple[int, int]], targets: Iterable[s
              buckets: Iterable[int]) -> tuple[list[Problem], dict[str, str]]:
     """(target, CUTLASS kernel, N, K, M bucket) for every shape and bucket; and, per target
     no CUTLASS kernel serves, why (one line)."""
-    from tfcompile.kernels.cutlass.configs import gaps, serving
-
     shapes, buckets = sorted(set(shapes)), sorted(set(buckets))
     out: list[Problem] = []
     notes: dict[str, str] = {}
@@ -52,8 +51,6 @@ def problems(scheme: str, shapes: Iterable[tuple[int, int]], targets: Iterable[s
 def choose(probs: Iterable[Problem], table: Mapping | None, cutlass: str) -> tuple[dict[str, dict], int]:
     """Table entries for `probs`: the given table's where it has one, else the cost model's;
     and how many came from the table."""
-    from tfcompile.kernels.cutlass.configs import KERNELS
-
     ranker = Ranker(check=None)
     out, given_n = {}, 0
     for p in probs:
@@ -81,9 +78,6 @@ def consolidate(entries: dict[str, dict], probs: Iterable[Problem], cutlass: str
     chosen config predicted within `slack` x its time (each config is a 15-50 s nvcc build, a
     rarely chosen one rarely pays for it). Greedy, least-used config first; entries taken
     from a table are kept as they are. Returns (entries, configs dropped)."""
-    from tfcompile.kernels.cutlass.configs import KERNELS
-    from tfcompile.tune.search import canonical
-
     if slack <= 1.0:
         return entries, 0
     ranker = Ranker(keep=1 << 30, check=None)
@@ -112,8 +106,6 @@ def consolidate(entries: dict[str, dict], probs: Iterable[Problem], cutlass: str
 def _reassign(keys: list[str], cfg: str, others: set[str], entries: dict, times: dict,
               slack: float) -> dict | None:
     """New entries moving every key off `cfg` onto the fastest of `others` within slack, or None."""
-    import json
-
     plan = {}
     for key in keys:
         t = times.get(key, {})

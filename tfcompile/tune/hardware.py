@@ -20,8 +20,8 @@ from tfcompile.errors import RecipeError
 
 _GUIDE = "CUDA C++ Programming Guide, Technical Specifications per Compute Capability (cc 9.0 / 10.0)"
 _PTX_TMEM = "PTX ISA 8.7+, Tensor Memory (tcgen05): 128 lanes x 512 columns of 32-bit cells per CTA pair/SM"
-_H100 = "NVIDIA H100 Tensor Core GPU datasheet (SXM5; dense, without sparsity); ../shared/REFERENCE.md sec. 6"
-_B200 = "NVIDIA DGX/HGX B200 datasheet (per GPU, dense); ../shared/REFERENCE.md sec. 6"
+_H100 = "NVIDIA H100 Tensor Core GPU datasheet (SXM5; dense, without sparsity); docs/kernels.md \"Hardware facts\""
+_B200 = "NVIDIA DGX/HGX B200 datasheet (per GPU, dense); docs/kernels.md \"Hardware facts\""
 
 # target,  quantity,              value,   unit,          source
 FACTS: tuple[tuple[str, str, float, str, str], ...] = (
@@ -38,7 +38,7 @@ FACTS: tuple[tuple[str, str, float, str, str], ...] = (
     ("sm_90a", "tmem_cols", 0, "32-bit columns", "no tensor memory before sm_100"),
     ("sm_90a", "peak_bf16", 989.4, "TFLOP/s", _H100),
     ("sm_90a", "peak_fp8", 1978.9, "TFLOP/s", _H100),
-    ("sm_90a", "peak_fp4", 0, "TFLOP/s", "no FP4 tensor cores on Hopper (REFERENCE.md sec. 5)"),
+    ("sm_90a", "peak_fp4", 0, "TFLOP/s", "no FP4 tensor cores on Hopper (docs/kernels.md \"Hardware facts\")"),
     ("sm_90a", "hbm", 3.35, "TB/s", _H100 + " (HBM3; H200: 4.8)"),
     ("sm_90a", "smem_bw_per_sm", 128 * 1.83, "GB/s", "32 banks x 4 B = 128 B/clk per SM (CUDA C++ Best Practices "
      "Guide, Shared Memory) at 1.83 GHz, the clock of the 989 TFLOP/s figure (132 SMs x 4096 flop/clk)"),
@@ -65,7 +65,7 @@ FACTS: tuple[tuple[str, str, float, str, str], ...] = (
 # Cost-model constants: assumptions (orders of magnitude), not hardware facts.
 MODEL = {
     "version": 1,
-    "mma_efficiency": 0.78,  # best FP8 GEMM on Hopper ~1.5 of 1.98 PFLOP/s (REFERENCE.md sec. 6)
+    "mma_efficiency": 0.78,  # best FP8 GEMM on Hopper ~1.5 of 1.98 PFLOP/s (docs/kernels.md "Hardware facts")
     "hbm_efficiency": 0.90,  # copy kernels reach ~90% of the HBM peak (bench/kernels.py measures it)
     "dram_latency_us": 0.8,  # load-to-use latency of a DRAM access, ~0.5-1 us on recent GPUs
     # One SM draws at most this multiple of its fair share (HBM / SMs): memory-bound kernels

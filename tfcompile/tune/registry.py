@@ -25,7 +25,7 @@ _SKIP = ("registry",)
 
 def load_kernels() -> tuple[dict, list[str]]:
     """Import the kernel modules; returns (name -> KernelDef, warnings)."""
-    from tfcompile.kernels.triton.registry import KERNELS
+    from tfcompile.kernels.triton.registry import KERNELS  # lazy: the kernels package imports triton and compiles every kernel's AST (~1 s); only emit/tune need it
 
     pkg = importlib.import_module(PACKAGE)
     warnings = []
@@ -48,7 +48,7 @@ def mma_class(kdef, target: str) -> str | None:
     if kdef.kind != "gemm":
         return None
     schemes = [SCHEMES[f] for f in kdef.formats if f in SCHEMES]
-    if schemes and all(s.weight in ("fp8", "mxfp8") for s in schemes):
+    if schemes and all(s.weights.element == "e4m3" for s in schemes):
         return "fp8"
     if schemes and all(s.packed and s.act for s in schemes) and target == "sm_100a":
         return "fp4"
@@ -63,7 +63,7 @@ def wanted_class(scheme: Scheme, target: str) -> str:
     path runs NVFP4/MXFP4 on Hopper; weight-only schemes -> bf16."""
     if scheme.act is None:
         return "bf16"
-    if scheme.weight in ("fp8", "mxfp8"):
+    if scheme.weights.element == "e4m3":
         return "fp8"
     return "fp4" if target == "sm_100a" else "bf16"
 

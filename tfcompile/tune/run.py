@@ -2,26 +2,38 @@
 
 Reads the manifest's layers, finds the kernels that serve its scheme on each
 target (registry.serving), ranks each problem's configs with the cost model
-and, for the target of a GPU present here (when measuring is on), measures
-the best ranked configs with triton.testing.do_bench. The table is written
-atomically to OUT/kernels/tuning.json and its sha256 recorded in the
-manifest's file list (manifest rewritten atomically too).
+and, given a `Measurer` for a GPU present here (tfcompile/runtime/measure.py
+`gpu_measurer`: the caller decides), measures the best ranked configs of its
+target with triton.testing.do_bench. The table is written atomically to
+OUT/kernels/tuning.json and its sha256 recorded in the manifest's file list
+(manifest rewritten atomically too: `tfcompile tune` updates a published artifact).
 """
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, Protocol
 
+from tfcompile.artifact.manifest import load_manifest, write_manifest
+from tfcompile.artifact.signing import drop_stale_signature
 from tfcompile.errors import UserError
+from tfcompile.io.jsonfile import dumps, write_bytes
 from tfcompile.schemes import get_scheme
+from tfcompile.tune.compile import FrontendCheck
 from tfcompile.tune.registry import Serving, load_kernels
 from tfcompile.tune.search import KEEP_MEASURED, Choice, Ranker
 from tfcompile.tune.shapes import DEFAULT_BUCKETS, Problem, check_buckets, layer_shapes, problems
-from tfcompile.tune.table import (TABLE, cost_entry, dumps, entry_key, load_table, measured_entry, merge,
-                                  triton_version, write_atomic)
+from tfcompile.tune.table import TABLE, cost_entry, entry_key, load_table, measured_entry, merge, triton_version
+
+
+class Measurer(Protocol):
+    """Times a problem's ranked configs on the local GPU (tfcompile/runtime/measure.py)."""
+    target: str  # the GPU's target: only its problems are measured
+
+    def __call__(self, kdef, c: Choice) -> tuple[list[tuple[dict, float]], str]: ...
 
 
 @dataclass
@@ -34,21 +46,18 @@ class TuneResult:
     sha256: str | None = None  # of the table written
 
 
-def choose(probs: Iterable[Problem], kernels: Mapping, triton: str, *, measure_target: str | None = None,
+def choose(probs: Iterable[Problem], kernels: Mapping, triton: str, *, measurer: Measurer | None = None,
            reporter=None) -> dict[str, dict]:
-    """Table entries for `probs`: measured on this GPU for `measure_target`, else cost model."""
-    from tfcompile.tune.compile import FrontendCheck
-
+    """Table entries for `probs`: measured on this GPU for the measurer's target, else cost model."""
     check = FrontendCheck()
     ranker, measured = Ranker(check=check), Ranker(KEEP_MEASURED, check=check)
+    target = measurer.target if measurer is not None else None
     out = {}
     for p in probs:
         kdef = kernels[p.kernel]
-        c: Choice = (measured if p.target == measure_target else ranker).rank(kdef, p)
-        if p.target == measure_target and c.ranked:
-            from tfcompile.tune.measure import measure_choice
-
-            times, device = measure_choice(kdef, c)
+        c: Choice = (measured if p.target == target else ranker).rank(kdef, p)
+        if p.target == target and c.ranked:
+            times, device = measurer(kdef, c)
             out[entry_key(p, triton)] = measured_entry(c, triton, times, device) if times \
                 else cost_entry(c, triton, kdef.default_config)
         else:
@@ -67,12 +76,9 @@ def plan_problems(manifest: Mapping, targets: Iterable[str], buckets: Iterable[i
 
 
 def tune_artifact(path: Path, targets: tuple[str, ...], *, buckets: Iterable[int] = DEFAULT_BUCKETS,
-                  only: Iterable[str] = (), measure: bool | None = None, reporter=None) -> TuneResult:
-    """Tune, write OUT/kernels/tuning.json (merged with what is there) and record it in the manifest."""
-    from tfcompile.artifact.signing import drop_stale_signature
-    from tfcompile.artifact.verify import load_manifest
-    from tfcompile.passes.manifest import write_manifest
-
+                  only: Iterable[str] = (), measurer: Measurer | None = None, reporter=None) -> TuneResult:
+    """Tune, write OUT/kernels/tuning.json (merged with what is there) and record it in the manifest.
+    With a `measurer`, the problems of its target are timed on the local GPU."""
     t0 = time.perf_counter()
     path = Path(path)
     manifest = load_manifest(path)
@@ -83,15 +89,14 @@ def tune_artifact(path: Path, targets: tuple[str, ...], *, buckets: Iterable[int
         raise UserError(f"unknown kernel(s) {unknown}", hint="registered: " + (", ".join(kernels) or "none"))
     probs, served = plan_problems(manifest, targets, check_buckets(buckets), kernels, only)
     warnings += [f"{t}: {s.note}" for t, s in served.items() if s.warn]
-    gpu_target = _measure_target(measure, targets, warnings)
     if reporter is not None:
         reporter.task("tune", len(probs))
     triton = triton_version()
-    entries = choose(probs, kernels, triton, measure_target=gpu_target, reporter=reporter)
+    entries = choose(probs, kernels, triton, measurer=measurer, reporter=reporter)
     table_path = path / TABLE
     old = load_table(table_path) if table_path.exists() else None
     doc = merge(old, entries)
-    digest = write_atomic(table_path, dumps(doc))
+    digest = write_bytes(table_path, dumps(doc), atomic=True)
     manifest = dict(manifest, files=dict(sorted({**manifest.get("files", {}), TABLE: digest}.items())))
     write_manifest(path, manifest)
     warnings += drop_stale_signature(path)
@@ -99,25 +104,8 @@ def tune_artifact(path: Path, targets: tuple[str, ...], *, buckets: Iterable[int
     return TuneResult(doc, entries, served, warnings, time.perf_counter() - t0, digest)
 
 
-def _measure_target(measure: bool | None, targets: tuple[str, ...], warnings: list[str]) -> str | None:
-    """The target to measure on: the local GPU's, when asked (True) or by default (None)."""
-    if measure is False:
-        return None
-    from tfcompile.tune.measure import local_target
-
-    target, why = local_target()
-    if target is None or target not in targets:
-        if measure:
-            raise UserError(f"cannot measure: {why or f'this GPU runs {target}, not one of {list(targets)}'}",
-                            hint="drop --measure to rank configs with the cost model")
-        return None
-    return target
-
-
 def _stale_kernels(path: Path, table: Mapping, triton: str) -> list[str]:
     """Emitted kernels (kernels/<target>/*.json) whose config differs from the table now."""
-    import json
-
     out = []
     for f in sorted((path / "kernels").glob("sm_*/*.json")):
         doc = json.loads(f.read_text())

@@ -16,7 +16,7 @@ from tfcompile.tune.shapes import Problem
 from tfcompile.tune.space import fit, shape_ok, space
 
 KEEP = 4  # configs kept per problem offline: the best and the table's 3 runner-ups
-KEEP_MEASURED = 16  # measured on a GPU: NVIDIA's heuristics reach 96% of exhaustive with the top 16 (REFERENCE.md 6)
+KEEP_MEASURED = 16  # measured on a GPU: NVIDIA's heuristics reach 96% of exhaustive with the top 16 (docs/kernels.md "Hardware facts")
 
 
 def canonical(cfg: Mapping) -> str:

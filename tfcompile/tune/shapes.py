@@ -13,8 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
-from tfcompile.tune.registry import Serving, serving
+from tfcompile.errors import RecipeError
 from tfcompile.schemes import Scheme
+from tfcompile.tune.registry import Serving, serving
 
 DEFAULT_BUCKETS = (1, 16, 64, 256, 1024, 4096)
 
@@ -56,8 +57,6 @@ def bucket_for(m: int, buckets: Iterable[int]) -> int:
 
 
 def check_buckets(buckets: Iterable[int]) -> tuple[int, ...]:
-    from tfcompile.errors import RecipeError
-
     out = tuple(sorted({int(b) for b in buckets}))
     if not out or out[0] < 1:
         raise RecipeError(f"M buckets must be positive integers, got {list(buckets)}",

@@ -15,7 +15,7 @@ Pruning, in order (each reason counted for the tuning table):
   tcgen05.mma; SWAP_AB (tokens on the MMA's N side) and SPLIT_K > 1 only for
   M <= 64, where M gives too few rows or tiles, and split-K only where
   BLOCK_K * SPLIT_K divides K; FP4 GEMMs need BLOCK_K % 128 == 0 (operand
-  alignment, REFERENCE.md sec. 5);
+  alignment, docs/kernels.md "Hardware facts");
 - smem: the kernel's `smem_bytes(config)` above the per-block maximum;
 - registers: the fp32 accumulator tile (element-wise kernels: their BLOCK_M x
   BLOCK_K tile) per thread plus overhead above 255 -- beyond it ptxas spills,

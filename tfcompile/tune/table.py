@@ -18,15 +18,13 @@
   }
 }
 
-Deterministic: sorted keys, floats rounded to 4 significant digits, no
-timestamps or paths, so the same inputs give a byte-identical file.
+Deterministic: sorted keys (tfcompile.io.jsonfile), floats rounded to 4 significant
+digits, no timestamps or paths, so the same inputs give a byte-identical file.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Mapping
 
@@ -41,7 +39,7 @@ RUNNERS_UP = 3
 
 
 def triton_version() -> str:
-    import triton
+    import triton  # lazy: for its version string only; triton's import costs ~1 s
 
     return triton.__version__
 
@@ -118,22 +116,3 @@ def merge(old: Mapping | None, entries: Mapping[str, dict]) -> dict:
     doc["entries"] = dict(sorted(doc["entries"].items()))
     return doc
 
-
-def dumps(doc: Mapping) -> bytes:
-    return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
-
-
-def write_atomic(path: Path, data: bytes) -> str:
-    """Write `data` to `path` via a temp sibling + rename; returns its sha256."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return hashlib.sha256(data).hexdigest()

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from tfcompile.io.sources.base import DequantizedSource
-from tfcompile.kernels.formats import QTensor, dequantize
+from tfcompile.kernels.formats import QTensor, WeightQuantizer, dequantize, weight_quantizer
 
 HIDE = (".input_scale", ".input_global_scale", ".k_scale", ".v_scale", ".weight_zero_point", ".weight_shape")
 
@@ -42,23 +42,29 @@ def open_compressed(ckpt, qc: dict) -> DequantizedSource:
 
 
 def qtensor_from(get, names, m: str, shape: tuple[int, int]) -> QTensor:
-    """The QTensor of Linear `m` from its compressed-tensors tensors (`get(name)`), format from dtypes."""
-    n, k = shape
-    if f"{m}.weight_packed" in names:
-        packed, scale = get(f"{m}.weight_packed"), get(f"{m}.weight_scale")
-        if scale.dtype == torch.float8_e4m3fn:
-            return QTensor("nvfp4", packed, scale, get(f"{m}.weight_global_scale").float().reshape(1), shape,
-                           "group", None, (16,))
-        return QTensor("mxfp4", packed, scale, None, shape, "group", None, (32,))
-    data, scale = get(f"{m}.weight"), get(f"{m}.weight_scale")
+    """The QTensor of Linear `m` from its compressed-tensors tensors (`get(name)`): the weight
+    quantizer that stored them (`stored_quantizer`) reads them back (`from_stored`)."""
+    packed = f"{m}.weight_packed" in names
+    data, scale = get(f"{m}.weight_packed" if packed else f"{m}.weight"), get(f"{m}.weight_scale")
+    wq = stored_quantizer(packed, scale, shape)
+    gscale = get(f"{m}.weight_global_scale") if wq.shares_global_scale else None
+    return wq.from_stored(data, scale, gscale, shape)
+
+
+def stored_quantizer(packed: bool, scale: torch.Tensor, shape: tuple[int, int]) -> WeightQuantizer:
+    """Which weight format wrote a Linear, from how it is stored: packed E2M1 pairs with E4M3
+    scales (NVFP4) or E8M0 ones (MXFP4); E4M3 elements with E8M0 scales (MXFP8) or float
+    scales per tensor, per channel or per block (FP8; the block from the scale grid)."""
+    if packed:
+        return weight_quantizer("nvfp4" if scale.dtype == torch.float8_e4m3fn else "mxfp4")
     if scale.dtype == torch.uint8:
-        return QTensor("mxfp8", data, scale, None, shape, "group", None, (32,))
-    s = scale.float()
-    if s.numel() == 1:
-        return QTensor("fp8", data, s.reshape(1), None, shape, "tensor", None, ())
-    if tuple(s.shape) == (n, 1):
-        return QTensor("fp8", data, s, None, shape, "channel", None, ())
-    return QTensor("fp8", data, s, None, shape, "block", None, (-(-n // s.shape[0]), -(-k // s.shape[1])))
+        return weight_quantizer("mxfp8")
+    n, k = shape
+    if scale.numel() == 1:
+        return weight_quantizer("fp8", "tensor")
+    if tuple(scale.shape) == (n, 1):
+        return weight_quantizer("fp8", "channel")
+    return weight_quantizer("fp8", "block", (-(-n // scale.shape[0]), -(-k // scale.shape[1])))
 
 
 def _decoder(ckpt, m: str, shape: tuple[int, int]):

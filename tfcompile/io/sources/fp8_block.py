@@ -14,7 +14,7 @@ import torch
 
 from tfcompile.errors import CheckpointError
 from tfcompile.io.sources.base import DequantizedSource
-from tfcompile.kernels.formats import QTensor, dequantize
+from tfcompile.kernels.formats import dequantize, weight_quantizer
 
 SUFFIX = ".weight_scale_inv"
 
@@ -42,7 +42,7 @@ def open_fp8_block(ckpt, qc: dict) -> DequantizedSource:
 
 def _decoder(ckpt, w: str, s: str, shape: tuple[int, int], block: tuple[int, int]):
     def decode() -> torch.Tensor:
-        q = QTensor("fp8", ckpt.get(w), ckpt.get(s).float(), None, shape, "block", None, block)
+        q = weight_quantizer("fp8", "block", block).from_stored(ckpt.get(w), ckpt.get(s), None, shape)
         return dequantize(q, torch.bfloat16)
 
     return decode

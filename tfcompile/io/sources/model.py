@@ -21,22 +21,19 @@ import torch
 from tfcompile.errors import CheckpointError
 from tfcompile.families.experts import set_expert, set_expert_bias
 from tfcompile.families.names import NameMap
+from tfcompile.io.sources import READERS, open_source
 
 _EXPERT = re.compile(r"^(?P<parent>.*\.experts)\.(?P<e>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.(?P<leaf>weight|bias)$")
 
 
 def is_published(config: dict) -> bool:
-    from tfcompile.io.sources import READERS
-
     qc = config.get("quantization_config")
     return isinstance(qc, dict) and qc.get("quant_method") in READERS
 
 
 def load_decoded_model(model_dir: Path, dtype: torch.dtype):
     """transformers' model for config.json's architecture, weights decoded by tfcompile (eval mode)."""
-    import transformers
-
-    from tfcompile.io.sources import open_source
+    import transformers  # lazy: transformers (~2 s to import); only when a model is built
 
     source = open_source(model_dir)
     cfg = transformers.AutoConfig.from_pretrained(model_dir, trust_remote_code=False)

@@ -19,7 +19,7 @@ import torch
 
 from tfcompile.errors import CheckpointError
 from tfcompile.io.sources.base import DequantizedSource
-from tfcompile.kernels.formats import QTensor, dequantize
+from tfcompile.kernels.formats import dequantize, weight_quantizer
 
 
 def open_mxfp4(ckpt, qc: dict) -> "Mxfp4Source":
@@ -58,7 +58,7 @@ def _decoder(ckpt, blocks: str, scales: str, expert: int | None):
         if expert is not None:
             b, s = b[expert], s[expert]
         data = b.reshape(*b.shape[:-2], b.shape[-2] * 16)  # [.., N, K/2] packed along K
-        q = QTensor("mxfp4", data, s, None, (*data.shape[:-1], data.shape[-1] * 2), "group", None, (32,))
+        q = weight_quantizer("mxfp4").from_stored(data, s, None, (*data.shape[:-1], data.shape[-1] * 2))
         return dequantize(q, torch.bfloat16).transpose(-1, -2).contiguous()  # [.., K, N]: the model's layout
 
     return decode

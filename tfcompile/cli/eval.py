@@ -7,7 +7,12 @@ from pathlib import Path
 import click
 from rich.table import Table
 
+from tfcompile.artifact.manifest import MANIFEST, load_manifest
+from tfcompile.artifact.verify import VerifyReport, check_files
+from tfcompile.cli.model_ref import resolve_params
 from tfcompile.cli.output import RichReporter, emit_json, stderr_console
+from tfcompile.errors import VerifyError
+from tfcompile.evaluate import evaluate, gate_error
 from tfcompile.evaluate.kvcache import KV_MODES, describe
 
 
@@ -83,9 +88,6 @@ def eval_cmd(model, reference, revision, text, max_tokens, seq_len, batch_size, 
 
     An artifact is checked first as `verify` checks its files (--no-verify skips it).
     Exit 1 when a gate (--max-kl, --max-ppl-increase, --min-top1) is missed."""
-    from tfcompile.cli.model_ref import resolve_params
-    from tfcompile.evaluate import evaluate, gate_error
-
     paths = {"reference": reference, "model": model, "quiet": quiet}
     resolve_params(paths, ("reference", "model"), revision)  # Hub ids -> the Hugging Face cache
     model, reference = paths["model"], paths["reference"]
@@ -113,9 +115,6 @@ def eval_cmd(model, reference, revision, text, max_tokens, seq_len, batch_size, 
 
 def check_artifact_files(path: Path) -> None:
     """VerifyError unless an artifact's files are those its manifest lists (a checkpoint passes)."""
-    from tfcompile.artifact.verify import MANIFEST, VerifyReport, check_files, load_manifest
-    from tfcompile.errors import VerifyError
-
     if not (path / MANIFEST).exists() and not (path / MANIFEST).is_symlink():
         return  # a plain checkpoint: nothing to check against
     rep = VerifyReport(str(path))

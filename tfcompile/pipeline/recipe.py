@@ -41,6 +41,10 @@ class Recipe:
                 return p.config
         raise KeyError(name)
 
+    def quant_format(self) -> str:
+        """The --format name the run quantizes to: select's, else the recipe's own `format`."""
+        return self.config("select").format if "select" in self.names() else self.format
+
     def to_dict(self) -> dict:
         """JSON-able and deterministic (field order is the dataclass order). Fields whose
         metadata says `runtime` (where work is kept, e.g. distill.resume_dir) are left out:

@@ -1,0 +1,57 @@
+"""tfcompile/manifest.json: where it lives, how it is read and written.
+
+The manifest is the artifact's record of itself: versions, the recipe, the sha256 of every
+source and output file, per-layer figures and what each pass did. It holds no timestamps,
+absolute paths or timings, so the same inputs and recipe give a byte-identical artifact.
+A run writes it once, after its last pass, from the facts the passes returned (the
+`manifest` pass, passes/manifest.py); `tfcompile tune` updates the `files` of a published
+artifact with `write_manifest` (atomic). manifest.json is not in its own `files` list.
+Every write seals it (tfcompile/artifact/integrity.py: its digest of itself, which verify
+checks); a signature (tfcompile/artifact/signing.py) is made over the bytes written here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from tfcompile.artifact.integrity import SCHEMA_VERSIONS, check_schema, seal
+from tfcompile.errors import VerifyError
+from tfcompile.io.jsonfile import JsonDict, write_json
+
+MANIFEST = "tfcompile/manifest.json"
+SCHEMA_VERSION = 1  # the version this tfcompile writes (it reads SCHEMA_VERSIONS)
+
+
+def has_manifest(path: Path) -> bool:
+    """`path` is a tfcompile artifact (it has a manifest)."""
+    return (Path(path) / MANIFEST).is_file()
+
+
+def load_manifest(path: Path) -> JsonDict:
+    """The manifest of the artifact at `path`, its schema checked; VerifyError otherwise."""
+    mpath = Path(path) / MANIFEST
+    if os.path.islink(mpath) or os.path.islink(mpath.parent):
+        raise VerifyError(f"{mpath}: the manifest is a symlink", hint="the artifact was tampered with; rebuild it")
+    if not mpath.is_file():
+        raise VerifyError(f"{mpath}: no manifest; {path} is not a tfcompile artifact",
+                          hint="point at the directory `tfcompile quantize -o` wrote")
+    try:
+        doc = json.loads(mpath.read_bytes())
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+        raise VerifyError(f"{mpath}: manifest is not valid JSON ({str(e)[:200]})",
+                          hint="the artifact is corrupt; rebuild it") from None
+    except OSError as e:
+        raise VerifyError(f"{mpath}: cannot read the manifest: {e.strerror}", hint="check permissions") from None
+    return check_schema(doc, str(mpath))
+
+
+def write_manifest(out_dir: Path, doc: JsonDict) -> str:
+    """Write OUT/tfcompile/manifest.json sealed (its integrity digest added), atomically (temp
+    file + rename), deterministic JSON; returns its sha256. An OSError (disk full, quota,
+    read-only) is a user error naming the file."""
+    return write_json(Path(out_dir) / MANIFEST, seal(doc), atomic=True)
+
+
+__all__ = ["MANIFEST", "SCHEMA_VERSION", "SCHEMA_VERSIONS", "has_manifest", "load_manifest", "write_manifest"]

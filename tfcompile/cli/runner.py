@@ -1,0 +1,46 @@
+"""What the commands that write an artifact share: the recipe, the reporter, the run, the JSON."""
+
+from __future__ import annotations
+
+from tfcompile.cli.options import ArtifactOptions
+from tfcompile.cli.output import RichReporter, live_progress_allowed, stderr_console
+from tfcompile.cli.tables import summary_table
+from tfcompile.pipeline.context import Context
+from tfcompile.pipeline.recipe import Recipe
+from tfcompile.recipe.options import RunOptions
+
+
+class ArtifactRun:
+    """One `quantize` / `distill` run: its recipe and a reporter on stderr."""
+
+    def __init__(self, art: ArtifactOptions, run: RunOptions, *, notes: bool = False):
+        # lazy: every pass and the libraries they import (onnx among them, ~3 s here); only the
+        # commands that run passes pay it, and importing it registers the passes the recipe names
+        from tfcompile import api
+
+        self.api, self.art = api, art
+        self.recipe: Recipe = run.to_recipe()
+        self.console = stderr_console()
+        self.reporter = RichReporter(self.console, quiet=art.quiet)
+        if notes and not art.quiet and not live_progress_allowed(self.console):
+            self.reporter.note = self.console.print  # plain progress lines (loss, ETA) off a TTY
+
+    def run(self) -> Context:
+        art = self.art
+        return self.api.run_pipeline(art.model, art.out, self.recipe, overwrite=art.overwrite,
+                                     reporter=self.reporter, sign_key=art.sign_key)
+
+    def print_summary(self, ctx: Context, *extra) -> None:
+        """The summary table, `extra` renderables (tables, lines), where the artifact went."""
+        if ctx.manifest is not None and not self.art.quiet:
+            self.console.print(summary_table(ctx.manifest))
+            for x in extra:
+                self.console.print(x)
+            self.console.print(f"wrote [bold]{self.art.out}[/]")
+
+    def result(self, ctx: Context, **extra) -> dict:
+        """The --json document."""
+        m = ctx.manifest
+        return {"ok": True, "output": str(self.art.out) if ctx.artifact else None,
+                "recipe": self.recipe.to_dict(), "passes": ctx.pass_stats,
+                "summary": m["summary"] if m else None, **extra, "warnings": self.reporter.warnings}
