@@ -12,8 +12,11 @@ docs/accuracy.md.
 cache, distillation), so `python bench/accuracy.py --all --write-docs` regenerates all of
 docs/accuracy.md's measured sections.
 
-`--only awq` measures only that algorithm's rows and keeps every other row (and the bf16
+`--only awq` measures only that method's rows and keeps every other row (and the bf16
 reference row) from the table already in docs/accuracy.md; without it every row is measured.
+`--model smollm2` runs bench/acc_smollm2.py instead (SmolLM2-135M-Instruct, the real LLM);
+bench/peers.py (llm-compressor and modelopt side by side) needs llm-compressor's own venv and is
+run on its own.
 """
 
 from __future__ import annotations
@@ -33,12 +36,20 @@ from common import EVAL_TOKENS, replace_doc_section  # noqa: E402
 MODEL = REPO / "examples" / "demo-lm"
 DOC = REPO / "docs" / "accuracy.md"
 FORMATS = ["nvfp4", "nvfp4a16", "mxfp4", "mxfp4a16", "mxfp8", "fp8", "fp8-dynamic", "fp8-block"]
-FOUR_BIT = ["rtn", "mse", "gptq", "awq"]
-ALGOS = {"nvfp4": FOUR_BIT, "nvfp4a16": FOUR_BIT, "mxfp4": FOUR_BIT, "mxfp4a16": FOUR_BIT}
-NEEDS_CALIB = ("gptq", "awq")  # algorithms that add the calibrate pass
+FOUR_BIT = ["rtn", "mse", "gptq", "awq", "rotate", "rotate+gptq"]
+NVFP4 = FOUR_BIT + ["4/6", "gptq+4/6"]
+ALGOS = {"nvfp4": NVFP4 + ["smoothquant"], "nvfp4a16": NVFP4, "mxfp4": FOUR_BIT, "mxfp4a16": FOUR_BIT,
+         "fp8": ["rtn", "smoothquant"]}
+# method -> its tfcompile quantize arguments (docs/cli.md)
+FOS = ["--set", "quantize.nvfp4_scales=four_over_six"]
+ROT = ["--set", "rotate.kind=hadamard"]
+METHODS = {"rtn": [], "mse": ["--algorithm", "mse"], "gptq": ["--algorithm", "gptq"], "awq": ["--algorithm", "awq"],
+           "smoothquant": ["--algorithm", "smoothquant"], "4/6": FOS, "gptq+4/6": ["--algorithm", "gptq", *FOS],
+           "rotate": ROT, "rotate+gptq": [*ROT, "--algorithm", "gptq"]}
+NEEDS_CALIB = ("gptq", "awq", "smoothquant")  # methods whose arguments add the calibrate pass
 CALIB = ["--calib", "python-doc", "--calib-samples", "64", "--calib-seq-len", "256"]
 HEADING = "## Demo LM: quantization accuracy"
-HEADER = ["| format | algorithm | KL (nats/token) | perplexity | change | top-1 agreement | quantize s |",
+HEADER = ["| format | method | KL (nats/token) | perplexity | change | top-1 agreement | quantize s |",
           "|---|---|---:|---:|---:|---:|---:|"]
 
 
@@ -50,10 +61,11 @@ def run(argv: list[str]) -> dict:
 
 
 def measure(fmt: str, algo: str, work: Path, max_tokens: int) -> dict:
-    out = work / f"{fmt}-{algo}"
-    needs_calib = algo in NEEDS_CALIB or fmt in ("nvfp4", "fp8")
+    out = work / f"{fmt}-{algo.replace('/', '')}"
+    args = METHODS[algo]
+    needs_calib = any(a in NEEDS_CALIB for a in args) or fmt in ("nvfp4", "fp8")
     t0 = time.perf_counter()
-    run(["tfcompile", "quantize", str(MODEL), "-o", str(out), "--format", fmt, "--algorithm", algo,
+    run(["tfcompile", "quantize", str(MODEL), "-o", str(out), "--format", fmt, *args,
          "--json", "-q", *(CALIB if needs_calib else [])])
     seconds = time.perf_counter() - t0
     ev = run(["tfcompile", "eval", str(out), "--reference", str(MODEL), "--max-tokens", str(max_tokens),
@@ -115,7 +127,16 @@ def main() -> int:
                     "keep the others from docs/accuracy.md")
     ap.add_argument("--all", action="store_true", help="then regenerate every other section of "
                     "docs/accuracy.md too: " + ", ".join(COMPANIONS))
-    args = ap.parse_args()
+    ap.add_argument("--model", choices=["demo-lm", "smollm2"], default="demo-lm",
+                    help="smollm2: the SmolLM2-135M-Instruct tables instead (bench/acc_smollm2.py; its options "
+                         "after --)")
+    args, rest = ap.parse_known_args()
+    if args.model == "smollm2":
+        argv = [sys.executable, str(REPO / "bench" / "acc_smollm2.py"), *rest]
+        argv += ["--write-docs"] if args.write_docs else []
+        return subprocess.run(argv).returncode
+    if rest:
+        ap.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.all:
         _main_table(args)
         return run_companions(args.max_tokens, args.write_docs)
@@ -124,7 +145,7 @@ def main() -> int:
 
 # The other sections of docs/accuracy.md, each written by its own script; `--all` runs them in order.
 COMPANIONS = {"minilm.py": [], "acc_observers.py": ["--max-tokens"], "acc_kv.py": ["--max-tokens"],
-              "acc_distill.py": ["--max-tokens"]}
+              "acc_distill.py": ["--max-tokens"], "acc_smollm2.py": [], "acc_mixed.py": []}
 
 
 def run_companions(max_tokens: int, write_docs: bool) -> int:

@@ -11,8 +11,14 @@
   nothing is downloaded);
 - "python-doc": the calibration split of Debian's python3.11-doc prose
   (`calibration.corpus`; disjoint from the held-out split `tfcompile eval` uses);
-- "self": sequences sampled from the model itself (the default: needs no data);
-- "random": uniform random token ids (fast, but unlike real activations).
+- "self": short sequences sampled from the model itself, packed (calibration.sampling: the
+  cost follows the token count, like the calibration forward's);
+- "random": uniform random token ids (fast, but unlike real activations);
+- "auto" (the default): "python-doc" when it is installed, the model's tokenizer encodes it
+  faithfully (`python_doc_encodes`) and its calib split holds the tokens needed; else "self"
+  (else "random", for a model that cannot generate). Real prose gives the activation
+  statistics of real text and costs a tokenization; model samples need no data but cost a
+  bounded generation (docs/design.md "Calibration data").
 
 Text comes from a "text" column, else the first string column; a "messages"
 column (chat format) goes through the tokenizer's chat template when it has
@@ -30,11 +36,13 @@ from typing import Any, Iterator
 import torch
 
 from tfcompile.calibration.corpus import python_doc_texts
+from tfcompile.calibration.sampling import sample_from_model
 from tfcompile.errors import UserError
 
 BUILDERS = {".txt": "text", ".text": "text", ".jsonl": "json", ".json": "json", ".csv": "csv",
             ".parquet": "parquet"}
-SPECIAL = ("self", "random", "python-doc")
+SPECIAL = ("auto", "self", "random", "python-doc")
+AUTO_MARGIN = 1.25  # auto picks python-doc when its calib split holds this many times the tokens needed
 
 
 def calibration_tokens(source: str, tokenizer: Any, *, samples: int, seq_len: int, seed: int,
@@ -43,7 +51,7 @@ def calibration_tokens(source: str, tokenizer: Any, *, samples: int, seq_len: in
     if samples <= 0 or seq_len <= 0:
         raise UserError(f"calibration needs positive --calib-samples and --calib-seq-len "
                         f"(got {samples} x {seq_len})", hint="e.g. --calib-samples 64 --calib-seq-len 512")
-    source = effective_source(source, model)
+    source = effective_source(source, model, tokenizer, vocab=vocab, tokens=samples * seq_len)
     if source == "random":
         gen = torch.Generator().manual_seed(seed)
         return torch.randint(0, int(vocab), (samples, seq_len), generator=gen)
@@ -54,14 +62,40 @@ def calibration_tokens(source: str, tokenizer: Any, *, samples: int, seq_len: in
     return pack_blocks(texts, tokenizer, samples=samples, seq_len=seq_len, source=source)
 
 
-def effective_source(source: str, model: Any) -> str:
-    """The source calibration really uses: `self` needs a model that can sample text (a causal
-    LM); one that cannot (an encoder such as BertModel) calibrates on `random` ids instead,
-    and the statistics are labelled with that."""
+def effective_source(source: str, model: Any, tokenizer: Any = None, *, vocab: int | None = None,
+                     tokens: int = 0) -> str:
+    """The source calibration really uses: `auto` resolves to `python-doc` or `self` (module
+    doc); `self` needs a model that can sample text (a causal LM); one that cannot (an encoder
+    such as BertModel) calibrates on `random` ids instead, and the statistics are labelled with
+    that. `tokens`: samples x seq_len, the tokens `auto` must find in the calib split."""
+    if source == "auto":
+        source = "python-doc" if python_doc_encodes(tokenizer, vocab, tokens) else "self"
     if source != "self":
         return source
     can = getattr(model, "can_generate", None)
     return "self" if (can() if callable(can) else hasattr(model, "generate")) else "random"
+
+
+def python_doc_encodes(tokenizer: Any, vocab: int | None, tokens: int) -> bool:
+    """True when the python-doc calib split is installed, `tokenizer` round-trips its first
+    document (decode(encode(text)) equals text but for whitespace, no unknown token, every id
+    below `vocab`) and the split holds about AUTO_MARGIN x `tokens` tokens (estimated from the
+    first document's characters per token)."""
+    if tokenizer is None:
+        return False
+    try:
+        texts = python_doc_texts("calib")
+    except UserError:  # python3.11-doc not installed
+        return False
+    sample = texts[0][:4000]
+    ids = tokenizer(sample, add_special_tokens=False)["input_ids"]
+    unk = getattr(tokenizer, "unk_token_id", None)
+    if not ids or (unk is not None and unk in ids) or (vocab is not None and max(ids) >= vocab):
+        return False
+    if "".join(tokenizer.decode(ids).split()) != "".join(sample.split()):
+        return False
+    estimate = sum(len(t) for t in texts) * len(ids) / len(sample)
+    return estimate >= AUTO_MARGIN * tokens
 
 
 def load_texts(source: str, tokenizer: Any, seed: int) -> list[str]:
@@ -157,46 +191,3 @@ def pack_blocks(texts: list[str], tokenizer: Any, *, samples: int, seq_len: int,
         raise UserError(f"calibration data {source}: {len(ids)} tokens, {need} needed "
                         f"({samples} x {seq_len})", hint="lower --calib-samples/--calib-seq-len or give more text")
     return torch.tensor(ids[:need], dtype=torch.int64).reshape(samples, seq_len)
-
-
-def sample_from_model(model: Any, tokenizer: Any, *, samples: int, seq_len: int, seed: int,
-                      progress: Any = None) -> torch.Tensor:
-    """Sequences the model writes itself from BOS (temperature 1, top-k 50), seeded.
-
-    Needs no data and follows the model's own token statistics, which random
-    ids do not; costs one generation of samples x seq_len tokens (`progress`, a pipeline
-    reporter, advances once per generated token position)."""
-    start = tokenizer.bos_token_id if tokenizer is not None and tokenizer.bos_token_id is not None else 0
-    prompt = torch.full((samples, 1), int(start), dtype=torch.int64)
-    from transformers.utils import \
-        logging as \
-        hf_logging  # lazy: transformers (~2 s to import); only when a model is built
-
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()  # generation-config notices are not ours to print
-    try:
-        out = _generate(model, prompt, seq_len, seed, start, progress)
-    finally:
-        hf_logging.set_verbosity(verbosity)
-    return out[:, :seq_len]
-
-
-def _generate(model: Any, prompt: torch.Tensor, seq_len: int, seed: int, start: int,
-              progress: Any = None) -> torch.Tensor:
-    # lazy: transformers (~2 s to import); only when a model is built
-    from transformers import StoppingCriteria, StoppingCriteriaList
-
-    class _Progress(StoppingCriteria):  # never stops generation: counts its steps
-        def __call__(self, input_ids, scores, **kwargs):
-            progress.advance(1)
-            return torch.zeros(input_ids.shape[0], dtype=torch.bool)
-
-    extra = {}
-    if progress is not None:
-        progress.task(f"sample {prompt.shape[0]} x {seq_len} calibration tokens from the model", seq_len - 1)
-        extra["stopping_criteria"] = StoppingCriteriaList([_Progress()])
-    with torch.random.fork_rng(), torch.inference_mode():  # seeded without touching the caller's RNG
-        torch.manual_seed(seed)
-        return model.generate(prompt, do_sample=True, top_k=50, temperature=1.0, max_new_tokens=seq_len - 1,
-                             min_new_tokens=seq_len - 1, pad_token_id=int(start),
-                             attention_mask=torch.ones_like(prompt), **extra)

@@ -4,7 +4,8 @@ This is the simple, whole-model loop: the model is instantiated by
 transformers from the checkpoint directory (no remote code, `trust_remote_code`
 never set) and run in its dtype on CPU, with forward pre-hooks recording
 max |x| per observed module. Tokens come from `calibration.datasets`: by
-default sequences the model samples itself (seeded), so it needs no data set.
+default (`auto`) the python-doc calib split when installed and the tokenizer encodes it, else
+short sequences the model samples itself (seeded), so it needs no data set.
 """
 
 from __future__ import annotations
@@ -72,16 +73,26 @@ def load_tokenizer(model_dir: Path):
         return None
 
 
-def calibration_ids(model_dir: Path, model, *, data: str, samples: int, seq_len: int,
-                    seed: int, progress=None) -> torch.Tensor:
-    """The calibration token ids, int64 [samples, seq_len] (see calibration.datasets)."""
+def model_vocab(model) -> int:
+    return int(getattr(model.config, "vocab_size", None) or model.get_input_embeddings().num_embeddings)
+
+
+def resolve_data(model_dir: Path, model, data: str, samples: int, seq_len: int) -> tuple[str, object]:
+    """(the source calibration really uses, the checkpoint's tokenizer or None): `auto` and
+    `self` resolved (calibration.datasets.effective_source) before any token is made."""
     tokenizer = load_tokenizer(model_dir)
-    if tokenizer is None and data not in ("self", "random"):
+    return effective_source(data, model, tokenizer, vocab=model_vocab(model), tokens=samples * seq_len), tokenizer
+
+
+def calibration_ids(model_dir: Path, model, *, data: str, samples: int, seq_len: int,
+                    seed: int, tokenizer=None, progress=None) -> torch.Tensor:
+    """The calibration token ids, int64 [samples, seq_len] (see calibration.datasets)."""
+    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model_dir)
+    if tokenizer is None and data not in ("self", "random", "auto"):
         raise CheckpointError(f"{model_dir}: no tokenizer files, so calibration text cannot be tokenized",
                               hint="add the tokenizer to the checkpoint, or use --calib self / random")
-    vocab = int(getattr(model.config, "vocab_size", None) or model.get_input_embeddings().num_embeddings)
     return calibration_tokens(data, tokenizer, samples=samples, seq_len=seq_len, seed=seed,
-                              model=model, vocab=vocab, progress=progress)
+                              model=model, vocab=model_vocab(model), progress=progress)
 
 
 def observe_input_amax(model_dir: Path, modules: set[str], *, data: str, samples: int, seq_len: int,
@@ -96,11 +107,11 @@ def observe_input_amax(model_dir: Path, modules: set[str], *, data: str, samples
     `device`). `awq_groups` (member Linear -> group key) adds AWQ statistics
     (calibration.awq_stats). Under torchrun (`world`) sequence i runs on rank i mod N."""
     model = load_hf_model(model_dir, dtype)
-    data = effective_source(data, model)  # `self` on a model that cannot generate: random ids
+    data, tokenizer = resolve_data(model_dir, model, data, samples, seq_len)  # auto, self -> the real source
     # Tokens first: sampling them from the model (`self`) runs it, and no hook may see that.
     progress = progress or Silent()
     ids = calibration_ids(model_dir, model, data=data, samples=samples, seq_len=seq_len, seed=seed,
-                          progress=progress) if world.is_root else None
+                          tokenizer=tokenizer, progress=progress) if world.is_root else None
     ids = broadcast(world, ids)
     model.to(device)
     rec = Recorders(model, modules, observer=observer, observer_params=observer_params,

@@ -42,8 +42,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from tfcompile.calibration.datasets import effective_source
-from tfcompile.calibration.forward import Silent, calibration_ids, model_class
+from tfcompile.calibration.forward import Silent, calibration_ids, model_class, resolve_data
 from tfcompile.calibration.recorders import Recorders
 from tfcompile.dist import LOCAL
 from tfcompile.dist.collect import broadcast
@@ -78,12 +77,12 @@ def observe_sequential(model_dir: Path, ckpt, modules: set[str], *, data: str, s
     batch b runs on rank b mod N and the statistics are reduced exactly (calibration.recorders)."""
     _fixed_mmap_threshold()
     model = _skeleton(model_dir, dtype)
-    data = effective_source(data, model)  # `self` on a model that cannot generate: random ids
+    data, tokenizer = resolve_data(model_dir, model, data, samples, seq_len)  # auto, self -> the real source
     path, layers = find_layers(model)
     ckpt = RenamedView(ckpt, model)  # the checkpoint under the model's names (Qwen2.5-VL: language_model.)
     _check_layers(model, ckpt, path)
     progress = progress or Silent()
-    spec = dict(data=data, samples=samples, seq_len=seq_len, seed=seed, progress=progress)
+    spec = dict(data=data, samples=samples, seq_len=seq_len, seed=seed, tokenizer=tokenizer, progress=progress)
     if world.is_root:
         ids = _tokens(model_dir, model, ckpt, dtype, path, layers, spec)
     else:  # rank 0 samples or reads the tokens once; the others bind what precedes layer 0

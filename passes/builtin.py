@@ -5,5 +5,5 @@ a pass. The standard pipeline's order is each pass's declared `slot`, not this l
 """
 
 from tfcompile.passes import (calibrate, distill, emit, emit_cutlass, evaluate, layout, load,  # noqa: F401
-                              manifest, onnx, pack, report, select, verify)
-from tfcompile.passes.quantize import awq, gptq, mse, quantize, rtn  # noqa: F401
+                              manifest, mixed, onnx, pack, report, rotate, select, verify)
+from tfcompile.passes.quantize import awq, gptq, mse, quantize, rtn, smoothquant  # noqa: F401

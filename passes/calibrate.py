@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from tfcompile.calibration.forward import observe_input_amax
 from tfcompile.calibration.moe_policy import summarize
@@ -21,11 +22,14 @@ from tfcompile.schemes import Scheme
 
 @dataclass(frozen=True)
 class CalibrateConfig:
-    data: str = "self"  # file / saved data set / cached data set name / "self" / "random"
+    # file / saved data set / cached data set name / "python-doc" / "self" / "random" / "auto"
+    # (python-doc when installed and the tokenizer encodes it, else self: calibration/datasets.py)
+    data: str = "auto"
     samples: int = 16  # sequences
     seq_len: int = 128  # tokens per sequence
     seed: int = 0
-    kv_cache: str = ""  # "" (keep the engine's default KV dtype) | "fp8": calibrate k_scale/v_scale
+    # "" (keep the engine's default KV dtype) | "fp8" | "nvfp4": calibrate k_scale/v_scale (amax / 448)
+    kv_cache: str = ""
     kv_per_head: bool = False  # one KV scale per KV head instead of per tensor
     hessian: bool = False  # record H = X^T X / n per fusion group (for quantize.algorithm=gptq)
     awq: bool = False  # record AWQ statistics per norm-fed fusion group (quantize.algorithm=awq)
@@ -49,6 +53,13 @@ class CalibrateConfig:
         if self.observer not in OBSERVERS:
             raise RecipeError(f"calibrate.observer {self.observer!r} is unknown",
                               hint="--observer " + "|".join(sorted(OBSERVERS)) + " (default max)")
+        if self.kv_cache not in ("", "fp8", "nvfp4"):
+            raise RecipeError(f"calibrate.kv_cache {self.kv_cache!r} is not supported",
+                              hint="use --kv-cache fp8 (FP8 E4M3) or nvfp4 (NVFP4, blocks of 16), with calibrated "
+                                   "scales")
+        if self.kv_cache == "nvfp4" and self.kv_per_head:
+            raise RecipeError("--kv-per-head is not supported with --kv-cache nvfp4 (one global scale per tensor; "
+                              "its E4M3 block scales already follow every 16 channels)", hint="drop --kv-per-head")
         if not 0 < self.percentile <= 100:
             raise RecipeError(f"calibrate.percentile {self.percentile!r} is not in (0, 100]",
                               hint="e.g. --set calibrate.percentile=99.99 (100 is the max)")
@@ -70,10 +81,8 @@ def _when(sel: Selection) -> bool:
 @register_pass("calibrate", config=CalibrateConfig, requires=("source", "model", "plan"),
                produces=("calib",), slot=30, when=_when)
 def calibrate(ctx, cfg: CalibrateConfig, reporter) -> PassResult:
-    """Observe |x| at every quantized Linear's input (calibrate.observer; model-sampled tokens by default)."""
-    if cfg.kv_cache not in ("", "fp8"):
-        raise RecipeError(f"calibrate.kv_cache {cfg.kv_cache!r} is not supported",
-                          hint="use --kv-cache fp8 (FP8 E4M3 with calibrated scales)")
+    """Observe |x| at every quantized Linear's input (calibrate.observer; calibrate.data, default auto).
+    The model is read from ctx.source's directory: the source, or what `rotate` made of it."""
     if cfg.mode not in MODES:
         raise RecipeError(f"calibrate.mode {cfg.mode!r} is not one of {', '.join(MODES)}",
                           hint="auto (default) calibrates layer by layer when it can")
@@ -98,12 +107,13 @@ def calibrate(ctx, cfg: CalibrateConfig, reporter) -> PassResult:
             raise RecipeError("calibrate.awq needs the whole-model loop, not calibrate.mode sequential",
                               hint="use --set calibrate.mode=auto (or whole) with --algorithm awq")
         awq_groups = {t.module: g.key for g in ctx.plan.groups for t in g.members}
-        stats, loop = observe_input_amax(ctx.source_path, modules, awq_groups=awq_groups, **common), "whole"
+        stats, loop = observe_input_amax(Path(ctx.source.path), modules, awq_groups=awq_groups, **common), "whole"
     else:
         stats, loop = _observe(ctx, cfg, modules, reporter, common)
     stats = with_owners(stats, world.rank)
     if cfg.kv_cache:
-        stats = dataclasses.replace(stats, kv_strategy="attn_head" if cfg.kv_per_head else "tensor")
+        stats = dataclasses.replace(stats, kv_strategy="attn_head" if cfg.kv_per_head else "tensor",
+                                    kv_format=cfg.kv_cache)
     if stats.fallback:  # one warning listing them (calibration/moe_policy.py: the policy)
         reporter.warn(f"calibrate: {len(stats.fallback)} module(s) saw no token, or are experts routed fewer "
                       f"than {cfg.moe_min_tokens} tokens; they took the fallback amax (their layer's max): "
@@ -153,7 +163,7 @@ def _observe(ctx, cfg: CalibrateConfig, modules: set[str], reporter, common: dic
             layer_times.append(round(seconds, 4))
 
         try:
-            stats = observe_sequential(ctx.source_path, ctx.source, modules, batch=cfg.batch,
+            stats = observe_sequential(Path(ctx.source.path), ctx.source, modules, batch=cfg.batch,
                                        on_layer=on_layer, **common)
             return dataclasses.replace(stats, layer_seconds=tuple(layer_times)), "sequential"
         except Unsupported as e:
@@ -161,7 +171,7 @@ def _observe(ctx, cfg: CalibrateConfig, modules: set[str], reporter, common: dic
                 raise RecipeError(f"calibrate.mode sequential: {e}",
                                   hint="use --set calibrate.mode=whole (the model must fit in RAM)") from None
             reporter.warn(f"calibrate: layer-by-layer loop not possible ({e}); running the whole model")
-    return observe_input_amax(ctx.source_path, modules, **common), "whole"
+    return observe_input_amax(Path(ctx.source.path), modules, **common), "whole"
 
 
 def _timings(stats: CalibStats) -> dict:

@@ -65,13 +65,14 @@ def kv_dtype(requested: str, calibrated: str, model_dtype: str | None) -> str:
     """The KV-cache dtype: `auto` follows --kv-cache; an explicit one must agree with it."""
     model = "fp16" if model_dtype == "F16" else "bf16"
     if requested == KV_AUTO:
-        return "fp8_e4m3" if calibrated == "fp8" else model
+        return {"fp8": "fp8_e4m3", "nvfp4": "nvfp4"}.get(calibrated, model)
     if requested not in E.KV_DTYPES:
         raise RecipeError(f"layout.kv_dtype {requested!r} is not one of auto, {', '.join(E.KV_DTYPES)}",
                           hint="--set layout.kv_dtype=auto follows --kv-cache")
-    if requested in ("fp8_e4m3", "nvfp4") and calibrated != "fp8":
+    if requested in ("fp8_e4m3", "nvfp4") and calibrated not in ("fp8", "nvfp4"):
         raise RecipeError(f"layout.kv_dtype {requested} needs calibrated KV scales",
-                          hint="add --kv-cache fp8 (it calibrates k_scale/v_scale)")
+                          hint=f"add --kv-cache {'nvfp4' if requested == 'nvfp4' else 'fp8'} (it calibrates "
+                               "k_scale/v_scale)")
     if requested in ("bf16", "fp16") and calibrated:
         raise RecipeError(f"layout.kv_dtype {requested} contradicts --kv-cache {calibrated}: the artifact's "
                           f"kv_cache_scheme makes engines quantize the cache",

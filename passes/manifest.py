@@ -76,7 +76,8 @@ def manifest_doc(ctx: Context) -> JsonDict:
         "scheme": {"name": scheme.name, "weight": scheme.weight,
                    "granularity": scheme.granularity, "block": list(scheme.block),
                    "activations": scheme.act, "mx_rule": ctx.program.mx_rule if scheme.weights.has_rule else None,
-                   "kv_cache": {"dtype": "fp8_e4m3", "strategy": ctx.program.kv_strategy}
+                   "kv_cache": {"dtype": "nvfp4" if ctx.program.kv_format == "nvfp4" else "fp8_e4m3",
+                                "strategy": ctx.program.kv_strategy}
                    if ctx.program.kv_strategy else None},
         "kv_modules": list(ctx.program.kv_modules),
         "views": list(art.views),
@@ -86,6 +87,8 @@ def manifest_doc(ctx: Context) -> JsonDict:
         "layers": [_clean(x) for x in art.layers],
         "summary": summarize(list(art.layers), art.bytes_in, art.bytes_out),
     }
+    if getattr(plan, "mixed", None):  # mixed precision: the search and each group's format (passes/mixed.py)
+        doc["mixed"] = plan.mixed
     moe = moe_record(ctx.calib) if ctx.calib is not None else None
     if moe:  # per-expert routed calibration tokens and the fallback policy (calibration/moe.py)
         doc["moe"] = moe

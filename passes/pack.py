@@ -37,6 +37,7 @@ from tfcompile.io.writer import write_index
 from tfcompile.ir import ArtifactInfo, Job, OutSpec, Program, execute
 from tfcompile.kernels.formats import kernel_threads
 from tfcompile.layout.view import EngineView
+from tfcompile.artifact.mixed_config import ct_mixed_config
 from tfcompile.passes import layout as layout_pass
 from tfcompile.pipeline.passes import PassResult, Unsupported, register_pass
 from tfcompile.pipeline.recipe import Recipe
@@ -282,10 +283,15 @@ def _write_configs(out: Path, ctx, cfg: PackConfig) -> dict[str, str]:
     ignore = list(ctx.plan.ignore)
     written = {}
     kv = ctx.program.kv_strategy
-    ct = dict(base, quantization_config=ct_quantization_config(ctx.plan.scheme, ignore, kv))
+    if ctx.plan.mixed:  # mixed precision: a config group per scheme (tfcompile/artifact/mixed_config.py)
+        ct = dict(base, quantization_config=ct_mixed_config(ctx.plan, ignore, kv, ctx.program.kv_format))
+    else:
+        ct = dict(base, quantization_config=ct_quantization_config(ctx.plan.scheme, ignore, kv,
+                                                                   ctx.program.kv_format))
     written["config.json"] = write_json(out / "config.json", ct)
     if "modelopt" in cfg.export:
-        hf_quant, mo_cfg = modelopt_quant_config(ctx.plan.scheme, ignore + list(ctx.plan.embeddings), kv)
+        hf_quant, mo_cfg = modelopt_quant_config(ctx.plan.scheme, ignore + list(ctx.plan.embeddings), kv,
+                                                 ctx.program.kv_format)
         written["modelopt/config.json"] = write_json(out / "modelopt" / "config.json",
                                                      dict(base, quantization_config=mo_cfg))
         written["modelopt/hf_quant_config.json"] = write_json(out / "modelopt" / "hf_quant_config.json",

@@ -26,14 +26,14 @@ PACKAGES = {"tfcompile": "tfcompile", "passes": "tfcompile.passes", "kernels": "
 # containing a module is its layer. "tfcompile" names the root package module only.
 LAYERS = [
     ["tfcompile", "tfcompile.errors", "tfcompile.settings", "tfcompile.reporter"],
-    ["tfcompile.io", "tfcompile.kernels", "tfcompile.kernels.formats", "tfcompile.families"],
+    ["tfcompile.io", "tfcompile.kernels", "tfcompile.kernels.formats", "tfcompile.families", "tfcompile.fixtures"],
     ["tfcompile.schemes", "tfcompile.kernels.triton", "tfcompile.kernels.cutlass", "tfcompile.io.sources",
      "tfcompile.checkpoint_check", "tfcompile.dist"],
     ["tfcompile.ir"],
     ["tfcompile.artifact"],
-    ["tfcompile.calibration", "tfcompile.layout", "tfcompile.tune", "tfcompile.onnx_export"],
+    ["tfcompile.calibration", "tfcompile.layout", "tfcompile.tune", "tfcompile.onnx_export", "tfcompile.rotate"],
     ["tfcompile.evaluate"],
-    ["tfcompile.runtime", "tfcompile.distill", "tfcompile.report"],
+    ["tfcompile.runtime", "tfcompile.distill", "tfcompile.report", "tfcompile.mixed"],
     ["tfcompile.pipeline"],
     ["tfcompile.recipe", "tfcompile.estimate"],
     ["tfcompile.passes"],

@@ -28,6 +28,7 @@ import torch
 from tfcompile.families.experts import take
 from tfcompile.io.checkpoint import Checkpoint
 from tfcompile.io.jsonfile import JsonDict
+from tfcompile.kernels.formats import WeightQuantizer
 from tfcompile.reporter import Reporter
 from tfcompile.schemes import Scheme
 
@@ -100,9 +101,24 @@ class QuantPlan:
     # fused per-expert biases split like their weights: source tensor -> its splits, in expert order
     splits: Mapping[str, tuple[Split, ...]] = field(default_factory=dict)
     family: str = "generic"  # tfcompile/families/rules.py: the rules that applied
+    # mixed precision (passes/mixed.py): group key -> its scheme where it is not `scheme`
+    group_schemes: Mapping[str, Scheme] = field(default_factory=dict)
+    mixed: JsonDict | None = None  # the mixed-precision search's record (the manifest's "mixed")
 
     def targets(self) -> list[QuantTarget]:
         return [t for g in self.groups for t in g.members]
+
+    def scheme_of(self, group: QuantGroup) -> Scheme:
+        """The scheme a group is quantized with: its mixed-precision choice, else the plan's."""
+        return self.group_schemes.get(group.key, self.scheme)
+
+    def schemes(self) -> list[Scheme]:
+        """Every scheme in use, the plan's first (one entry unless mixed precision chose others)."""
+        out = [self.scheme]
+        for g in self.groups:
+            if (s := self.scheme_of(g)) not in out:
+                out.append(s)
+        return out
 
 
 # -- calibrate -----------------------------------------------------------------------------
@@ -125,6 +141,7 @@ class CalibStats:
     # attention module -> (max|K|, max|V|), float32 [kv_heads] each, post-RoPE as cached
     kv_amax: Mapping[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     kv_strategy: str | None = None  # None (no KV quantization) | "tensor" | "attn_head"
+    kv_format: str = "fp8"  # the KV cache's format: "fp8" (E4M3) | "nvfp4" (E2M1, E4M3 scales per 16)
     # GPTQ: fusion-group key -> H = X^T X / n over that group's (shared) input, float32 [K, K]
     # (a lazy mapping: Hessians of finished layers may be spilled to disk)
     hessians: Mapping[str, torch.Tensor] = field(default_factory=dict)
@@ -159,6 +176,7 @@ class Job:
     const: torch.Tensor | None = None  # a small tensor computed by the pass itself (e.g. a KV-cache scale)
     # (expert, rows): the slice of `source` a copy takes (a fused expert bias, per expert)
     part: tuple[int, Optional[tuple[int, ...]]] | None = None
+    scheme: Scheme | None = None  # mixed precision: this group's scheme when it is not Program.scheme
 
     @property
     def kind(self) -> str:
@@ -201,6 +219,17 @@ class Program:
     # per-run working memory of an algorithm (gptq_moe.py: a batch of solved experts until written)
     scratch: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
     device: Any = "cpu"  # torch.device of the GPTQ solves (quantize.device; the AWQ search runs on the CPU)
+    # NVFP4 weights under the recipe's block-scale rule when it is not the scheme's own
+    # (quantize.nvfp4_scales=four_over_six: passes/quantize/four_over_six.py); None: Scheme.weights
+    nvfp4_weights: WeightQuantizer | None = None
+    kv_format: str = "fp8"  # "fp8" | "nvfp4" (calibrate.kv_cache): same k_scale/v_scale, another cache
+
+    @property
+    def weights(self) -> WeightQuantizer:
+        """The weight quantizer every algorithm quantizes a group with: the scheme's, or for an
+        NVFP4 scheme `nvfp4_weights` when the recipe chose another block-scale rule."""
+        w = self.scheme.weights
+        return self.nvfp4_weights if self.nvfp4_weights is not None and w.format == "nvfp4" else w
 
     def specs(self) -> list[OutSpec]:
         return [o for j in self.jobs for o in j.outputs]
@@ -267,6 +296,8 @@ def execute(job: Job, program: Program, source: Checkpoint) -> tuple[dict[str, t
         if job.part is not None:  # one expert's slice of a fused tensor (tfcompile/families/experts.py)
             return {job.outputs[0].name: take(source.get(job.source), *job.part)}, []
         return {job.source: source.get(job.source)}, []
+    if job.scheme is not None:  # a mixed-precision group: the algorithm runs under its own scheme
+        program = dataclasses.replace(program, scheme=job.scheme)
     return ALGORITHMS[program.algorithm].run(job, program, source)
 
 

@@ -90,7 +90,7 @@ def group_loss(x, refs, weights, members, s, act_amax, program, model_dtype) -> 
     act_amax: the static input amax of x/s (static-activation schemes)."""
     scheme = program.scheme
     ws = [w * s for w in weights]
-    gscale = scheme.weights.group_global_scale(ws, [t.source for t in members])
+    gscale = program.weights.group_global_scale(ws, [t.source for t in members])
     xq = fake_act(x / s, scheme, act_amax, model_dtype)
     err = 0.0
     for t, w, ref in zip(members, ws, refs):
@@ -100,17 +100,23 @@ def group_loss(x, refs, weights, members, s, act_amax, program, model_dtype) -> 
     return err
 
 
+def awq_candidates(st, weights) -> list[tuple[float, torch.Tensor]]:
+    """(alpha, s) for alpha in GRID: AWQ's activation-only rule; alpha 0 is s = 1 (RTN)."""
+    return [(alpha, awq_scales(st.mean_abs, alpha)) for alpha in GRID]
+
+
 def search(st, norm_w, weights, members, program, model_dtype,
-           observed: float | None = None) -> tuple[AWQFold, torch.Tensor]:
-    """The alpha in GRID with the least group_loss (ties: the smaller alpha); returns its
-    fold and the folded norm weight w' (norm_w's dtype). `observed`: the group's calibrated
-    static input amax (None: the per-channel maximum)."""
+           observed: float | None = None, candidates=awq_candidates) -> tuple[AWQFold, torch.Tensor]:
+    """The candidate scale with the least group_loss (ties: the earlier one; the first must be
+    s = 1, plain RTN); returns its fold and the folded norm weight w' (norm_w's dtype).
+    `observed`: the group's calibrated static input amax (None: the per-channel maximum).
+    `candidates(st, weights) -> [(alpha, s)]`: AWQ's rule, or SmoothQuant's (smoothquant.py)."""
     x = st.rows.float()
     refs = [x @ w.T for w in weights]
     observed = float(st.max_abs.max()) if observed is None else observed
     best, rtn = None, None
-    for alpha in GRID:
-        folded, s = fold_norm(norm_w, awq_scales(st.mean_abs, alpha))
+    for alpha, s0 in candidates(st, weights):
+        folded, s = fold_norm(norm_w, s0)
         amax = folded_amax(observed, st, s)
         loss = group_loss(x, refs, weights, members, s, amax, program, model_dtype)
         rtn = loss if rtn is None else rtn
@@ -121,15 +127,17 @@ def search(st, norm_w, weights, members, program, model_dtype,
 
 
 def prepare_awq(plan: QuantPlan, calib: CalibStats | None, source: Checkpoint, program: Program,
-                reporter: Reporter) -> tuple[Program, dict]:
+                reporter: Reporter, candidates=None) -> tuple[Program, dict]:
     """Search every norm-fed group, fold its scale into the norm (an override of the
-    norm's passthrough tensor) and its static input amax; the rest stays RTN."""
+    norm's passthrough tensor) and its static input amax; the rest stays RTN. `candidates`:
+    the scale rule (AWQ's by default; smoothquant.py passes SmoothQuant's)."""
     check_scheme(program.scheme)
+    algo = program.algorithm
     if calib is None or not (calib.awq or calib.awq_skipped):
-        raise RecipeError("quantize.algorithm awq needs AWQ statistics from the calibrate pass",
-                          hint="use --algorithm awq (it schedules calibrate with awq=true)")
+        raise RecipeError(f"quantize.algorithm {algo} needs activation statistics from the calibrate pass",
+                          hint=f"use --algorithm {algo} (it schedules calibrate with awq=true)")
     folds, skipped, overrides, act = {}, dict(calib.awq_skipped), {}, dict(program.act_amax)
-    reporter.task("awq search", len(calib.awq))
+    reporter.task(f"{algo} search", len(calib.awq))
     for g in plan.groups:
         st = calib.awq.get(g.key)
         if st is None:
@@ -139,7 +147,7 @@ def prepare_awq(plan: QuantPlan, calib: CalibStats | None, source: Checkpoint, p
         if f"{st.norm}.weight" not in names:
             skipped[g.key] = f"{st.norm}.weight is not a tensor copied verbatim"
             continue
-        fold, tensors = fold_group(g, st, names, source, program)
+        fold, tensors = fold_group(g, st, names, source, program, candidates or awq_candidates)
         folds[g.key] = fold
         overrides.update(tensors)
         if program.scheme.act_static:
@@ -161,7 +169,7 @@ def folded_amax(observed: float, st: AWQInput, s: torch.Tensor) -> float:
     return folded if observed >= full else observed * folded / full
 
 
-def fold_group(group, st, names, source, program) -> tuple[AWQFold, dict[str, torch.Tensor]]:
+def fold_group(group, st, names, source, program, candidates=awq_candidates) -> tuple[AWQFold, dict[str, torch.Tensor]]:
     """Search one group; returns its fold and the folded norm tensors (source name -> tensor)."""
     src = [load_target(source, t) for t in group.members]
     norm_w = source.get(names[0])
@@ -170,7 +178,7 @@ def fold_group(group, st, names, source, program) -> tuple[AWQFold, dict[str, to
                           f"{src[0].shape[1]}", hint="use --algorithm rtn for this model")
     observed = program.act_amax.get(group.members[0].module)  # static schemes: the observer's amax
     fold, folded = search(st, norm_w, [w.float() for w in src], group.members, program, src[0].dtype,
-                          observed)
+                          observed, candidates)
     out = {names[0]: folded}
     if len(names) > 1:
         bias = source.get(names[1])
@@ -193,5 +201,5 @@ def run_awq(job, program, source):
     weights = [load_target(source, t).float() * fold.s for t in job.group.members]
     out, stats = run_rtn(job, program, source, weights=weights)
     ratio = round(fold.loss / fold.rtn_loss, 4) if fold.rtn_loss > 0 else None
-    return out, [dict(x, algorithm="awq", awq_alpha=fold.alpha, awq_norm=fold.norm,
+    return out, [dict(x, algorithm=program.algorithm, awq_alpha=fold.alpha, awq_norm=fold.norm,
                       awq_loss_vs_rtn=ratio) for x in stats]

@@ -78,7 +78,7 @@ def _solve_batch(key: str, program: Program, source: Checkpoint, solve: SolveFn)
     t0 = time.perf_counter()
     groups = _batch_of(key, program)
     ws, hs, ms, counts, grid = [], [], [], [], None
-    weights_q = program.scheme.weights
+    weights_q = program.weights
     for g in groups:
         weights = [load_target(source, t) for t in g.members]
         gscale = weights_q.group_global_scale(weights, [t.source for t in g.members])

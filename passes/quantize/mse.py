@@ -45,8 +45,10 @@ def _pick(x: torch.Tensor, cands: list[torch.Tensor]) -> tuple[torch.Tensor, tor
     return best_i, best_codes
 
 
-def nvfp4_mse(w: torch.Tensor, g: torch.Tensor, name: str | None = None) -> F.QTensor:
-    """NVFP4 with per-block scale search; g = global multiplier (1,) (compressed-tensors)."""
+def nvfp4_mse(w: torch.Tensor, g: torch.Tensor, name: str | None = None,
+              targets: tuple[float, ...] = NVFP4_TARGETS) -> F.QTensor:
+    """NVFP4 with per-block scale search over `targets` (where the block max maps; the first
+    wins ties); g = global multiplier (1,) (compressed-tensors)."""
     n, k = w.shape
     F.weight_amax(w, name=name)  # NaN/Inf -> FormatError naming the tensor
     packed, scales = [], []
@@ -55,7 +57,7 @@ def nvfp4_mse(w: torch.Tensor, g: torch.Tensor, name: str | None = None) -> F.QT
         x = w[r0: r0 + ROWS].float().reshape(-1, k // 16, 16)
         amax = x.abs().amax(-1)
         cand_s = []
-        for c in NVFP4_TARGETS:
+        for c in targets:
             s = F.cast_e4m3(amax / c * gf)
             s = torch.where(s.float() == 0, torch.ones_like(s.float()).to(s.dtype), s)  # never 0
             cand_s.append(s)

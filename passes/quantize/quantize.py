@@ -20,15 +20,17 @@ from tfcompile.dist.devices import check_device, resolve_device
 from tfcompile.errors import RecipeError
 from tfcompile.io.checkpoint import Checkpoint
 from tfcompile.io.dtypes import torch_dtype_of
-from tfcompile.ir import ALGORITHMS, CalibStats, Job, OutSpec, Program, Split, torch_dtype
+from tfcompile.ir import ALGORITHMS, CalibStats, Job, OutSpec, Program, QuantGroup, QuantPlan, Split, torch_dtype
 from tfcompile.kernels.formats import E4M3_MAX, round_scale_up
+from tfcompile.passes.quantize import four_over_six
 from tfcompile.pipeline.passes import PassResult, Unsupported, register_pass
 from tfcompile.pipeline.recipe import Recipe
 from tfcompile.schemes import SCHEMES
 
 MX_RULES = ("floor", "ceil")
 # algorithms that need calibration statistics, and the calibrate settings that record them
-CALIBRATION = {"gptq": {"hessian": True}, "awq": {"awq": True}}
+CALIBRATION = {"gptq": {"hessian": True}, "awq": {"awq": True}, "smoothquant": {"awq": True}}
+NVFP4_SCALE_RULES = ("max", "four_over_six")  # quantize.nvfp4_scales (four_over_six.py)
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,7 @@ class QuantizeConfig:
     gptq_damp: float = 0.01  # gptq: fraction of mean diag(H) added to the diagonal
     gptq_expert_batch: int = 8  # gptq: MoE experts of one shape solved together (memory: that many experts)
     mx_rule: str = ""  # "floor" | "ceil"; empty = the formats module default
+    nvfp4_scales: str = "max"  # NVFP4 block scales: "max" (block max -> 6) | "four_over_six" (four_over_six.py)
     sqnr_rows: int = 16  # rows per Linear sampled for the manifest's weight SQNR (0 = all)
     # GPTQ solves run here (--device; the AWQ search stays on the CPU); the packed bytes are encoded on the CPU
     device: str = field(default="auto", metadata={"runtime": True})
@@ -50,14 +53,21 @@ def _supports(recipe: Recipe, cfg: QuantizeConfig) -> list[Unsupported]:
     """An algorithm that declares its formats rejects the others before anything runs."""
     algo = ALGORITHMS.get(cfg.algorithm)
     fmt = recipe.quant_format()
+    reasons = []
+    if cfg.nvfp4_scales not in NVFP4_SCALE_RULES:
+        reasons.append(Unsupported(f"quantize.nvfp4_scales {cfg.nvfp4_scales!r} is unknown",
+                                   "choose one of: " + ", ".join(NVFP4_SCALE_RULES)))
+    elif cfg.nvfp4_scales != "max" and fmt in SCHEMES and SCHEMES[fmt].weight != "nvfp4":
+        reasons.append(Unsupported(f"quantize.nvfp4_scales {cfg.nvfp4_scales} needs an NVFP4 format, not {fmt}",
+                                   "use --format nvfp4 or nvfp4a16, or drop the setting"))
     if algo is None or algo.supports is None or fmt not in SCHEMES:
-        return []
+        return reasons
     reason = algo.supports(SCHEMES[fmt])
-    return [Unsupported(reason, algo.hint)] if reason else []
+    return reasons + ([Unsupported(reason, algo.hint)] if reason else [])
 
 
 def _implies(settings: dict) -> dict:
-    """GPTQ and AWQ schedule calibration and ask it for their statistics."""
+    """GPTQ, AWQ and SmoothQuant schedule calibration and ask it for their statistics."""
     extra = CALIBRATION.get(settings.get("quantize", {}).get("algorithm"))
     return {"calibrate": extra} if extra else {}
 
@@ -68,18 +78,16 @@ def quantize(ctx, cfg: QuantizeConfig, reporter) -> PassResult:
     """Plan every output tensor (names, dtypes, shapes); pack computes them with quantize.algorithm."""
     plan, model_dtype = ctx.plan, torch_dtype(ctx.model.dtype)
     scheme = plan.scheme
-    jobs = [Job(g, None, tuple(o for t in g.members
-                               for o in ct_outputs(scheme, t.module, *t.shape, model_dtype)))
-            for g in plan.groups]
+    jobs = [_group_job(g, plan, model_dtype) for g in plan.groups]
     for name in plan.passthrough:
         info = ctx.source.info(name)
         jobs.append(Job(None, name, (OutSpec(name, torch_dtype_of(info.dtype), tuple(info.shape)),)))
     jobs += split_jobs(ctx.source, plan.splits)
     act = dict(ctx.calib.input_amax) if ctx.calib is not None else {}
-    if scheme.act_static:
-        missing = [t.module for t in plan.targets() if t.module not in act]
-        if missing:
-            raise RuntimeError(f"{scheme.name} needs calibrated input scales; none for {missing[:3]}")
+    missing = [t.module for g in plan.groups if plan.scheme_of(g).act_static
+               for t in g.members if t.module not in act]
+    if missing:
+        raise RuntimeError(f"{scheme.name} needs calibrated input scales; none for {missing[:3]}")
     rule = cfg.mx_rule or scheme.weights.default_rule
     if rule not in MX_RULES:
         raise RecipeError(f"quantize.mx_rule {rule!r} is not floor or ceil", hint="--set quantize.mx_rule=ceil")
@@ -97,12 +105,21 @@ def quantize(ctx, cfg: QuantizeConfig, reporter) -> PassResult:
     device = resolve_device(cfg.device, ctx.world) if cfg.algorithm != "rtn" else "cpu"
     program = Program(scheme, cfg.algorithm, tuple(jobs + kv_jobs), act, rule, cfg.sqnr_rows,
                       kv_strategy, kv_modules, hessians, cfg.gptq_act_order, cfg.gptq_damp,
-                      gptq_expert_batch=cfg.gptq_expert_batch, device=device)
+                      gptq_expert_batch=cfg.gptq_expert_batch, device=device,
+                      nvfp4_weights=four_over_six.WEIGHTS if cfg.nvfp4_scales == "four_over_six" else None,
+                      kv_format=ctx.calib.kv_format if kv_jobs else "fp8")
     extra = {}
     if algo.prepare is not None:  # plan-time work of the algorithm (AWQ: search and fold)
         program, extra = algo.prepare(plan, ctx.calib, ctx.source, program, reporter)
     return PassResult(ctx.with_(program=program),
                       {"jobs": len(jobs), "outputs": len(program.specs()), "mx_rule": rule, **extra})
+
+
+def _group_job(g: QuantGroup, plan: QuantPlan, model_dtype: torch.dtype) -> Job:
+    """One fusion group's job; a mixed-precision group carries its own scheme (Job.scheme)."""
+    scheme = plan.scheme_of(g)
+    outputs = tuple(o for t in g.members for o in ct_outputs(scheme, t.module, *t.shape, model_dtype))
+    return Job(g, None, outputs, scheme=scheme if scheme != plan.scheme else None)
 
 
 def split_jobs(source: Checkpoint, splits: Mapping[str, tuple[Split, ...]]) -> list[Job]:
@@ -118,6 +135,8 @@ def split_jobs(source: Checkpoint, splits: Mapping[str, tuple[Split, ...]]) -> l
 
 def kv_scale_jobs(calib: CalibStats | None, model_dtype: torch.dtype) -> list[Job]:
     """k_scale / v_scale per attention module: max|K| / 448 (dequant multiplier, as vLLM reads it).
+    An NVFP4 KV cache stores the same value (as modelopt exports it for TensorRT-LLM): its global
+    dequant multiplier is k_scale / 6 (evaluate/kvcache.py).
 
     Per tensor: shape (1,); per KV head ("attn_head"): (kv_heads, 1, 1). Stored in the
     model dtype, rounded up like the FP8 input scales; a head no token reached gets 1.0."""

@@ -26,7 +26,7 @@ QuantizeFn = Callable[[torch.Tensor, Program, "torch.Tensor | None", str, torch.
 def quantize_weight(w: torch.Tensor, program: Program, gscale: torch.Tensor | None, name: str,
                     model_dtype: torch.dtype) -> QTensor:
     """Round-to-nearest: the scheme's weight quantizer with the program's MX rule."""
-    return program.scheme.weights.quantize(w, global_scale=gscale, rule=program.mx_rule,
+    return program.weights.quantize(w, global_scale=gscale, rule=program.mx_rule,
                                            scale_dtype=model_dtype, name=name)
 
 
@@ -52,7 +52,7 @@ def run_rtn(job: Job, program: Program, source: Checkpoint, quantizer: QuantizeF
     src = [load_target(source, t) for t in members]
     model_dtype = src[0].dtype
     weights = src if weights is None else weights
-    gscale = scheme.weights.group_global_scale(weights, [t.source for t in members])
+    gscale = program.weights.group_global_scale(weights, [t.source for t in members])
     amax = group_input_amax(program, members)
     out, stats = {}, []
     for t, w in zip(members, weights):

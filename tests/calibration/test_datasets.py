@@ -68,6 +68,28 @@ def test_random_and_self(tok, tiny_llama_src):
     assert torch.equal(torch.random.get_rng_state(), state)  # the caller's RNG is untouched
 
 
+def test_self_packs_short_sequences_in_few_decode_steps(tok, tiny_llama_src, monkeypatch):
+    """`self` samples SEQ_TOKENS-token sequences BATCH at a time and packs them: the decode
+    steps follow the token count / BATCH, not seq_len (calibration/sampling.py)."""
+    from transformers import AutoModelForCausalLM
+
+    from tfcompile.calibration import sampling
+
+    monkeypatch.setattr(sampling, "SEQ_TOKENS", 8)
+    monkeypatch.setattr(sampling, "BATCH", 5)
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama_src)
+    calls = []
+    real = model.generate
+    monkeypatch.setattr(model, "generate", lambda ids, **kw: calls.append((ids.shape[0], kw["max_new_tokens"]))
+                        or real(ids, **kw))
+    got = calibration_tokens("self", tok, samples=3, seq_len=20, seed=0, model=model)
+    assert calls == [(5, 7), (3, 7)]  # 60 tokens = 8 sequences of 8: one call of 5, one of 3
+    assert got.shape == (3, 20)
+    flat = got.reshape(-1)
+    assert (flat[::8] == tok.bos_token_id).all()  # every packed sequence starts at BOS
+    assert torch.equal(got, calibration_tokens("self", tok, samples=3, seq_len=20, seed=0, model=model))
+
+
 def test_self_on_an_encoder_falls_back_to_random(tok, tiny_llama_src):
     """`self` (the default) needs a model that can sample text; an encoder (BertModel, e.g.
     MiniLM) calibrates on random ids instead of failing in the calibrate pass."""
@@ -79,7 +101,8 @@ def test_self_on_an_encoder_falls_back_to_random(tok, tiny_llama_src):
                                 intermediate_size=64))
     assert effective_source("self", bert) == "random"
     assert effective_source("self", AutoModelForCausalLM.from_pretrained(tiny_llama_src)) == "self"
-    assert effective_source("python-doc", bert) == "python-doc"  # only `self` falls back
+    assert effective_source("python-doc", bert) == "python-doc"  # only `self` (and `auto`) fall back
+    assert effective_source("auto", bert) == "random"  # no tokenizer: no python-doc
     got = calibration_tokens("self", tok, samples=2, seq_len=8, seed=1, model=bert, vocab=256)
     assert torch.equal(got, calibration_tokens("random", tok, samples=2, seq_len=8, seed=1, vocab=256))
 
@@ -111,6 +134,27 @@ def test_python_doc_source_uses_the_calib_split(tok):
 
     got = calibration_tokens("python-doc", tok, samples=2, seq_len=32, seed=5)
     assert torch.equal(got, _expected(tok, python_doc_texts("calib"), 5, 2, 32))
+
+
+def test_auto_picks_python_doc_when_the_tokenizer_encodes_it(tok, tiny_llama_src):
+    """The default `auto`: the python-doc calib split for a tokenizer that round-trips it and a
+    vocabulary that holds its ids, `self` otherwise (calibration/datasets.py)."""
+    from transformers import AutoModelForCausalLM
+
+    from tfcompile.calibration.corpus import python_doc_texts
+    from tfcompile.calibration.datasets import effective_source, python_doc_encodes
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama_src)
+    text = python_doc_texts("calib")[0][:4000]
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    faithful = "".join(tok.decode(ids).split()) == "".join(text.split())
+    want = "python-doc" if faithful else "self"
+    assert effective_source("auto", model, tok, vocab=max(ids) + 1, tokens=64) == want
+    assert effective_source("auto", model, tok, vocab=max(ids), tokens=64) == "self"  # an id out of range
+    assert effective_source("auto", model, None, tokens=64) == "self"  # no tokenizer
+    assert not python_doc_encodes(tok, max(ids) + 1, 10**9)  # more tokens than the split holds
+    got = calibration_tokens("auto", tok, samples=2, seq_len=32, seed=5, model=model, vocab=max(ids) + 1)
+    assert torch.equal(got, calibration_tokens(want, tok, samples=2, seq_len=32, seed=5, model=model))
 
 
 def test_offline_mode_is_scoped_to_the_load(tok, monkeypatch):

@@ -184,3 +184,61 @@ def test_bad_kv_scales_are_user_errors(run_cli, kv_artifact, tiny_llama, eval_te
     assert r.code == 1 and "kv_cache_scheme" in r.err and "--kv-cache off" in r.err
     r = run_cli("eval", bad, "--reference", tiny_llama, "--text", eval_text, "--kv-cache", "fp16")
     assert r.code == 2  # not a choice: usage error
+
+
+def nvfp4_oracle(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """NVFP4 through ml_dtypes, from the rule: global multiplier g = 6 / s (s = amax / 448), per
+    16 values along head_dim a block scale e4m3(amax_b / 6 * g) (0 -> 1), elements e2m1(x / (s_b / g))."""
+    import ml_dtypes
+    import numpy as np
+
+    g = np.float32(6.0) / np.float32(float(s))
+    xb = x.float().numpy().reshape(*x.shape[:-1], -1, 16)
+    sb = (np.abs(xb).max(-1) / np.float32(6.0) * g).astype(np.float32)
+    sb = sb.clip(-448, 448).astype(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    sb = np.where(sb == 0, np.float32(1.0), sb)
+    mult = (sb / g)[..., None]
+    vals = (xb / mult).clip(-6, 6).astype(ml_dtypes.float4_e2m1fn).astype(np.float32)
+    return torch.from_numpy((vals * mult).reshape(x.shape)).to(x.dtype)
+
+
+def test_fake_quant_nvfp4_is_the_ml_dtypes_rule():
+    from tfcompile.evaluate.kvcache import fake_quant_nvfp4
+
+    x = torch.randn(2, 3, 17, 64) * 5
+    s = torch.tensor([float(x.abs().max()) / 448])
+    got = fake_quant_nvfp4(x, s)
+    assert got.shape == x.shape and torch.equal(got, nvfp4_oracle(x, s))
+    assert not torch.equal(got, x) and float((got - x).pow(2).mean() / x.pow(2).mean()) < 0.02
+
+
+def test_attention_sees_nvfp4_kv_and_the_artifact_says_so(tiny_llama_src, tmp_path, monkeypatch, run_cli):
+    """--kv-cache nvfp4: the same calibrated k_scale/v_scale (amax / 448), compressed-tensors'
+    NVFP4 arguments as kv_cache_scheme, modelopt's kv_cache_quant_algo NVFP4, and eval emulates
+    NVFP4 K/V."""
+    from tfcompile.artifact.ct_presets import CONFIG_GROUP
+    from tfcompile.evaluate.models import load_candidate
+
+    out = tmp_path / "nvfp4kv"
+    res = run_cli("quantize", tiny_llama_src, "-o", out, "--format", "fp8-dynamic", "--kv-cache", "nvfp4",
+                  "--export", "modelopt", "-q", *KV_CALIB)
+    assert res.code == 0, res.err
+    qc = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert qc["kv_cache_scheme"] == CONFIG_GROUP["NVFP4"]["input_activations"]
+    hf = json.loads((out / "modelopt" / "hf_quant_config.json").read_text())
+    assert hf["quantization"]["kv_cache_quant_algo"] == "NVFP4"
+    manifest = json.loads((out / "tfcompile/manifest.json").read_text())
+    assert manifest["scheme"]["kv_cache"] == {"dtype": "nvfp4", "strategy": "tensor"}
+    cand = load_candidate(out, torch.float32)
+    raw_k, raw_v, seen = _capture(cand.model, monkeypatch)
+    with torch.inference_mode():
+        cand.model(input_ids=torch.randint(4, 256, (2, 24)))
+    t = tensors(out)
+    for i in range(2):
+        ks, vs = t[f"model.layers.{i}.self_attn.k_scale"], t[f"model.layers.{i}.self_attn.v_scale"]
+        k, v = seen[i]
+        assert torch.equal(k, nvfp4_oracle(raw_k[i], ks)) and torch.equal(v, nvfp4_oracle(raw_v[i], vs))
+    assert cand.kv.report("auto")["dtype"] == "nvfp4"
+    assert run_cli("verify", out).code == 0
+    res = run_cli("plan", "--format", "nvfp4a16", "--kv-cache", "nvfp4", "--kv-per-head")
+    assert res.code == 1 and "--kv-per-head" in res.err and "hint:" in res.err

@@ -161,7 +161,7 @@ def test_plan_schedules_awq_statistics(run_cli):
 def test_awq_without_statistics_is_an_error(tiny_llama, tmp_path, run_cli):
     res = run_cli("quantize", tiny_llama, "-o", tmp_path / "o", "--format", "nvfp4a16",
                   "--algorithm", "awq", "--skip", "calibrate")
-    assert res.code == 1 and "needs AWQ statistics" in res.err and "hint:" in res.err
+    assert res.code == 1 and "awq needs activation statistics" in res.err and "hint:" in res.err
 
 
 def test_fold_check_rejects_a_norm_that_is_not_plain(tiny_llama_src):

@@ -18,7 +18,19 @@ from tfcompile.artifact.ct_presets import CONFIG_GROUP, KV_CACHE_SCHEME
 from tfcompile.schemes import Scheme
 
 
-def ct_quantization_config(scheme: Scheme, ignore: list[str], kv: str | None = None) -> dict:
+def kv_cache_scheme(kv: str | None, kv_format: str = "fp8") -> dict | None:
+    """quantization_config.kv_cache_scheme: FP8 E4M3 per tensor / per head (compressed-tensors' own
+    dump), or NVFP4: compressed-tensors' NVFP4 activation arguments (E2M1, E4M3 scales per 16,
+    computed at run time; a static per-tensor global scale: the stored k_scale / v_scale)."""
+    if not kv:
+        return None
+    if kv_format == "nvfp4":
+        return copy.deepcopy(CONFIG_GROUP["NVFP4"]["input_activations"])
+    return copy.deepcopy(KV_CACHE_SCHEME[kv])
+
+
+def ct_quantization_config(scheme: Scheme, ignore: list[str], kv: str | None = None,
+                           kv_format: str = "fp8") -> dict:
     """config.json["quantization_config"] for the compressed-tensors view."""
     try:
         version = metadata.version("compressed-tensors")
@@ -30,7 +42,7 @@ def ct_quantization_config(scheme: Scheme, ignore: list[str], kv: str | None = N
         "sparsity_config": {},
         "transform_config": {},
         "config_groups": {"group_0": copy.deepcopy(CONFIG_GROUP[scheme.ct_preset])},
-        "kv_cache_scheme": copy.deepcopy(KV_CACHE_SCHEME[kv]) if kv else None,
+        "kv_cache_scheme": kv_cache_scheme(kv, kv_format),
         "format": scheme.ct_format,
         "quantization_status": "compressed",
         "global_compression_ratio": None,
@@ -39,7 +51,8 @@ def ct_quantization_config(scheme: Scheme, ignore: list[str], kv: str | None = N
     }
 
 
-def modelopt_quant_config(scheme: Scheme, exclude: list[str], kv: str | None = None) -> tuple[dict, dict]:
+def modelopt_quant_config(scheme: Scheme, exclude: list[str], kv: str | None = None,
+                          kv_format: str = "fp8") -> tuple[dict, dict]:
     """(hf_quant_config.json, config.json["quantization_config"]) for TensorRT-LLM/vLLM.
 
     Mirrors what modelopt 0.47's `export_hf_checkpoint` writes for the same
@@ -48,7 +61,8 @@ def modelopt_quant_config(scheme: Scheme, exclude: list[str], kv: str | None = N
     TensorRT-LLM reads hf_quant_config.json's `exclude_modules`.
     """
     producer = {"name": "tfcompile", "version": __version__}
-    quant: dict = {"quant_algo": scheme.modelopt_algo, "kv_cache_quant_algo": "FP8" if kv else None}
+    kv_algo = ("NVFP4" if kv_format == "nvfp4" else "FP8") if kv else None
+    quant: dict = {"quant_algo": scheme.modelopt_algo, "kv_cache_quant_algo": kv_algo}
     group_size = {"nvfp4": 16, "mxfp8": 32}.get(scheme.weight)  # modelopt omits it for mxfp4
     if group_size:
         quant["group_size"] = group_size
@@ -56,7 +70,7 @@ def modelopt_quant_config(scheme: Scheme, exclude: list[str], kv: str | None = N
     cfg: dict = {"quant_method": "modelopt", "quant_algo": scheme.modelopt_algo,
                  "ignore": sorted(exclude), "producer": producer}
     if kv:
-        cfg["kv_cache_quant_algo"] = "FP8"
+        cfg["kv_cache_quant_algo"] = kv_algo
     groups = _modelopt_config_groups(scheme)
     if groups:
         cfg["config_groups"] = groups

@@ -25,7 +25,7 @@ import torch
 
 from tfcompile.ir import OutSpec
 from tfcompile.kernels.formats import QTensor, global_scale_to_modelopt
-from tfcompile.schemes import Scheme
+from tfcompile.schemes import Scheme, get_scheme
 
 GLOBAL_SCALE = "weight_global_scale"
 
@@ -127,3 +127,9 @@ def modelopt_kv_name(name: str) -> str:
     """compressed-tensors `self_attn.k_scale` -> modelopt `self_attn.k_proj.k_scale` (v likewise)."""
     attn, _, kind = name.rpartition(".")
     return f"{attn}.{kind[0]}_proj.{kind}"
+
+
+def layer_scheme(layer: dict, scheme: Scheme) -> Scheme:
+    """A manifest layer's scheme: its own `format` (mixed precision), else the artifact's."""
+    name = layer.get("format")
+    return scheme if not name or name == scheme.name else get_scheme(name)

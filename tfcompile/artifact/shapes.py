@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from tfcompile.artifact.naming import ct_outputs
+from tfcompile.artifact.naming import ct_outputs, layer_scheme
 from tfcompile.checkpoint_check import build_meta_model, find_problems, fuse_unmapped_experts
 from tfcompile.errors import UserError
 from tfcompile.io.checkpoint import read_config
@@ -58,7 +58,8 @@ def artifact_tensors(doc: dict, scheme, headers: dict) -> dict[str, tuple[torch.
     consumed, out = set(), {}
     for layer in doc.get("layers", []):
         n, k = layer["shape"]
-        consumed.update(spec.name for spec in ct_outputs(scheme, layer["module"], n, k, torch.bfloat16))
+        specs = ct_outputs(layer_scheme(layer, scheme), layer["module"], n, k, torch.bfloat16)  # mixed: its own
+        consumed.update(spec.name for spec in specs)
         out[f"{layer['module']}.weight"] = (torch.bfloat16, (n, k))
     for attn in doc.get("kv_modules", []):
         consumed.update((f"{attn}.k_scale", f"{attn}.v_scale"))

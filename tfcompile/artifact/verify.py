@@ -22,7 +22,8 @@ import torch
 
 from tfcompile.artifact.integrity import check_seal
 from tfcompile.artifact.manifest import load_manifest
-from tfcompile.artifact.naming import ct_outputs
+from tfcompile.artifact.mixed_config import config_mismatches
+from tfcompile.artifact.naming import ct_outputs, layer_scheme
 from tfcompile.artifact.shapes import check_against_config
 from tfcompile.artifact.signing import check_signature
 from tfcompile.artifact.tree import checksum_problems, listed_shards, safe_entries, unlisted
@@ -73,6 +74,8 @@ def verify_artifact(path: Path, *, checksums: bool = True, config_shapes: bool =
     _check_layers(path, doc, scheme, headers, rep)
     if config_shapes:
         check_against_config(path, doc, scheme, headers, rep)
+    if doc.get("mixed"):
+        _check_mixed_config(path, doc, rep)
     scales = _load_scales(headers, block_scales)
     _check_scales(scales, rep)
     _check_groups(doc, scheme, scales, rep)
@@ -122,11 +125,23 @@ def _dtype(code: str):
     return _CODES.get(code, code)
 
 
+def _check_mixed_config(path: Path, doc: dict, rep: VerifyReport) -> None:
+    """Mixed precision: config.json's config groups name every layer once, with its own scheme."""
+    try:
+        qc = json.loads((path / "config.json").read_text())["quantization_config"]
+    except (OSError, json.JSONDecodeError, KeyError) as e:
+        rep.add("mixed-precision config groups", False, f"config.json unreadable ({e})")
+        return
+    bad = config_mismatches(qc, doc.get("layers", []))
+    rep.add("mixed-precision config groups", not bad, "; ".join(bad[:5]) or
+            f"{len(qc.get('config_groups', {}))} groups cover {len(doc.get('layers', []))} layers")
+
+
 def _check_layers(path, doc, scheme, headers, rep) -> None:
     bad = []
     for layer in doc.get("layers", []):
         n, k = layer["shape"]
-        for spec in ct_outputs(scheme, layer["module"], n, k, torch.bfloat16):
+        for spec in ct_outputs(layer_scheme(layer, scheme), layer["module"], n, k, torch.bfloat16):
             got = headers.get(spec.name)
             if got is None:
                 bad.append(f"{spec.name}: missing")
@@ -214,7 +229,8 @@ def _check_scales(scales: dict[str, torch.Tensor], rep: VerifyReport) -> None:
 
 
 def _check_groups(doc, scheme, scales, rep) -> None:
-    if not scheme.shares_global_scale:
+    if not any(layer_scheme(la, scheme).shares_global_scale for la in doc.get("layers", [])) \
+            and not scheme.shares_global_scale:
         rep.add("fused groups share global scale", True, "not applicable")
         return
     bad = []

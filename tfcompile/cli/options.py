@@ -104,8 +104,9 @@ recipe_options = option_group([
                  help="Also write the modelopt (TensorRT-LLM) view under OUT/modelopt, or an ONNX "
                  "model with quantize/dequantize nodes under OUT/onnx (docs/onnx.md)."),
     click.option("--calib", metavar="DATA", help="Calibration data: a .txt/.jsonl/.json/.csv/.parquet "
-                 "file, a save_to_disk folder, a cached data set name, 'self' (default: sequences the "
-                 "model samples) or 'random'."),
+                 "file, a save_to_disk folder, a cached data set name, 'python-doc', 'self' (short sequences "
+                 "the model samples), 'random', or 'auto' (default: python-doc when installed and the "
+                 "tokenizer encodes it, else self)."),
     click.option("--calib-samples", type=int, help="Calibration sequences (default 16)."),
     click.option("--calib-seq-len", type=int, help="Tokens per calibration sequence (default 128)."),
     click.option("--calib-seed", type=int, help="Seed for shuffling/sampling calibration data (default 0)."),
@@ -115,11 +116,13 @@ recipe_options = option_group([
     click.option("--observer", type=click.Choice(["max", "percentile", "mse"]), help="Static activation "
                  "amax: max (default), percentile (99.99th of |x|; --set calibrate.percentile=P), mse "
                  "(clipping that minimises the format's quantization error)."),
-    click.option("--algorithm", type=click.Choice(["rtn", "mse", "gptq", "awq"]), help="Weight rounding: "
-                 "rtn (default), mse (block-scale search), gptq (Hessian-aware; adds calibration), "
-                 "awq (activation-aware scales folded into the norms; adds calibration)."),
-    click.option("--kv-cache", type=click.Choice(["fp8"]), help="Quantize the KV cache: calibrate "
-                 "k_scale/v_scale for an FP8 E4M3 cache (adds the calibrate pass)."),
+    click.option("--algorithm", type=click.Choice(["rtn", "mse", "gptq", "awq", "smoothquant"]),
+                 help="Weight rounding: rtn (default), mse (block-scale search), gptq (Hessian-aware; adds "
+                 "calibration), awq (activation-aware scales folded into the norms; adds calibration), "
+                 "smoothquant (activation outliers migrated into the weights through the norms; adds "
+                 "calibration)."),
+    click.option("--kv-cache", type=click.Choice(["fp8", "nvfp4"]), help="Quantize the KV cache: "
+                 "calibrate k_scale/v_scale for an FP8 E4M3 or an NVFP4 cache (adds the calibrate pass)."),
     click.option("--kv-per-head", is_flag=True, default=None, help="One KV scale per KV head."),
     click.option("--device", metavar="auto|cpu|cuda|cuda:N", help="Where calibration, GPTQ, "
                  "distillation and eval compute (default auto: the GPU when torch sees one; under "

@@ -1,4 +1,4 @@
-"""FP8 KV-cache emulation: attention reads K and V as an FP8 cache would return them.
+"""KV-cache emulation: attention reads K and V as an FP8 (or NVFP4) cache would return them.
 
 An artifact quantized with `--kv-cache fp8` carries `kv_cache_scheme` in
 config.json's quantization_config and, per attention module, `k_scale` and
@@ -24,6 +24,10 @@ scales up by module object, so only the candidate model (selected with
 straight to SDPA. Attention is found through `AttentionInterface`, never by a
 forward argument's name (see calibration/kv.py for why).
 
+An NVFP4 cache (`--kv-cache nvfp4`; kv_cache_scheme = compressed-tensors' NVFP4 arguments) is
+emulated the same way with `fake_quant_nvfp4`: E2M1 elements in blocks of 16 along head_dim,
+E4M3 block scales computed as the cache is written, global dequant multiplier k_scale / 6.
+
 MLA layers (DeepSeek-V3, Kimi K2) cache the latent c_kv and the RoPE key k_pe
 (tfcompile/families/attention.py): there the emulation wraps the module's
 `expand_kv`, which receives exactly that pair, and rounds both through FP8 with the
@@ -47,7 +51,7 @@ from torch import nn
 
 from tfcompile.evaluate.errors import EvalError
 from tfcompile.families.attention import is_mla, register_wrapper
-from tfcompile.kernels.formats import cast_e4m3
+from tfcompile.kernels.formats import cast_e4m3, dequantize, quantize_nvfp4_act
 
 KV_EMULATOR = "tfcompile_kv_fp8_emulation"
 KV_MODES = ("auto", "off")  # --kv-cache: auto = emulate when the artifact has a KV-cache scheme
@@ -64,6 +68,11 @@ class KVScales:
     (1,) per tensor or (kv_heads, 1, 1) per KV head."""
     strategy: str  # "tensor" | "attn_head"
     scales: Mapping[str, tuple[torch.Tensor, torch.Tensor]]
+    fmt: str = "fp8"  # "fp8" (E4M3) | "nvfp4" (E2M1 in blocks of 16 along head_dim, E4M3 block scales)
+
+    @property
+    def dtype(self) -> str:
+        return "nvfp4" if self.fmt == "nvfp4" else "fp8_e4m3"
 
 
 def fake_quant_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -74,6 +83,21 @@ def fake_quant_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     two differ in the last bit."""
     scale = scale.to(x.device)
     return (cast_e4m3(x.float() / scale).float() * scale).to(x.dtype)
+
+
+def fake_quant_nvfp4(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x (B, H_kv, S, D) through an NVFP4 cache, in x's dtype: blocks of 16 along head_dim, E4M3
+    block scales computed as the cache is written, the static global dequant multiplier
+    k_scale / 6 (k_scale = amax / 448, as modelopt exports it; the compressed-tensors multiplier
+    is its reciprocal 6 / k_scale = 448 * 6 / amax). Per tensor only: scale (1,)."""
+    g = (6.0 / scale.float()).reshape(1)
+    return dequantize(quantize_nvfp4_act(x.float().contiguous(), g), torch.float32).to(x.dtype)
+
+
+def _is_nvfp4_kv(scheme: Mapping[str, Any]) -> bool:
+    """compressed-tensors' NVFP4 arguments (artifact/configs.py kv_cache_scheme)."""
+    return (scheme.get("type") == "float" and scheme.get("num_bits") == 4
+            and scheme.get("strategy") == "tensor_group" and scheme.get("group_size") == 16)
 
 
 def kv_cache_scheme(config: Mapping[str, Any]) -> dict | None:
@@ -91,11 +115,12 @@ def read_kv_scales(path, ckpt, config: Mapping[str, Any], modules: list[str]) ->
     scheme = kv_cache_scheme(config)
     if scheme is None:
         return None
-    strategy = scheme.get("strategy")
-    if strategy not in STRATEGIES or scheme.get("type") != "float" or scheme.get("num_bits") != 8:
+    fmt = "nvfp4" if _is_nvfp4_kv(scheme) else "fp8"
+    strategy = "tensor" if fmt == "nvfp4" else scheme.get("strategy")
+    if fmt == "fp8" and (strategy not in STRATEGIES or scheme.get("type") != "float" or scheme.get("num_bits") != 8):
         raise EvalError(f"{path}/config.json: kv_cache_scheme {scheme} is not FP8 E4M3 per tensor "
-                        f"or per attention head", hint="evaluate with --kv-cache off, or rebuild the "
-                        "artifact with `tfcompile quantize --kv-cache fp8`")
+                        f"or per attention head, nor NVFP4", hint="evaluate with --kv-cache off, or rebuild "
+                        "the artifact with `tfcompile quantize --kv-cache fp8` (or nvfp4)")
     if not modules:
         raise EvalError(f"{path}: config.json has a kv_cache_scheme but the manifest lists no "
                         f"attention module with k_scale/v_scale", hint=f"check `tfcompile verify {path}`")
@@ -109,7 +134,7 @@ def read_kv_scales(path, ckpt, config: Mapping[str, Any], modules: list[str]) ->
                                 hint=f"check the artifact with `tfcompile verify {path}`")
             pair.append(_checked_scale(path, f"{m}.{kind}", ckpt.get(f"{m}.{kind}"), strategy))
         out[m] = (pair[0], pair[1])
-    return KVScales(strategy, out)
+    return KVScales(strategy, out, fmt)
 
 
 def _checked_scale(path, name: str, t: torch.Tensor, strategy: str) -> torch.Tensor:
@@ -139,6 +164,7 @@ class KVEmulator:
     strategy: str
     modules: tuple[str, ...]
     calls: dict[str, int] = field(default_factory=dict)
+    fmt: str = "fp8"
 
     def apply(self, entry: _Entry, key: torch.Tensor, value: torch.Tensor):
         if entry.k_scale.shape[0] not in (1, key.shape[1]):  # per-head scales vs (B, H_kv, S, D)
@@ -146,11 +172,13 @@ class KVEmulator:
                             f"attention has {key.shape[1]} KV heads",
                             hint="the artifact does not match its architecture; rebuild it")
         self.calls[entry.name] = self.calls.get(entry.name, 0) + 1
-        return fake_quant_fp8(key, entry.k_scale), fake_quant_fp8(value, entry.v_scale)
+        fq = fake_quant_nvfp4 if self.fmt == "nvfp4" else fake_quant_fp8
+        return fq(key, entry.k_scale), fq(value, entry.v_scale)
 
     def report(self, mode: str) -> dict:
         """The eval report's `kv_cache` entry (docs/ci.md)."""
-        return {"mode": mode, "emulated": True, "dtype": "fp8_e4m3", "strategy": self.strategy,
+        return {"mode": mode, "emulated": True, "dtype": "nvfp4" if self.fmt == "nvfp4" else "fp8_e4m3",
+                "strategy": self.strategy,
                 "modules": len(self.modules), "attention_calls": sum(self.calls.values())}
 
     def unreached(self) -> list[str]:
@@ -164,7 +192,7 @@ def install(model: nn.Module, kv: KVScales) -> KVEmulator:
     if missing:
         raise EvalError(f"the artifact has KV-cache scales for {missing[0]}, which is not a module "
                         f"of the architecture", hint="the artifact does not match config.json; rebuild it")
-    emu = KVEmulator(kv.strategy, tuple(sorted(kv.scales)))
+    emu = KVEmulator(kv.strategy, tuple(sorted(kv.scales)), fmt=kv.fmt)
     for name, (k, v) in kv.scales.items():
         entry = _Entry(name, k, v, emu)
         _ACTIVE[modules[name]] = entry
@@ -175,11 +203,14 @@ def install(model: nn.Module, kv: KVScales) -> KVEmulator:
 
 
 def _rounding_expand(entry: _Entry, expand):
-    """MLA: the cached latent and RoPE key read back through FP8 with the entry's one k_scale."""
+    """MLA: the cached latent and RoPE key read back through the cache format (FP8, or NVFP4
+    blocks of 16) with the entry's one k_scale."""
+    fq = fake_quant_nvfp4 if entry.emulator.fmt == "nvfp4" else fake_quant_fp8
+
     def rounded(kv_nope: torch.Tensor, k_rot: torch.Tensor):
         entry.emulator.calls[entry.name] = entry.emulator.calls.get(entry.name, 0) + 1
         s = entry.k_scale.reshape(-1)[:1]  # one scale per layer: (1,) or per "head" of the single latent head
-        return expand(fake_quant_fp8(kv_nope, s), fake_quant_fp8(k_rot, s))
+        return expand(fq(kv_nope, s), fq(k_rot, s))
 
     return rounded
 
@@ -197,7 +228,7 @@ def _emulating(base):
 
 def not_emulated(mode: str, kv: KVScales | None) -> dict:
     """The report's kv_cache entry when nothing is emulated (no scheme, a checkpoint, or --kv-cache off)."""
-    return {"mode": mode, "emulated": False, "dtype": "fp8_e4m3" if kv else None,
+    return {"mode": mode, "emulated": False, "dtype": kv.dtype if kv else None,
             "strategy": kv.strategy if kv else None, "modules": len(kv.scales) if kv else 0,
             "attention_calls": 0}
 

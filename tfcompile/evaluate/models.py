@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from tfcompile.artifact.manifest import MANIFEST, has_manifest, load_manifest
-from tfcompile.artifact.naming import ct_outputs, qtensor_of, static_input_scale
+from tfcompile.artifact.naming import ct_outputs, layer_scheme, qtensor_of, static_input_scale
 from tfcompile.calibration.moe import MoERecorder
 from tfcompile.evaluate.actquant import ActFn, act_quantizer, pre_hook
 from tfcompile.evaluate.errors import EvalError
@@ -142,7 +142,8 @@ def _build_artifact(path: Path, ckpt: Checkpoint, manifest: dict, scheme: Scheme
         model = cls._from_config(cfg, dtype=dtype).eval()
     cand = Candidate(model, "artifact", scheme)
     layers = {la["module"]: tuple(la["shape"]) for la in manifest.get("layers", [])}
-    qnames = {s.name for m, (n, k) in layers.items() for s in ct_outputs(scheme, m, n, k, torch.bfloat16)}
+    schemes = {la["module"]: layer_scheme(la, scheme) for la in manifest.get("layers", [])}  # mixed precision
+    qnames = {s.name for m, (n, k) in layers.items() for s in ct_outputs(schemes[m], m, n, k, torch.bfloat16)}
     missing = sorted(q for q in qnames if q not in set(ckpt.names()))
     if missing:
         raise EvalError(f"{path}: quantized tensor {missing[0]} is missing ({len(missing)} in all)",
@@ -156,8 +157,8 @@ def _build_artifact(path: Path, ckpt: Checkpoint, manifest: dict, scheme: Scheme
     loaded |= _load_expert_biases(ckpt, modules, [n for n in plain if _EXPERT_BIAS.match(n)], names)
     expert_acts: dict[str, ActFn] = {}  # per-expert Linear (model names) -> its input quantization
     for name, (n, k) in sorted(layers.items()):
-        w = dequantize(qtensor_of(ckpt, scheme, name, n, k), torch.float32)
-        act = _act_fn(ckpt, scheme, name)
+        w = dequantize(qtensor_of(ckpt, schemes[name], name, n, k), torch.float32)
+        act = _act_fn(ckpt, schemes[name], name)
         name = names.to_model(name)
         mod = modules.get(name)
         if isinstance(mod, nn.Linear):

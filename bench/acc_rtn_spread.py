@@ -1,0 +1,78 @@
+"""How far apart are equally valid NVFP4 RTN quantizations of SmolLM2 on the held-out text?
+
+Two RTN implementations that follow the same rule can still differ in the last bit of a global
+scale (float32 division order, a bf16 round trip), and each such difference re-rounds many
+elements. This bench quantizes every decoder Linear of SmolLM2-135M-Instruct with NVFP4 RTN
+(fused q/k/v and gate/up sharing one global scale, as tfcompile and llm-compressor both do)
+under the global scale g = 2688 / amax rounded to bf16, and nudged by 1 + 2^-10, 1 - 2^-10 and
+1 + 2^-8, and scores each (weights only, bf16) on the held-out tokens with bench/lm_eval.py.
+The spread is the noise floor of any RTN-to-RTN comparison (bench/peers.py).
+
+    python bench/acc_rtn_spread.py [--max-tokens 8192]
+
+Results: $TFCOMPILE_CACHE/bench/smollm2-rtn-spread.json.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from lm_eval import HeldOut, Results, bench_parser  # noqa: E402
+
+STORE = Results("smollm2-rtn-spread")
+FUSED = {"q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv", "gate_proj": "gate_up", "up_proj": "gate_up"}
+# label -> (factor on the global scale, round the global scale to bf16 first)
+VARIANTS = {"g_bf16": (1.0, True), "g*(1+2^-10)": (1 + 2 ** -10, False), "g*(1-2^-10)": (1 - 2 ** -10, False),
+            "g*(1+2^-8)": (1 + 2 ** -8, False)}
+
+
+def groups(model: torch.nn.Module) -> dict[str, list[str]]:
+    """Fusion group key -> its decoder Linears (q/k/v and gate/up fused, the rest alone)."""
+    out: dict[str, list[str]] = {}
+    for name, mod in model.named_modules():
+        if isinstance(mod, torch.nn.Linear) and ".layers." in name:
+            parent, leaf = name.rsplit(".", 1)
+            out.setdefault(f"{parent}.{FUSED.get(leaf, leaf)}", []).append(name)
+    return out
+
+
+def main() -> int:
+    args = bench_parser(__doc__).parse_args()
+    results = STORE.load() if args.table else measure(args.max_tokens)
+    for label, r in results.items():
+        print(f"{label:14s} KL {r['kl_mean']:.5f}  ppl {r['perplexity']:.3f}  top-1 {r['top1_agreement']:.4f}")
+    return 0
+
+
+def measure(max_tokens: int) -> dict:
+    from transformers import AutoModelForCausalLM
+
+    from tfcompile.fixtures.smollm2 import smollm2_checkpoint
+    from tfcompile.kernels import formats as F
+
+    path = smollm2_checkpoint()
+    held = HeldOut(path, max_tokens=max_tokens, dtype="bfloat16")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval()
+    mods = dict(model.named_modules())
+    orig = {n: mods[n].weight.data.clone() for names in groups(model).values() for n in names}
+    results = {}
+    for label, (factor, bf16) in VARIANTS.items():
+        for names in groups(model).values():
+            amax = torch.stack([orig[n].float().abs().amax() for n in names]).amax()
+            g = F.nvfp4_global_scale(amax.reshape(1)) * factor
+            g = g.to(torch.bfloat16).float() if bf16 else g
+            for n in names:
+                q = F.quantize_nvfp4(orig[n], global_scale=g)
+                mods[n].weight.data = F.dequantize(q, torch.float32).to(torch.bfloat16)
+        r = held.score(model)
+        results[label] = {k: r[k] for k in ("kl_mean", "perplexity", "top1_agreement")}
+        STORE.save(results)
+    return results
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

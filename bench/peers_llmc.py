@@ -1,0 +1,55 @@
+"""Quantize a checkpoint with llm-compressor (run in its own venv; bench/peers.py drives it).
+
+llm-compressor 0.14 pins transformers <= 5.17 and compressed-tensors 0.19, so it lives in a
+separate virtual environment (the project's keeps the versions CI resolves). This script imports
+nothing from tfcompile. Calibration tokens come from a file bench/peers.py wrote with tfcompile's
+own `--calib python-doc` tokens, so both tools calibrate on the same ids.
+
+    python bench/peers_llmc.py MODEL OUT --scheme NVFP4A16 --method rtn|gptq --tokens ids.npy
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import numpy as np
+import torch
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("out")
+    ap.add_argument("--scheme", required=True, help="compressed-tensors preset, e.g. NVFP4A16, FP8_DYNAMIC")
+    ap.add_argument("--method", choices=["rtn", "gptq"], required=True)
+    ap.add_argument("--tokens", required=True, help=".npy int64 [samples, seq_len]")
+    args = ap.parse_args()
+
+    from datasets import Dataset
+    from llmcompressor import oneshot
+    from llmcompressor.modifiers.quantization import GPTQModifier, QuantizationModifier
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(0)
+    ids = np.load(args.tokens)
+    ds = Dataset.from_dict({"input_ids": ids.tolist(), "attention_mask": np.ones_like(ids).tolist()})
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16)
+    tok = AutoTokenizer.from_pretrained(args.model)
+    ignore = ["lm_head"]
+    if args.method == "gptq":  # llm-compressor's defaults: block 128, dampening 0.01, act-order static
+        recipe = GPTQModifier(targets="Linear", scheme=args.scheme, ignore=ignore)
+    else:
+        recipe = QuantizationModifier(targets="Linear", scheme=args.scheme, ignore=ignore)
+    t0 = time.perf_counter()
+    oneshot(model=model, dataset=ds, recipe=recipe, max_seq_length=ids.shape[1],
+            num_calibration_samples=ids.shape[0], tokenizer=tok)
+    model.save_pretrained(args.out, save_compressed=True)
+    tok.save_pretrained(args.out)
+    print(json.dumps({"seconds": round(time.perf_counter() - t0, 1)}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
