@@ -200,7 +200,7 @@ class Program:
     gptq_expert_batch: int = 8  # gptq: routed experts of one shape solved together (gptq_moe.py)
     # per-run working memory of an algorithm (gptq_moe.py: a batch of solved experts until written)
     scratch: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
-    device: Any = "cpu"  # torch.device of the GPTQ solves (quantize.device; the AWQ search runs on the CPU)
+    device: Any = "cpu"  # torch.device of the GPTQ solves and the AWQ search (quantize.device)
 
     def specs(self) -> list[OutSpec]:
         return [o for j in self.jobs for o in j.outputs]

@@ -39,7 +39,7 @@ class QuantizeConfig:
     gptq_expert_batch: int = 8  # gptq: MoE experts of one shape solved together (memory: that many experts)
     mx_rule: str = ""  # "floor" | "ceil"; empty = the formats module default
     sqnr_rows: int = 16  # rows per Linear sampled for the manifest's weight SQNR (0 = all)
-    # GPTQ solves run here (--device; the AWQ search stays on the CPU); the packed bytes are encoded on the CPU
+    # GPTQ solves and the AWQ search run here (--device); the packed bytes are encoded on the CPU
     device: str = field(default="auto", metadata={"runtime": True})
 
     def __post_init__(self) -> None:
