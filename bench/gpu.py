@@ -17,8 +17,9 @@
 4. `python bench/kernels.py --quick --json`.
 5. The AWQ scale search (passes/quantize/awq.py `search`) on one synthetic fusion group
    (K 2048, members 3 x 2048 rows, 1024 input rows with outlier channels) with device=cuda vs
-   cpu, for nvfp4a16, nvfp4 (static activation scales) and mxfp4: the same alpha and s (the CPU re-scores the near-best), and the largest relative
-   difference between the GPU's and the CPU's losses over the 21 alphas (TIE_RTOL is 1e-3).
+   cpu, for nvfp4a16, nvfp4 (static activation scales) and mxfp4: the same alpha and s (the
+   CPU re-scores the near-best), and the largest relative difference between the GPU's and
+   the CPU's losses over the 21 alphas (TIE_RTOL is 1e-3).
 
 Results: /tmp/tfc-bench-gpu/gpu.json, and with --write-docs the section "GPU run
 (bench/gpu.py)" of docs/performance.md.
