@@ -307,7 +307,7 @@ def plans_markdown() -> str:
                       "read at 1 byte per weight); tfcompile reads bf16 sources today, i.e. after DeepSeek's "
                       "fp8_cast_bf16.py (1.34 TB: twice the reading). "
                       "Calibration in batches of 4; GPTQ solves every Linear group, each routed expert with its own "
-                      "Hessians (in batches of 8 experts: passes/quantize/gptq_moe.py); `--calib self` would add "
+                      "Hessians (in batches of 8 experts, each batch owned by one rank: passes/quantize/gptq_moe.py); `--calib self` would add "
                       "sampling the tokens. Times under 2 minutes are rounded to 0.1 min each, so a total may "
                       "differ from its parts by 0.1.", "", *rows, ""])
 

@@ -15,6 +15,11 @@
    the 4-layer model of the same widths: calibrate and pack seconds, next to what
    `plan --estimate --devices 1x<GPU>` predicts.
 4. `python bench/kernels.py --quick --json`.
+5. The AWQ scale search (passes/quantize/awq.py `search`) on one synthetic fusion group
+   (K 2048, members 3 x 2048 rows, 1024 input rows with outlier channels) with device=cuda vs
+   cpu, for nvfp4a16, nvfp4 (static activation scales) and mxfp4: the same alpha and s (the
+   CPU re-scores the near-best), and the largest relative difference between the GPU's and
+   the CPU's losses over the 21 alphas (TIE_RTOL is 1e-3).
 
 Results: /tmp/tfc-bench-gpu/gpu.json, and with --write-docs the section "GPU run
 (bench/gpu.py)" of docs/performance.md.
@@ -118,6 +123,40 @@ def kernels_quick() -> dict:
             "stderr_tail": p.stderr[-2000:]}
 
 
+def awq_search(k: int = 2048, rows: int = 1024) -> dict:
+    """Item 5 of the module docstring."""
+    import torch
+
+    from tfcompile.ir import AWQInput, Program, QuantTarget
+    from tfcompile.passes.quantize import awq
+    from tfcompile.schemes import get_scheme
+
+    g = torch.Generator().manual_seed(0)
+    ws = [(torch.randn(k, k, generator=g) * 0.02).bfloat16().float() for _ in range(3)]
+    x = torch.randn(rows, k, generator=g)
+    x[:, torch.randperm(k, generator=g)[:32]] *= 20.0  # outlier channels, as LLM activations have
+    st = AWQInput("norm", x.abs().mean(0), x.abs().amax(0), x, rows)
+    members = tuple(QuantTarget(f"m{i}", f"m{i}.weight", None, None, (k, k)) for i in range(3))
+    norm_w = torch.ones(k, dtype=torch.bfloat16)
+    out = {}
+    for fmt in ("nvfp4a16", "nvfp4", "mxfp4"):
+        prog = Program(get_scheme(fmt), "awq", (), {}, "floor", 16)
+        args = (st, norm_w, ws, members, prog, torch.bfloat16)
+        t0 = time.perf_counter()
+        cpu = awq.search(*args, device="cpu")[0]
+        t1 = time.perf_counter()
+        dev = awq.search(*args, device=DEV)[0]
+        t2 = time.perf_counter()
+        cands = [awq.fold_norm(norm_w, awq.awq_scales(st.mean_abs, a))[1] for a in awq.GRID]
+        score_c, score_d = (awq.scorer(st, ws, members, prog, torch.bfloat16, d) for d in ("cpu", DEV))
+        amax = float(st.max_abs.max())
+        rel = max(abs(score_d(s, amax) - score_c(s, amax)) / score_c(s, amax) for s in cands)
+        same = dev.alpha == cpu.alpha and torch.equal(dev.s, cpu.s)
+        out[fmt] = {"alpha": cpu.alpha, "same_fold": same, "loss_max_rel_diff": rel,
+                    "cpu_s": round(t1 - t0, 2), "gpu_s": round(t2 - t1, 2), "ok": same}
+    return out
+
+
 def _markdown(doc: dict) -> str:
     c, p, g = doc["calibration"], doc["packed"], doc["gptq"]
     return "\n".join([
@@ -130,6 +169,9 @@ def _markdown(doc: dict) -> str:
         f"{p['nvfp4']['input_scale_max_rel_err']:.2e}.",
         f"- GPTQ (4 layers of the 1.1B widths) on the GPU: calibrate {g['calibrate_s']} s (estimate "
         f"{g['estimate']['calibrate_s']} s), pack with solves {g['pack_s']} s (estimate {g['estimate']['pack_s']} s).",
+        "- AWQ search, one K=2048 group, GPU vs CPU: " + "; ".join(
+            f"{f} same fold {a['same_fold']} (alpha {a['alpha']}), losses within {a['loss_max_rel_diff']:.1e}, "
+            f"{a['gpu_s']} s vs {a['cpu_s']} s" for f, a in doc["awq"].items()) + ".",
         f"- bench/kernels.py --quick: exit {doc['kernels']['rc']} (figures in /tmp/tfc-bench-gpu/gpu.json).", ""])
 
 
@@ -156,13 +198,14 @@ def main() -> None:
     t0 = time.perf_counter()
     model = make_checkpoint(WORK / f"llama-{layers}", 0, shape=shape, layers=layers)
     doc = {"gpu": name, "calibration": check_calibration(model), "packed": check_packed(model),
-           "gptq": gptq_on_gpu(kind, shape, max(1, layers // 4)), "kernels": kernels_quick()}
+           "gptq": gptq_on_gpu(kind, shape, max(1, layers // 4)),
+           "awq": awq_search(*((256, 256) if args.dry_run else ())), "kernels": kernels_quick()}
     doc["seconds"] = round(time.perf_counter() - t0, 1)
     (WORK / "gpu.json").write_text(json.dumps(doc, indent=2, default=str))
     print(json.dumps({k: v for k, v in doc.items() if k != "kernels"}, indent=2, default=str))
     if args.write_docs:
         print(replace_doc_section(HEADING, _markdown(doc)), file=sys.stderr)
-    ok = doc["calibration"]["ok"] and all(v["ok"] for v in doc["packed"].values())
+    ok = doc["calibration"]["ok"] and all(v["ok"] for v in [*doc["packed"].values(), *doc["awq"].values()])
     sys.exit(0 if ok else 1)
 
 

@@ -33,6 +33,7 @@ from tfcompile.dist import LOCAL
 from tfcompile.dist.collect import OrderedReplay, max_tensors, max_values
 from tfcompile.ir import CalibStats
 from tfcompile.errors import CheckpointError
+from tfcompile.families.experts import is_expert_group
 from tfcompile.families.names import NameMap
 
 
@@ -132,7 +133,11 @@ class Recorders:
 class HessianRecorder:
     """H = X^T X / n of each fusion group's input, recorded on one member (they share X).
 
-    Memory: one float32 [K, K] per group observed so far."""
+    Memory: one float32 [K, K] per group observed so far (under torchrun: per group this rank
+    owns). A routed expert's batch (T_e rows, a few hundred) is much smaller than its K x K
+    partial, so under torchrun an expert group's rows X_b travel to the owner, which computes
+    X_b^T X_b there; other groups send the partial (module docstring of tfcompile/dist/collect.py).
+    One process computes and adds the same products in the same order either way."""
 
     def __init__(self, model: nn.Module, groups: dict[str, str], names: NameMap | None = None, replay=None):
         self._h: dict[str, torch.Tensor] = {}
@@ -154,19 +159,27 @@ class HessianRecorder:
             self._route[key](x)
 
     def _prepare(self, key: str):
-        """One batch's X^T X (fp32, on x's device) and its row count: the expensive part."""
+        """One batch's X^T X (fp32, on x's device) and its row count: the expensive part, on the
+        batch's rank; a routed expert's rows X_b [T_e, K] as they are (the owner multiplies)."""
         def prepare(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            t0 = time.perf_counter()
-            x = x.detach().reshape(-1, x.shape[-1]).float()
-            h = x.T @ x
-            self.seconds[key] = self.seconds.get(key, 0.0) + time.perf_counter() - t0
-            return h, torch.tensor([x.shape[0]])
+            x = x.detach().reshape(-1, x.shape[-1])
+            if is_expert_group(key):
+                return x, torch.tensor([x.shape[0]])
+            return self._product(key, x), torch.tensor([x.shape[0]])
 
         return prepare
+
+    def _product(self, key: str, x: torch.Tensor) -> torch.Tensor:
+        t0 = time.perf_counter()
+        x = x.float()
+        h = x.T @ x
+        self.seconds[key] = self.seconds.get(key, 0.0) + time.perf_counter() - t0
+        return h
 
     def _fold(self, key: str):
         """H = H + X_b^T X_b in batch order (on the group's owner rank under torchrun)."""
         def fold(h: torch.Tensor, rows: torch.Tensor) -> None:
+            h = self._product(key, h) if is_expert_group(key) else h  # an expert's rows X_b
             self._h[key] = h if key not in self._h else self._h[key] + h
             self._n[key] = self._n.get(key, 0) + int(rows)
 

@@ -101,7 +101,8 @@ def calibrate(ctx, cfg: CalibrateConfig, reporter) -> PassResult:
                   all_experts=cfg.all_experts, moe_min_tokens=cfg.moe_min_tokens, progress=reporter,
                   world=world, device=resolve_device(cfg.device, world))
     if cfg.hessian and world.distributed:  # the rank that accumulates a group's H also solves its GPTQ
-        common["hessian_owner"] = hessian_owners(ctx.plan.groups, world.size)
+        batch = ctx.recipe.config("quantize").gptq_expert_batch if "quantize" in ctx.recipe.names() else 8
+        common["hessian_owner"] = hessian_owners(ctx.plan.groups, world.size, batch)
     if cfg.awq:  # AWQ statistics and their fold check run the whole model (calibration/awq_stats.py)
         if cfg.mode == "sequential":
             raise RecipeError("calibrate.awq needs the whole-model loop, not calibrate.mode sequential",

@@ -218,7 +218,7 @@ class Program:
     gptq_expert_batch: int = 8  # gptq: routed experts of one shape solved together (gptq_moe.py)
     # per-run working memory of an algorithm (gptq_moe.py: a batch of solved experts until written)
     scratch: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
-    device: Any = "cpu"  # torch.device of the GPTQ solves (quantize.device; the AWQ search runs on the CPU)
+    device: Any = "cpu"  # torch.device of the GPTQ solves and the AWQ search (quantize.device)
     # NVFP4 weights under the recipe's block-scale rule when it is not the scheme's own
     # (quantize.nvfp4_scales=four_over_six: passes/quantize/four_over_six.py); None: Scheme.weights
     nvfp4_weights: WeightQuantizer | None = None

@@ -15,6 +15,14 @@ relative grid, where the error matters most (it is multiplied by large x).
   from the folded amax below; dynamic MX/FP8 as the engine does), identity for weight-only
   schemes. a = 0 gives s = 1, plain RTN, so the chosen loss is never above RTN's on those
   rows (ties keep the smaller a).
+- Device (`quantize.device`, --device): the losses are computed there, one group's rows,
+  weights and products at a time (the formats reference runs on any device: it is
+  bit-identical to the CPU's fused kernels). s, w' and the amax are always computed on the
+  CPU from the statistics. Off the CPU, alpha 0 and every alpha whose device loss is within
+  TIE_RTOL of the least are scored again on the CPU, and the CPU's scores decide and are
+  reported: the chosen alpha (hence s and the packed bytes, which pack encodes on the CPU)
+  is the CPU run's unless a device loss is off by more than TIE_RTOL (GEMMs on another
+  device sum in another order: fp32 rounding, ~1e-6 relative).
 - Fold: the norm weight w becomes w' = dtype(w / s), and s is replaced by s' = w / w' (so
   w' * s' = w to float32 rounding: the fold is exact however w' was rounded); the search
   already scores s'. A norm bias is divided by s' too (rounded to its dtype). pack writes w'
@@ -44,6 +52,7 @@ from tfcompile.schemes import Scheme
 SUPPORTED_WEIGHTS = ("nvfp4", "mxfp4", "mxfp8", "fp8")  # Scheme.weight values AWQ can search
 GRID = tuple(round(0.05 * i, 2) for i in range(21))  # alpha values; 0 = RTN
 S_RANGE = (1e-4, 1e4)  # s is clamped to this range before normalisation (dead channels)
+TIE_RTOL = 1e-3  # off the CPU: alphas whose device loss is this close to the least are re-scored on the CPU
 HINT = "AWQ supports the NVFP4, MXFP4, MXFP8 and FP8 formats; use --algorithm rtn or gptq for this one"
 
 
@@ -80,7 +89,10 @@ def fake_act(x: torch.Tensor, scheme: Scheme, amax: float, model_dtype: torch.dt
     """x [T, K] float32 through the scheme's activation quantize -> dequantize (float32);
     static scales from `amax` exactly as the artifact stores them."""
     acts = scheme.acts
-    return x if acts is None else acts.emulate(amax, model_dtype)(x)
+    if acts is None:
+        return x
+    scale = acts.static_scale(amax, model_dtype).to(x.device) if acts.static else None  # stored scale, on x's device
+    return acts.fake_quant(x, scale)
 
 
 def group_loss(x, refs, weights, members, s, act_amax, program, model_dtype) -> float:
@@ -106,24 +118,40 @@ def awq_candidates(st, weights) -> list[tuple[float, torch.Tensor]]:
 
 
 def search(st, norm_w, weights, members, program, model_dtype,
-           observed: float | None = None, candidates=awq_candidates) -> tuple[AWQFold, torch.Tensor]:
+           observed: float | None = None, candidates=awq_candidates,
+           device: torch.device | str = "cpu") -> tuple[AWQFold, torch.Tensor]:
     """The candidate scale with the least group_loss (ties: the earlier one; the first must be
     s = 1, plain RTN); returns its fold and the folded norm weight w' (norm_w's dtype).
     `observed`: the group's calibrated static input amax (None: the per-channel maximum).
-    `candidates(st, weights) -> [(alpha, s)]`: AWQ's rule, or SmoothQuant's (smoothquant.py)."""
-    x = st.rows.float()
-    refs = [x @ w.T for w in weights]
+    `candidates(st, weights) -> [(alpha, s)]`: AWQ's rule, or SmoothQuant's (smoothquant.py).
+    `device`: where the losses are computed (module docstring: off the CPU, the CPU re-scores
+    the near-best candidates and decides)."""
     observed = float(st.max_abs.max()) if observed is None else observed
-    best, rtn = None, None
+    cands = []  # per candidate: (alpha, s' float32 [K], w', static amax of x / s'), all on the CPU
     for alpha, s0 in candidates(st, weights):
         folded, s = fold_norm(norm_w, s0)
-        amax = folded_amax(observed, st, s)
-        loss = group_loss(x, refs, weights, members, s, amax, program, model_dtype)
-        rtn = loss if rtn is None else rtn
-        if best is None or loss < best[0]:
-            best = (loss, alpha, s, folded)
-    loss, alpha, s, folded = best
-    return AWQFold(st.norm, s, alpha, loss, rtn), folded
+        cands.append((alpha, s, folded, folded_amax(observed, st, s)))
+    score = scorer(st, weights, members, program, model_dtype, device)
+    losses = [score(s, amax) for _, s, _, amax in cands]
+    pick = range(len(cands))
+    if torch.device(device).type != "cpu":
+        least = min(losses)
+        pick = [i for i, loss in enumerate(losses) if not loss > least * (1 + TIE_RTOL)] or [0]
+        del score  # the device's copies go before the CPU's are made
+        exact = scorer(st, weights, members, program, model_dtype, "cpu")
+        losses = {i: exact(cands[i][1], cands[i][3]) for i in sorted({0, *pick})}
+    best = min(pick, key=lambda i: (losses[i], i))
+    alpha, s, folded, _ = cands[best]
+    return AWQFold(st.norm, s, alpha, losses[best], losses[0]), folded
+
+
+def scorer(st, weights, members, program, model_dtype, device):
+    """A candidate's (s [K], static amax) -> group_loss, with one group's rows, weights and reference
+    products x W^T copied to `device` once (float32: rows [n, K], weights [N_i, K], refs [n, N_i])."""
+    x = st.rows.to(device=device, dtype=torch.float32)
+    ws = [w.to(device=device, dtype=torch.float32) for w in weights]
+    refs = [x @ w.T for w in ws]
+    return lambda s, amax: group_loss(x, refs, ws, members, s.to(device), amax, program, model_dtype)
 
 
 def prepare_awq(plan: QuantPlan, calib: CalibStats | None, source: Checkpoint, program: Program,
@@ -178,7 +206,7 @@ def fold_group(group, st, names, source, program, candidates=awq_candidates) -> 
                           f"{src[0].shape[1]}", hint="use --algorithm rtn for this model")
     observed = program.act_amax.get(group.members[0].module)  # static schemes: the observer's amax
     fold, folded = search(st, norm_w, [w.float() for w in src], group.members, program, src[0].dtype,
-                          observed, candidates)
+                          observed, candidates, device=program.device)
     out = {names[0]: folded}
     if len(names) > 1:
         bias = source.get(names[1])

@@ -10,7 +10,7 @@ warns, listing them).
 
 The column loop of GPTQ is Python-bound, so experts of one layer, projection and
 shape are solved together: `gptq_values` on a [B, N, K] batch (B = experts x members,
-`quantize.gptq_expert_batch` experts at a time, in expert order). Each expert's
+experts e // `quantize.gptq_expert_batch` together, in expert order). Each expert's
 result is its own problem's (batched Cholesky and matmuls; tests/families/test_moe.py
 checks batch == one at a time). Memory: one batch of experts' weights in fp32 beside
 their Hessians, held in the program's scratch until their jobs are written.
@@ -53,8 +53,10 @@ def run_gptq_experts(job: Job, program: Program, source: Checkpoint, solve: Solv
 
 
 def _batch_of(key: str, program: Program) -> list[QuantGroup]:
-    """The groups solved together with `key`: same experts module, role and shapes, with Hessians
-    (the peer lists are built once per program, in program.scratch)."""
+    """The groups solved together with `key`: same experts module, role and shapes, with Hessians,
+    and expert indices in the same block of gptq_expert_batch (e // batch: the unit one rank owns
+    under torchrun, tfcompile/dist/partition.py `solve_unit`; the peer lists are built once per
+    program, in program.scratch)."""
     me = _EXPERT_GROUP.match(key)
     index = program.scratch.get("#peers")
     if index is None:
@@ -67,10 +69,9 @@ def _batch_of(key: str, program: Program) -> list[QuantGroup]:
         for peers in index.values():
             peers.sort(key=lambda g: int(_EXPERT_GROUP.match(g.key)["e"]))
         program.scratch["#peers"] = index
-    peers = index[(me["parent"], me["role"])]
     size = max(1, program.gptq_expert_batch)
-    at = next(i for i, g in enumerate(peers) if g.key == key)
-    return peers[at - at % size: at - at % size + size]
+    block = int(me["e"]) // size
+    return [g for g in index[(me["parent"], me["role"])] if int(_EXPERT_GROUP.match(g.key)["e"]) // size == block]
 
 
 def _solve_batch(key: str, program: Program, source: Checkpoint, solve: SolveFn) -> None:

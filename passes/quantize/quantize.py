@@ -42,7 +42,7 @@ class QuantizeConfig:
     mx_rule: str = ""  # "floor" | "ceil"; empty = the formats module default
     nvfp4_scales: str = "max"  # NVFP4 block scales: "max" (block max -> 6) | "four_over_six" (four_over_six.py)
     sqnr_rows: int = 16  # rows per Linear sampled for the manifest's weight SQNR (0 = all)
-    # GPTQ solves run here (--device; the AWQ search stays on the CPU); the packed bytes are encoded on the CPU
+    # GPTQ solves and the AWQ search run here (--device); the packed bytes are encoded on the CPU
     device: str = field(default="auto", metadata={"runtime": True})
 
     def __post_init__(self) -> None:

@@ -9,7 +9,7 @@ import torch
 from tests_helpers import tensors
 from tfcompile.artifact.sink import ShardSink
 from tfcompile.dist.devices import resolve_device
-from tfcompile.dist.partition import gptq_cost, lpt, mine, rounds, shard_owner
+from tfcompile.dist.partition import gptq_cost, hessian_owners, lpt, mine, rounds, shard_owner
 from tfcompile.dist.stream import Plan
 from tfcompile.errors import RecipeError, UserError
 
@@ -30,6 +30,27 @@ def test_lpt_is_deterministic_and_balanced():
     loads = [sum(c for k, c in costs.items() if a[k] == r) for r in range(3)]
     assert max(loads) <= 4 / 3 * (sum(costs.values()) / 3) + max(costs.values())  # Graham's bound
     assert lpt({"x": 1.0}, 4) == {"x": 0}
+
+
+def test_routed_experts_are_owned_per_solve_batch():
+    """One MoE layer's expert Hessians are spread over the ranks in blocks of gptq_expert_batch
+    experts (e // batch: the batches gptq_moe.py solves together), not one rank per projection."""
+    from types import SimpleNamespace as NS
+
+    def group(key, n, k):
+        return NS(key=key, members=(NS(shape=(n, k)),))
+
+    groups = [group(f"model.layers.1.mlp.experts.{e}.{role}", n, k)
+              for e in range(16) for role, n, k in (("gate_up", 128, 64), ("down_proj", 64, 64))]
+    groups.append(group("model.layers.1.self_attn.qkv", 96, 64))
+    owners = hessian_owners(groups, 4, expert_batch=4)
+    for role in ("gate_up", "down_proj"):
+        blocks = [{owners[f"model.layers.1.mlp.experts.{e}.{role}"] for e in range(b * 4, b * 4 + 4)}
+                  for b in range(4)]
+        assert all(len(b) == 1 for b in blocks)  # a solve batch never spans two ranks
+    assert len({owners[g.key] for g in groups if ".experts." in g.key}) == 4  # every rank owns some
+    whole = hessian_owners(groups, 4, expert_batch=16)  # one batch per projection: one rank each
+    assert len({whole[f"model.layers.1.mlp.experts.{e}.gate_up"] for e in range(16)}) == 1
 
 
 def test_windows_split_by_output_bytes():

@@ -140,6 +140,72 @@ def test_search_never_worse_than_rtn(fmt):
         assert fold.alpha > 0 and fold.loss < 0.5 * fold.rtn_loss, (fold.alpha, fold.loss / fold.rtn_loss)
 
 
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4", "fp8"])
+def test_search_on_the_reference_path_picks_what_the_fused_kernels_pick(fmt, monkeypatch):
+    """The path a GPU takes (device tensors, the formats reference instead of the CPU's fused
+    kernels, the activation scale built on x's device) gives the CPU path's fold exactly."""
+    from tfcompile.kernels.formats import fast
+
+    ws, st, members = _group(seed=1)
+    prog = Program(get_scheme(fmt), "awq", (), {}, "floor", 16)
+    norm_w = torch.ones(256, dtype=torch.bfloat16)
+    args = (st, norm_w, [w.float() for w in ws], members, prog, torch.bfloat16)
+    fused = search(*args, device="cpu")
+    calls = []
+    real = fast.available
+    monkeypatch.setattr(fast, "available", lambda x: calls.append(x.device) or False)
+    ref = search(*args, device=torch.device("cpu"))
+    assert calls and real(st.rows)  # the reference really ran, where the fused kernels could have
+    assert (ref[0].alpha, ref[0].loss, ref[0].rtn_loss) == (fused[0].alpha, fused[0].loss, fused[0].rtn_loss)
+    assert torch.equal(ref[0].s, fused[0].s) and torch.equal(ref[1], fused[1])
+
+
+def test_off_the_cpu_the_cpu_decides_among_the_near_best(monkeypatch):
+    """Off the CPU, the device's losses only shortlist: alpha 0 and the alphas within TIE_RTOL
+    of the least are re-scored on the CPU, whose scores pick and are reported. The "device" is
+    the meta device with a stand-in scorer whose float error (1e-4, under TIE_RTOL) makes a
+    worse alpha look best."""
+    import tfcompile.passes.quantize.awq as awq
+
+    ws, st, members = _group(seed=2)
+    prog = Program(get_scheme("nvfp4a16"), "awq", (), {}, "floor", 16)
+    norm_w = torch.ones(256, dtype=torch.bfloat16)
+    args = (st, norm_w, [w.float() for w in ws], members, prog, torch.bfloat16)
+    cpu_fold, cpu_folded = search(*args)
+    real_scorer = awq.scorer
+    exact = real_scorer(st, args[2], members, prog, torch.bfloat16, "cpu")
+    true = {a: exact(*_cand(st, norm_w, a)) for a in GRID}
+    best = cpu_fold.alpha
+    rival = min((a for a in GRID if a != best), key=lambda a: true[a])
+    scored = []
+
+    def fake_scorer(st_, weights, members_, program, dtype, device):
+        if torch.device(device).type == "cpu":
+            cpu = real_scorer(st_, weights, members_, program, dtype, device)
+            return lambda s, amax: scored.append(s) or cpu(s, amax)
+        assert torch.device(device).type == "meta"
+        alphas = {a: _cand(st, norm_w, a)[0] for a in GRID}
+
+        def on_device(s, amax):
+            a = next(a for a, sa in alphas.items() if torch.equal(sa, s))
+            return {best: true[best], rival: true[best] * (1 - 1e-4)}.get(a, true[a] * 1.01)
+        return on_device
+
+    monkeypatch.setattr(awq, "scorer", fake_scorer)
+    fold, folded = search(*args, device="meta")
+    assert (fold.alpha, fold.loss, fold.rtn_loss) == (cpu_fold.alpha, cpu_fold.loss, cpu_fold.rtn_loss)
+    assert torch.equal(fold.s, cpu_fold.s) and torch.equal(folded, cpu_folded)
+    assert len(scored) == len({0.0, rival, best})  # only the shortlist (and alpha 0) ran on the CPU
+    monkeypatch.setattr(awq, "TIE_RTOL", 1e-5)  # a device error above TIE_RTOL is not caught
+    assert search(*args, device="meta")[0].alpha == rival
+
+
+def _cand(st, norm_w, alpha):
+    """(s', static amax) of one alpha, as search() builds it."""
+    s = fold_norm(norm_w, awq_scales(st.mean_abs, alpha))[1]
+    return s, folded_amax(float(st.max_abs.max()), st, s)
+
+
 def test_unsupported_format_is_refused(monkeypatch, run_cli):
     fake = dataclasses.replace(get_scheme("fp8-dynamic"), name="int8", weight="int8")
     with pytest.raises(RecipeError) as e:

@@ -125,7 +125,7 @@ recipe_options = option_group([
                  "calibrate k_scale/v_scale for an FP8 E4M3 or an NVFP4 cache (adds the calibrate pass)."),
     click.option("--kv-per-head", is_flag=True, default=None, help="One KV scale per KV head."),
     click.option("--device", metavar="auto|cpu|cuda|cuda:N", help="Where calibration, GPTQ, "
-                 "distillation and eval compute (default auto: the GPU when torch sees one; under "
+                 "the AWQ search, distillation and eval compute (default auto: the GPU when torch sees one; under "
                  "torchrun each rank's own GPU). Sets every scheduled pass's device; packed bytes "
                  "are encoded on the CPU either way."),
     click.option("--skip", multiple=True, metavar="PASS", help="Drop a pass from the pipeline."),

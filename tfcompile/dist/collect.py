@@ -12,6 +12,8 @@
   order, so the result is bit-identical (the per-batch part is the same computation on the
   same values: thread-count invariant, measured). Cost: one K x K fp32 partial per Hessian
   per batch crosses the network (on NCCL for device tensors); the FLOPs stay data-parallel.
+  A routed expert's Hessian is the exception: its batch's rows (T_e x K, T_e << K) cross
+  instead, and the owner computes X_b^T X_b (calibration/recorders.py).
 - `send_bytes` / `recv_bytes`: any tensor travels as its raw bytes (uint8 view), so FP8 and
   packed FP4 outputs need no dtype support from the backend.
 """

@@ -9,7 +9,7 @@ from __future__ import annotations
 import heapq
 from typing import Hashable, Mapping
 
-from tfcompile.families.experts import expert_unit
+from tfcompile.families.experts import EXPERT_GROUP
 
 
 def mine(count: int, rank: int, size: int) -> list[int]:
@@ -46,14 +46,22 @@ def gptq_cost(rows: int, cols: int) -> float:
     return cols ** 3 + 2.0 * rows * cols * cols
 
 
-def hessian_owners(groups, size: int) -> dict[str, int]:
+def hessian_owners(groups, size: int, expert_batch: int = 8) -> dict[str, int]:
     """Group key -> the rank that sums its Hessian and solves its GPTQ: longest processing time
-    first over the solves' cost. A routed expert's groups go with every expert of the same
-    experts module and projection, which GPTQ solves in batches (passes/quantize/gptq_moe.py).
+    first over the solves' cost. A routed expert's groups go with the experts of the same solve
+    batch (`solve_unit`: experts module, projection, e // expert_batch; passes/quantize/gptq_moe.py
+    solves exactly these together), so one MoE layer's expert Hessians are spread over the ranks.
     `groups`: the quantization plan's groups (key, members with shape [N, K])."""
     costs: dict[str, float] = {}
     for g in groups:
-        unit = expert_unit(g.key) or g.key
+        unit = solve_unit(g.key, expert_batch)
         costs[unit] = costs.get(unit, 0.0) + gptq_cost(sum(t.shape[0] for t in g.members), g.members[0].shape[1])
     owner = lpt(costs, size)
-    return {g.key: owner[expert_unit(g.key) or g.key] for g in groups}
+    return {g.key: owner[solve_unit(g.key, expert_batch)] for g in groups}
+
+
+def solve_unit(key: str, expert_batch: int) -> str:
+    """What one rank owns: a group, or a routed expert's solve batch
+    "{experts module}:{role}#{e // expert_batch}" (quantize.gptq_expert_batch)."""
+    m = EXPERT_GROUP.match(key)
+    return key if m is None else f"{m['parent']}:{m['role']}#{int(m['e']) // max(1, expert_batch)}"

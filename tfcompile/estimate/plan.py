@@ -8,8 +8,10 @@ the pipeline's own structure (docs/distributed.md "Resource plan"):
 - calibrate (layer by layer): per layer, read its weights (disk, once per node), copy them to
   the device, run this rank's batches (ceil(B/P) of B batches; 2 x active params + attention
   FLOPs per token, and 2 x tokens x K^2 per Hessian for X_b^T X_b), send those K x K partials
-  to the groups' owners (network), which add them in batch order. Memory: one layer + this
-  rank's activations + one batch's temporaries + one round's Hessian partials.
+  to the groups' owners (network), which add them in batch order; a routed expert's rows go
+  to its owner instead, which multiplies them (owners: per solve batch of experts). Memory: one
+  layer + this rank's activations + one batch's temporaries + the Hessians it owns + one
+  round's partials.
 - pack: each rank reads, quantizes and writes its own shards (the slowest rank counts:
   whole shards go to ranks), streams overlapped; GPTQ adds each rank's solves (LPT
   assignment, as calibrate assigns them); the source hash runs beside it.
@@ -76,8 +78,8 @@ def estimate(model: Path, recipe, devices: str = "cpu", nodes: int = 1) -> dict:
     out_bytes = sum(math.prod(s.shape) * s.dtype.itemsize for s in out_specs)
     shard_mb = recipe.config("pack").max_shard_mb if "pack" in names else 4096
     hess = _hessian_groups(plan, shape) if calib is not None and calib.hessian else {}
-    owners = hessian_owners([g for g in plan.groups if g.key in hess], cluster.ranks)  # as calibrate assigns them
     batch = recipe.config("quantize").gptq_expert_batch if "quantize" in names else 8
+    owners = hessian_owners([g for g in plan.groups if g.key in hess], cluster.ranks, batch)  # as calibrate assigns them
     passes = {}
     if calib is not None:
         passes["calibrate"] = _calibrate(shape, calib, cluster, hess, owners)
@@ -182,9 +184,17 @@ def _calibrate(shape: ModelShape, cfg, cl: Cluster, hess: dict, owners: dict) ->
         attn_ctx = cfg.seq_len / 2 if gpu else cfg.seq_len  # flash skips the causal half; CPU SDPA does not
         fwd = tokens_rank * (2 * layer.active + 2 * attn_ctx * heads * (qk + v))
         groups = [k for k in hess if re.search(rf"\.layers\.{layer.index}\.", k)]
-        kk = sum(hess[k][1] ** 2 for k in groups)
-        hflops = 2 * tokens_rank * sum(hess[k][2] * hess[k][1] ** 2 for k in groups)  # X_b^T X_b, routed rows
-        replay = rounds * kk * 4 * (cl.ranks > 1)  # one fp32 partial per group per round to its owner
+        dense = [k for k in groups if not is_expert_group(k)]
+        experts = [k for k in groups if is_expert_group(k)]
+        if cl.ranks > 1:  # X_b^T X_b: a dense group's on the batch's rank, a routed expert's on its owner
+            hflops = 2 * tokens_rank * sum(hess[k][1] ** 2 for k in dense) + 2 * tokens * max(
+                sum(hess[k][2] * hess[k][1] ** 2 for k in experts if owners[k] == r) for r in range(cl.ranks))
+        else:
+            hflops = 2 * tokens_rank * sum(hess[k][2] * hess[k][1] ** 2 for k in groups)  # routed rows
+        # sent to the owners per round: a dense group's fp32 K x K partial, a routed expert's rows (bf16)
+        partial = 4 * sum(hess[k][1] ** 2 for k in dense) + \
+            2 * cfg.batch * cfg.seq_len * sum(hess[k][2] * hess[k][1] for k in experts)
+        replay = rounds * partial * (cl.ranks > 1)
         bf16 = layer.params * 2
         load = layer.source_bytes / node["read"] / GB
         if gpu:
@@ -205,7 +215,7 @@ def _calibrate(shape: ModelShape, cfg, cl: Cluster, hess: dict, owners: dict) ->
         temps = cfg.batch * cfg.seq_len * (layer.inter * 2 + 3 * layer.hidden) * 2 + \
             cfg.batch * heads * cfg.seq_len * cfg.seq_len * 4 * (not gpu)  # CPU SDPA materialises scores
         owned = max((sum(hess[k][1] ** 2 for k in groups if owners[k] == r) for r in range(cl.ranks)), default=0)
-        hmem = 4 * (owned + kk * (cl.ranks > 1))  # the sums it owns + this round's partials
+        hmem = 4 * owned + partial * (cl.ranks > 1)  # the sums it owns + this round's partials
         if gpu:
             dev = max(dev, (bf16 + act + temps + hmem) / GB)
             host = max(host, M["calibrate_rss_gb"] + layer.source_bytes / GB)

@@ -38,12 +38,6 @@ def is_expert_group(key: str) -> bool:
     return EXPERT_GROUP.match(key) is not None
 
 
-def expert_unit(key: str) -> str | None:
-    """The GPTQ solve unit of an expert group, "{experts module}:{role}" (its batches never leave
-    it; under torchrun one rank holds the unit's Hessians), or None for other groups."""
-    m = EXPERT_GROUP.match(key)
-    return f"{m['parent']}:{m['role']}" if m else None
-
 PROJS = ("gate_proj", "up_proj", "down_proj")
 
 
