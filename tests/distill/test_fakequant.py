@@ -22,6 +22,7 @@ def _weight(seed=0, n=64, k=256):
 def test_weight_fake_quant_is_packs_quantization(fmt):
     """Same values as passes/quantize/rtn.py (the fused kernels pack runs), for both impls."""
     from tfcompile.distill.fakequant import group_global_scale
+    from tfcompile.ir import Program
     from tfcompile.passes.quantize.rtn import quantize_weight
 
     scheme = SCHEMES[fmt]
@@ -30,7 +31,7 @@ def test_weight_fake_quant_is_packs_quantization(fmt):
     if scheme.weight == "nvfp4":  # distillation's, from its float32 master weights: the same value
         assert torch.equal(group_global_scale(scheme, [w.float() for w in ws]), gscale)
     rule = F.DEFAULT_MXFP8_RULE if scheme.weight == "mxfp8" else F.DEFAULT_MX_RULE
-    program = type("P", (), {"scheme": scheme, "mx_rule": rule})()
+    program = Program(scheme, "rtn", (), {}, rule, 0)
     for w in ws:
         packed = F.dequantize(quantize_weight(w, program, gscale, "w", torch.bfloat16))
         for impl in ("reference", "auto"):

@@ -99,7 +99,7 @@ def test_sampling_calibration_from_a_decoded_source_is_refused(family_src, publi
     from families_util import run_cli
 
     src = published.to_fp8_block(family_src("deepseek_v3"), tmp_path / "fp8")
-    code, _, err = run_cli("quantize", src, "-o", tmp_path / "out", "--format", "nvfp4")
+    code, _, err = run_cli("quantize", src, "-o", tmp_path / "out", "--format", "nvfp4", "--calib", "self")
     assert code == 1 and "--calib self" in err and "hint:" in err
 
 

@@ -8,8 +8,8 @@ split (never calibrated on) with the artifact loaded as users load it:
 `AutoModelForCausalLM.from_pretrained(out, dtype=bfloat16)` (compressed-tensors decompresses the
 weights and, for fp8-dynamic, fake-quantizes each Linear's input per token).
 
-Bounds (docs/accuracy.md "SmolLM2-135M-Instruct: quantization accuracy" measures the same on
-8,192 tokens: nvfp4a16 RTN +28%, fp8-dynamic +0.5%): nvfp4a16 within +40%, fp8-dynamic within
+Bounds (docs/accuracy.md measures the same on 8,192 tokens: nvfp4a16 RTN +31.5%, fp8-dynamic
++2.6% as transformers + compressed-tensors load it): nvfp4a16 within +40%, fp8-dynamic within
 +3% of the bf16 model's perplexity. A broken scale direction, packing order or global scale
 costs orders of magnitude, not percent.
 """
