@@ -92,8 +92,11 @@ def calibrate(ctx, cfg: CalibrateConfig, reporter) -> PassResult:
         raise RecipeError(f"calibrating a {ctx.source.source_format['format']} checkpoint with --calib self would "
                           f"hold the whole decoded bf16 model in memory to sample from it",
                           hint="give calibration text (--calib FILE or python-doc), or --calib random")
+    data = cfg.data
+    if data == "auto" and getattr(ctx.source, "source_format", None):
+        data = "python-doc"  # auto's fallback, self, would sample from the whole decoded model (above)
     world = ctx.world or LOCAL
-    common = dict(data=cfg.data, samples=cfg.samples, seq_len=cfg.seq_len, seed=cfg.seed,
+    common = dict(data=data, samples=cfg.samples, seq_len=cfg.seq_len, seed=cfg.seed,
                   dtype=torch_dtype(ctx.model.dtype), kv=bool(cfg.kv_cache),
                   hessian_groups={g.members[0].module: g.key for g in ctx.plan.groups}
                   if cfg.hessian else None)

@@ -103,6 +103,25 @@ def test_sampling_calibration_from_a_decoded_source_is_refused(family_src, publi
     assert code == 1 and "--calib self" in err and "hint:" in err
 
 
+def test_default_calibration_of_a_decoded_source_never_samples_from_it(family_src, published, tmp_path,
+                                                                       monkeypatch):
+    """The default data (auto) falls back to sampling from the model when python-doc does not
+    suit its tokenizer; on a decoded published checkpoint that would hold the whole bf16 model,
+    so auto means the calibration text there."""
+    from families_util import run_cli
+
+    from tfcompile.calibration import datasets
+
+    def refuse(*a, **k):
+        raise AssertionError("sampled from a decoded source")
+
+    monkeypatch.setattr(datasets, "sample_from_model", refuse)
+    src = published.to_fp8_block(family_src("deepseek_v3"), tmp_path / "fp8")
+    code, _, err = run_cli("quantize", src, "-o", tmp_path / "out", "--format", "nvfp4", "-q",
+                           "--calib-samples", "2", "--calib-seq-len", "32")
+    assert code == 0, err[-2000:]
+
+
 def test_per_expert_gpt_oss_checkpoint_checked_for_completeness(family_artifact, tmp_path):
     """GPT-OSS experts stored one Linear per expert (what engines and our artifacts hold) are fused
     through the family's layout for the completeness check, which transformers' loader cannot do:
