@@ -106,13 +106,15 @@ def _gptq_sweep(timed, g) -> dict:
     c for the lazy updates and strided column reads that grow with K."""
     import torch
 
+    from tfcompile.kernels.formats.quantizer import weight_quantizer
     from tfcompile.passes.quantize.gptq import _inverse_hessian, gptq_values
 
+    grid = weight_quantizer("nvfp4")  # the E2M1 grid
     rows, ts = [], []
     for n, k in ((1024, 1024), (1024, 4096), (4096, 1024)):
         x = torch.randn(2 * k, k, generator=g)
         h, w, m = x.T @ x / (2 * k), torch.randn(n, k, generator=g) * 0.02, torch.full((n, k), 2e-3)
-        total = timed(lambda: gptq_values(w, h, m, "e2m1"), 1)
+        total = timed(lambda: gptq_values(w, h, m, grid), 1)
         ts.append(total - timed(lambda: _inverse_hessian(h[None], w[None].clone(), 0.01), 1))
         rows.append([k, n * k, n * k * k])
     a, b, c = torch.linalg.solve(torch.tensor(rows, dtype=torch.float64), torch.tensor(ts, dtype=torch.float64)).tolist()
