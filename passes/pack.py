@@ -12,7 +12,6 @@ pages are released after each job. How and why: docs/design.md "Streaming".
 
 from __future__ import annotations
 
-import contextlib
 import math
 import re
 import threading
@@ -26,6 +25,7 @@ from tfcompile.artifact.naming import modelopt_kv_name, modelopt_outputs, to_mod
 from tfcompile.artifact.sink import ShardSink
 from tfcompile.artifact.verify import SCALE_SUFFIXES, check_scale_tensor
 from tfcompile.dist import LOCAL
+from tfcompile.dist.devices import one_torch_thread
 from tfcompile.dist.partition import shard_owner
 from tfcompile.dist.stream import Plan, run_jobs
 from tfcompile.io.aux_files import copy_aux_files
@@ -123,20 +123,13 @@ def per_decoder_layer(seconds: dict[str, float]) -> dict[str, float]:
     return {k: round(v, 4) for k, v in sorted(out.items(), key=lambda kv: (not kv[0].isdigit(), int(kv[0]) if kv[0].isdigit() else 0))}
 
 
-@contextlib.contextmanager
 def _torch_threads(program: Program):
     """One torch intra-op thread while RTN streams: its torch work is small
     (group amax, 16 SQNR rows, scale rounding), and an OpenMP team spinning
     beside the writer thread on a busy core cost ~0.3 s per 4.5 GB model
     (measured: `layer_stats` 0.3-0.5 s -> 0.07 s). GPTQ and MSE do their
     heavy work in torch and keep every thread."""
-    old = torch.get_num_threads()
-    if program.algorithm == "rtn":
-        torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(old)
+    return one_torch_thread(program.algorithm == "rtn")
 
 
 def _stream(ctx, program: Program, sinks: dict[str, ShardSink], reporter,

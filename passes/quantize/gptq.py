@@ -15,13 +15,13 @@ batch updates. With H = I no error is propagated and GPTQ equals RTN.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import time
 
 import torch
 
 from tfcompile.calibration.moe_policy import summarize
+from tfcompile.dist.devices import one_torch_thread
 from tfcompile.families.experts import is_expert_group
 from tfcompile.io.checkpoint import Checkpoint
 from tfcompile.io.jsonfile import JsonDict
@@ -51,17 +51,6 @@ def _inverse_hessian(h: torch.Tensor, w: torch.Tensor, damp: float) -> torch.Ten
     return torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
 
 
-@contextlib.contextmanager
-def _one_thread(on: bool):
-    old = torch.get_num_threads()
-    if on:
-        torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(old)
-
-
 def gptq_values(w: torch.Tensor, h: torch.Tensor, m: torch.Tensor, grid: F.WeightQuantizer, *,
                 damp: float = DAMP, act_order: bool = True, block: int = BLOCK,
                 device: torch.device | str = "cpu") -> torch.Tensor:
@@ -83,7 +72,7 @@ def gptq_values(w: torch.Tensor, h: torch.Tensor, m: torch.Tensor, grid: F.Weigh
     cols = perm[:, None, :].expand(b, n, k)
     w, m = w.gather(2, cols), m.gather(2, cols)
     h = h[torch.arange(b, device=w.device)[:, None, None], perm[:, :, None], perm[:, None, :]]
-    with _one_thread(w.device.type == "cpu"):
+    with one_torch_thread(w.device.type == "cpu"):
         out = _sweep(w, m, h, grid, damp, block).gather(2, inv[:, None, :].expand(b, n, k)).cpu()
     return out[0] if single else out
 

@@ -10,6 +10,7 @@ the same bytes whichever device did the math before (docs/distributed.md).
 
 from __future__ import annotations
 
+import contextlib
 import re
 
 import torch
@@ -43,3 +44,17 @@ def resolve_device(spec: str, world=None) -> torch.device:
     torch.cuda.set_device(index)
     torch.backends.cuda.matmul.allow_tf32 = False  # fp32 statistics stay fp32 (Hessians, GPTQ)
     return torch.device("cuda", index)
+
+
+@contextlib.contextmanager
+def one_torch_thread(on: bool = True):
+    """One torch intra-op thread inside the block when `on` (the old count restored after): for
+    CPU work made of many small ops, where an OpenMP team spinning on a busy core costs more than
+    it gives, and for math whose bits depend on the thread count (the callers say which)."""
+    old = torch.get_num_threads()
+    if on:
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
