@@ -201,6 +201,10 @@ distill_options = option_group([
     click.option("--teacher", type=click.Choice(["online", "cache"]), help="Teacher logits computed every "
                  "step (default) or cached on disk first (top-k, --set distill.topk=K)."),
     click.option("--seed", type=int, help="Seed for data order and LoRA init (default 0)."),
+    click.option("--sharding", type=click.Choice(["auto", "ddp", "fsdp"]), help="Under torchrun: ddp (every "
+                 "rank holds the whole student), fsdp (FSDP2: the student's parameters, gradients and "
+                 "optimizer state sharded over the ranks), auto (default: fsdp when the student does not "
+                 "fit one device)."),
     click.option("--resume-dir", type=click.Path(path_type=Path), help="Checkpoints, metrics.jsonl and "
                  "the teacher cache; rerun the same command to resume after Ctrl-C or a kill."),
     click.option("--metrics", type=click.Path(path_type=Path), help="Metrics as JSON lines (default "

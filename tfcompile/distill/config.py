@@ -17,6 +17,7 @@ MODES = ("model", "layerwise")
 TEACHERS = ("online", "cache")
 OPTIMIZERS = ("adamw", "adam", "sgd")
 SCHEDULES = ("cosine", "linear", "constant")
+SHARDINGS = ("auto", "ddp", "fsdp")  # under torchrun: replicate the student (DDP) or shard it (FSDP2)
 SCALE_FORMATS = ("nvfp4", "mxfp4", "mxfp8")  # weight formats with block scales: one learnable clip per block
 # distill.lr = 0 picks the mode's default (measured on the demo LM, docs/accuracy.md)
 DEFAULT_LR = {"weights": 1e-4, "scales": 2e-3, "lora": 1e-3}
@@ -71,10 +72,14 @@ class DistillConfig:
     resume_dir: str = runtime("")  # --resume-dir: checkpoints, metrics.jsonl, teacher cache
     metrics: str = runtime("")  # --metrics FILE: JSON lines (default RESUME_DIR/metrics.jsonl)
     device: str = runtime("auto")  # --device: where teacher and student run (tfcompile/dist/devices.py)
+    # --sharding, under torchrun: ddp (every rank holds the student), fsdp (FSDP2: each rank a 1/N
+    # shard of the student's parameters, gradients and optimizer state), auto (fsdp when the DDP
+    # student does not fit one device: tfcompile/distill/fsdp.py). Same artifact either way.
+    sharding: str = runtime("auto")
 
     def __post_init__(self) -> None:
         for name, allowed in (("train", TRAIN), ("mode", MODES), ("teacher", TEACHERS),
-                              ("optimizer", OPTIMIZERS), ("schedule", SCHEDULES)):
+                              ("optimizer", OPTIMIZERS), ("schedule", SCHEDULES), ("sharding", SHARDINGS)):
             if getattr(self, name) not in allowed:
                 raise RecipeError(f"distill.{name} {getattr(self, name)!r} is not one of {', '.join(allowed)}",
                                   hint=f"--set distill.{name}={allowed[0]}")

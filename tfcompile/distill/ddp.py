@@ -1,7 +1,7 @@
-"""Distillation over torchrun ranks: DistributedDataParallel (docs/distributed.md).
+"""Distillation over torchrun ranks: the data split, DistributedDataParallel (docs/distributed.md).
 
-Every rank holds the whole student and teacher (the models tfcompile distills fit one device;
-FSDP2 sharding for students that do not is not implemented). Each optimizer step's
+Under DDP every rank holds the whole student and teacher; under FSDP2 (fsdp.py) each holds a
+shard of the student, and the data is split the same way. Each optimizer step's
 `batch x grad_accum` blocks are split over the ranks -- whole micro-batches when grad_accum is
 a multiple of the world size, else every micro-batch's blocks -- and DDP averages the
 gradients, so a step sees the same blocks and the same expected gradient as one process. The
@@ -35,9 +35,10 @@ def micro_share(cfg, world) -> list[tuple[int, slice]]:
     return [(m, slice(world.rank, None, world.size)) for m in range(cfg.grad_accum)]
 
 
-def data_parallel(model: torch.nn.Module, world, device: torch.device):
-    """The model DDP-wrapped under torchrun (gloo on CPU, NCCL on the GPU), else as is."""
-    if not world.distributed:
+def data_parallel(model: torch.nn.Module, world, device: torch.device, sharding: str = "ddp"):
+    """The model DDP-wrapped under torchrun (gloo on CPU, NCCL on the GPU), else as is (one
+    process, or FSDP2: fully_shard installed its own gradient reduce-scatter)."""
+    if not world.distributed or sharding == "fsdp":
         return model
     from torch.nn.parallel import DistributedDataParallel  # lazy: only under torchrun
 
@@ -56,3 +57,15 @@ def mean_over_ranks(sums: dict[str, float], world) -> dict[str, float]:
     t = torch.tensor([sums[k] for k in keys], dtype=torch.float64)
     dist.all_reduce(t)
     return {k: v / world.size for k, v in zip(keys, t.tolist())}
+
+
+def agree_stop(stop, world):
+    """The stop flag (a signal number, or False) every rank acts on: set when any rank's is, so all
+    ranks stop at the same step boundary (FSDP2's checkpoint gathers need every rank)."""
+    import signal
+
+    import torch.distributed as dist  # lazy: only under torchrun
+
+    t = torch.tensor([int(stop or 0)], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return stop or (signal.Signals(int(t)) if int(t) else False)

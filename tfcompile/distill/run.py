@@ -27,7 +27,8 @@ from tfcompile.dist.devices import resolve_device
 from tfcompile.dist.world import World
 from tfcompile.distill.checkpoint import METRICS, ResumeDir
 from tfcompile.distill.config import DistillConfig
-from tfcompile.distill.ddp import check_data_parallel, data_parallel, mean_over_ranks, micro_share
+from tfcompile.distill.ddp import agree_stop, check_data_parallel, data_parallel, mean_over_ranks, micro_share
+from tfcompile.distill.fsdp import Holder, choose, counts, shard
 from tfcompile.distill.data import BlockOrder, load_data
 from tfcompile.distill.heldout import heldout_metrics, sig
 from tfcompile.distill.layerwise import run_layerwise
@@ -53,7 +54,7 @@ class Inputs:
     plan: QuantPlan
     program: Program
     recipe: JsonDict  # the recorded recipe (Recipe.to_dict()): part of a --resume-dir's fingerprint
-    world: World | None = None  # under torchrun: DDP over the ranks (distill/ddp.py); None = one process
+    world: World | None = None  # under torchrun: DDP or FSDP2 over the ranks (ddp.py, fsdp.py); None = one process
 
 
 @dataclass(frozen=True)
@@ -77,10 +78,16 @@ def distill_checkpoint(ctx: Inputs, cfg: DistillConfig, reporter: Reporter, work
                                 dtype=ctx.dtype, impl=cfg.impl)
     # block-wise without held-out figures: one model, made the student layer by layer (memory: once)
     progressive = cfg.mode == "layerwise" and not cfg.heldout_tokens
-    student = Student.frozen(teacher) if progressive else \
-        convert(load_hf_model(ctx.source_path, torch.float32).to(device))
+    # built on the CPU, then placed: whole on the device, or (FSDP2) sharded unit by unit
+    student = Student.frozen(teacher) if progressive else convert(load_hf_model(ctx.source_path, torch.float32))
     if cfg.train_unquantized:
         student.train_unquantized(set(ctx.plan.passthrough), ctx.dtype)
+    freed = cfg.teacher == "cache" and not cfg.heldout_tokens  # the teacher leaves before training
+    sharding = choose(cfg, world, device, counts(student, None if freed else teacher, cfg)) \
+        if not progressive else "ddp"
+    units = shard(student.model, world, device) if sharding == "fsdp" else None
+    if units is None:
+        student.model.to(device)
     resume = ResumeDir.open(cfg.resume_dir, fingerprint(ctx)) if cfg.resume_dir else None
     data = _data(ctx, cfg, teacher)
     t_setup = time.perf_counter()
@@ -89,15 +96,22 @@ def distill_checkpoint(ctx: Inputs, cfg: DistillConfig, reporter: Reporter, work
         before = heldout_metrics(student.model, teacher, data.heldout, release=student.release, progress=reporter)
         t_before = time.perf_counter()
         teacher, loop, t_train = _train(ctx, cfg, reporter, teacher, student, data, resume, work_dir,
-                                        convert if progressive else None)
+                                        convert if progressive else None, sharding)
         reporter.task("held-out (after)", -(-len(data.heldout or []) // 4))
         after = heldout_metrics(student.model, teacher, data.heldout, release=student.release, progress=reporter)
     t_write = time.perf_counter()
     names = student.tensor_names()
-    path = write_overlay(work_dir / "distilled.safetensors", overlay_specs(ctx.source, names), student.export())
+    holder = Holder(student.model, units) if units else None  # FSDP2: one unit unsharded at a time
+    try:
+        tensors = student.export(holder.hold if holder else None)
+        path = write_overlay(work_dir / "distilled.safetensors", overlay_specs(ctx.source, names), tensors)
+    finally:
+        if holder:
+            holder.close()
     t_end = time.perf_counter()
     record = _record(cfg, loop, data, names, before, after)
     stats = {"steps": loop.total, "resumed_at": loop.resumed_at, "threads": torch.get_num_threads(),
+             "sharding": sharding if world.distributed else None,
              "before": before, "after": after,
              "setup_s": round(t_setup - t0, 2), "heldout_before_s": round(t_before - t_setup, 2),
              "train_s": round(t_train, 2), "write_s": round(t_end - t_write, 2),
@@ -125,7 +139,7 @@ def _record(cfg, loop, data, names, before, after) -> dict:
 
 
 def _train(ctx: Inputs, cfg: DistillConfig, reporter: Reporter, teacher, student: Student, data, resume,
-           work_dir: Path, convert=None):
+           work_dir: Path, convert=None, sharding: str = "ddp"):
     """Run the training loop; returns (teacher, loop, training seconds). The teacher may be
     freed while training with the disk cache and loaded again for the held-out figures."""
     world = ctx.world or LOCAL
@@ -135,7 +149,8 @@ def _train(ctx: Inputs, cfg: DistillConfig, reporter: Reporter, teacher, student
     total = cfg.steps * (1 if cfg.mode == "model" else _num_layers(teacher))
     loop = Loop(cfg, resume=resume, metrics_path=metrics if world.is_root else None, reporter=reporter,
                 total_steps=total, tokens_per_step=per_step * cfg.seq_len)
-    loop.saves = world.is_root
+    loop.saves, loop.sharded = world.is_root, sharding == "fsdp"
+    loop.agree = functools.partial(agree_stop, world=world) if world.distributed else None
     t = time.perf_counter()
     if cfg.mode == "layerwise":
         run_layerwise(teacher, student, data.train, cfg, loop, convert)
@@ -153,19 +168,21 @@ def _train(ctx: Inputs, cfg: DistillConfig, reporter: Reporter, teacher, student
     else:
         target = OnlineTeacher(teacher, cfg.hidden_weight > 0)
     t = time.perf_counter()
-    loop.run(_model_segment(student, target, data.train, cfg, world, device))
+    loop.run(_model_segment(student, target, data.train, cfg, world, device, sharding))
     seconds = time.perf_counter() - t
     if teacher is None and data.heldout:
         teacher = load_hf_model(ctx.source_path, torch.float32).to(device)
     return teacher, loop, seconds
 
 
-def _model_segment(student: Student, target, train: torch.Tensor, cfg, world=LOCAL, device="cpu") -> Segment:
+def _model_segment(student: Student, target, train: torch.Tensor, cfg, world=LOCAL, device="cpu",
+                   sharding: str = "ddp") -> Segment:
     order = BlockOrder(len(train), cfg.batch, cfg.grad_accum, cfg.seed)
     hidden = cfg.hidden_weight > 0
     weights = {"kl": cfg.kl_weight, "ce": cfg.ce_weight, "hidden": cfg.hidden_weight}
     share = micro_share(cfg, world)  # (micro-batch, its blocks) this rank runs each step
-    model = data_parallel(student.model, world, device)
+    model = data_parallel(student.model, world, device, sharding)
+    ddp = world.distributed and sharding == "ddp"
 
     def step(local: int) -> dict:
         sums = dict.fromkeys(["loss", *[k for k, w in weights.items() if w]], 0.0)
@@ -173,8 +190,10 @@ def _model_segment(student: Student, target, train: torch.Tensor, cfg, world=LOC
             blocks = order.blocks(local, micro)[part]
             ids = train[blocks].to(device)  # [batch, seq_len]
             tgt = target(ids, blocks)
-            sync = model.no_sync() if world.distributed and j + 1 < len(share) else contextlib.nullcontext()
-            with sync:  # DDP all-reduces the gradients on the last micro-batch of the step only
+            # DDP all-reduces the gradients on the last micro-batch of the step only; FSDP2
+            # reduce-scatters every micro-batch's (no unsharded gradients kept in between)
+            sync = model.no_sync() if ddp and j + 1 < len(share) else contextlib.nullcontext()
+            with sync:
                 out = model(input_ids=ids, output_hidden_states=hidden, use_cache=False)
                 terms = {}
                 if cfg.kl_weight:

@@ -31,7 +31,7 @@ import functools
 import hashlib
 import math
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 from torch import nn
@@ -74,7 +74,10 @@ class GroupState:
         return self._xq
 
     def release(self) -> None:
-        self._x = self._xq = None
+        """After each forward: the input, and the global scale (recomputed by the next forward:
+        under FSDP2 a unit's unsharded parameters keep their `_version` while the optimizer
+        changes their shards, so the version key alone would keep a stale scale)."""
+        self._x = self._xq = self._value = None
 
     def global_scale(self) -> torch.Tensor | None:
         if self.spec.scheme.weight != "nvfp4":
@@ -188,13 +191,18 @@ class Student:
             lin.group.release()
 
     @torch.no_grad()
-    def export(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """(checkpoint tensor name, distilled weight in the checkpoint dtype), sorted by name."""
-        out = {self.sources[m]: (lin.effective_weight, lin.spec.dtype) for m, lin in self.linears.items()}
-        out.update({n: (functools.partial(getattr, mod, attr), self.dtype) for n, (mod, attr) in self.extra.items()})
+    def export(self, hold: Callable[[nn.Module], None] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """(checkpoint tensor name, distilled weight in the checkpoint dtype), sorted by name.
+        `hold(module)` is called before a module's tensor is computed (FSDP2: unshard its unit)."""
+        out = {self.sources[m]: (lin, lin.effective_weight, lin.spec.dtype) for m, lin in self.linears.items()}
+        out.update({n: (mod, functools.partial(getattr, mod, attr), self.dtype) for n, (mod, attr) in self.extra.items()})
         for name in sorted(out):  # each tensor is computed when the writer asks for it
-            value, dtype = out[name]
-            yield name, value().to(dtype)
+            module, value, dtype = out[name]
+            if hold is None:
+                yield name, value().to(dtype)
+                continue
+            hold(module)  # the copy outlives the unit's unsharded storage (freed by the next hold)
+            yield name, value().to(dtype).cpu().clone()
 
     def tensor_names(self) -> tuple[str, ...]:
         """The checkpoint tensors `export` yields, in its order."""

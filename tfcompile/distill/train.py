@@ -27,6 +27,7 @@ from typing import Callable
 import torch
 
 from tfcompile.distill.checkpoint import MetricsLog, ResumeDir
+from tfcompile.distill.fsdp import full, load_optimizer_state, optimizer_state, placed_like
 from tfcompile.io.signals import Terminated, installed
 
 
@@ -75,6 +76,8 @@ class Loop:
         self._t0 = time.perf_counter()
         self._stop = False
         self.saves = True  # under torchrun only rank 0 writes checkpoints (every rank reads them)
+        self.sharded = False  # FSDP2: every rank gathers its shards for rank 0's checkpoint
+        self.agree: Callable | None = None  # under torchrun: the stop flag every rank acts on
 
     def adopt(self, params: list) -> None:
         """Track `params` (name, parameter) for checkpoints; restore them from the checkpoint
@@ -84,7 +87,7 @@ class Loop:
             for name, p in params:
                 self.params[name] = p
                 if name in saved:
-                    p.copy_(saved[name])
+                    p.copy_(placed_like(saved[name], p))
 
     def run(self, seg: Segment) -> None:
         """Train `seg` from wherever the checkpoint left it (nothing when it is complete)."""
@@ -94,7 +97,7 @@ class Loop:
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, self.cfg))
         st = self.state
         if st is not None and st["segment"] == seg.name and self.done > seg.first:
-            opt.load_state_dict(st["optimizer"])
+            load_optimizer_state(opt, st["optimizer"])
             sched.load_state_dict(st["scheduler"])
         self.reporter.task(f"distill {seg.name}", seg.steps)
         self.reporter.advance(self.done - seg.first)
@@ -110,8 +113,11 @@ class Loop:
                 self.last = {**parts, "grad_norm": gn, "lr": lr}
                 self._log(seg, local)
                 self.after_step(self.done)
+                if self.agree is not None:  # a signal seen by one rank stops all at this step
+                    self._stop = self.agree(self._stop)
                 end = local + 1 == seg.steps
-                if self.resume and self.saves and (self.done % self.cfg.checkpoint_every == 0 or end or self._stop):
+                if self.resume and (self.saves or self.sharded) and \
+                        (self.done % self.cfg.checkpoint_every == 0 or end or self._stop):
                     self._save(seg, opt, sched)
                 if self._stop:
                     raise Terminated(self._stop) if type(self._stop) is int else KeyboardInterrupt
@@ -121,10 +127,14 @@ class Loop:
         """Called after each optimizer step (a seam for tests that interrupt a run)."""
 
     def _save(self, seg: Segment, opt, sched) -> None:
-        self.resume.save({"step": self.done, "segment": seg.name,
-                          "params": {n: p.detach().clone() for n, p in self.params.items()},
-                          "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-                          "rng": torch.get_rng_state(), "losses": dict(self.last)})
+        """The checkpoint: whole tensors on the CPU (FSDP2 shards gathered: one file for any
+        sharding), written by the rank that `saves`."""
+        state = {"step": self.done, "segment": seg.name,
+                 "params": {n: full(p) for n, p in self.params.items()},
+                 "optimizer": optimizer_state(opt), "scheduler": sched.state_dict(),
+                 "rng": torch.get_rng_state(), "losses": dict(self.last)}
+        if self.saves:
+            self.resume.save(state)
 
     def _log(self, seg: Segment, local: int) -> None:
         elapsed = time.perf_counter() - self._t0

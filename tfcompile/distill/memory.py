@@ -1,0 +1,57 @@
+"""Memory per rank of a distillation run, DDP vs FSDP2: what `distill.sharding auto` decides by
+and `tfcompile plan --estimate` prints (docs/distributed.md "Distillation: DDP or FSDP2").
+
+From element counts alone (a built student, or the meta model's shapes), in bytes; every
+tensor of both models is float32 while training (tfcompile/distill/run.py loads them so):
+- the student's trained tensors (T elements): master weight, gradient and the optimizer's state
+  (AdamW/Adam: exp_avg and exp_avg_sq; SGD: the momentum buffer): 4 x (2 + states) x T;
+- its frozen tensors (F: embeddings, norms, the Linears the plan leaves alone): 4 x F;
+- the teacher (P elements, forward only): 4 x P, held whole on every rank in both modes (it is
+  not sharded: docs/distributed.md), unless it is the disk cache and no held-out figures are
+  computed (then it is freed before training);
+- DDP: everything whole on each rank, plus DDP's all-reduce buckets (a second copy of the
+  gradients: DistributedDataParallel's default gradient_as_bucket_view=False);
+- FSDP: the student's 1/N shards, plus the decoder layers unsharded at once (the one computing
+  and the one FSDP2 prefetches: 2 x the largest unit) and that unit's unsharded gradient before
+  its reduce-scatter.
+Activations (batch x seq_len x hidden per layer, the logits) are the same in both modes and left
+out: `fits` keeps HEADROOM of the device for them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+HEADROOM = 0.8  # the fraction of a device that model state may take (the rest: activations, allocator)
+
+
+@dataclass(frozen=True)
+class Counts:
+    """Elements of a distillation run (float32 each)."""
+    trained: int  # the student's trained tensors
+    frozen: int  # the student's other tensors
+    teacher: int  # the teacher's (0 when it is freed before training)
+    unit: int  # the largest FSDP unit (a decoder layer, or the embeddings + head)
+    unit_trained: int  # its trained elements (gradients unsharded before the reduce-scatter)
+    states: int  # optimizer state tensors per trained tensor (2: AdamW/Adam, 1: SGD with momentum)
+
+
+def optimizer_states(optimizer: str, momentum: float) -> int:
+    return 2 if optimizer in ("adamw", "adam") else int(momentum > 0)
+
+
+def per_rank_bytes(c: Counts, sharding: str, ranks: int) -> dict[str, int]:
+    """Bytes each rank holds while training, by part, and their "total"."""
+    student = 4 * (c.trained * (2 + c.states) + c.frozen)
+    if sharding == "fsdp" and ranks > 1:
+        parts = {"student_shard": -(-student // ranks),
+                 "unsharded_layers": 4 * (2 * c.unit + c.unit_trained)}
+    else:
+        parts = {"student": student, "ddp_buckets": 4 * c.trained * (ranks > 1)}
+    parts["teacher"] = 4 * c.teacher
+    parts["total"] = sum(parts.values())
+    return parts
+
+
+def fits(total: int, capacity: int) -> bool:
+    return total <= HEADROOM * capacity
