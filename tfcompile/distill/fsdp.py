@@ -135,6 +135,28 @@ def load_optimizer_state(opt: torch.optim.Optimizer, sd: dict) -> None:
     opt.load_state_dict({**sd, "state": state})
 
 
+ROWS = 1024  # rows per float64 chunk in squares_by_row (bounds its temporary)
+
+
+def squares_by_row(g: torch.Tensor) -> torch.Tensor:
+    """[rows] float64: the sum of squares of each row (dim-0 slice) of `g`, the whole tensor's
+    (a DTensor sharded along dim 0: each rank's rows, gathered). Each row is summed where it lies,
+    the same computation on one process or on N: squares of float32 are exact in float64."""
+    local = g.to_local() if is_sharded(g) else g
+    flat = local.detach().reshape(local.shape[0] if local.dim() else 1, -1)
+    rows = torch.cat([c.double().square().sum(1) for c in flat.split(ROWS)]) if len(flat) else \
+        flat.new_zeros(0, dtype=torch.float64)
+    if not is_sharded(g):
+        return rows
+    # lazy: torch.distributed.tensor, only under torchrun
+    from torch.distributed.tensor import DTensor, Shard
+
+    if tuple(g.placements) != (Shard(0),):
+        raise ValueError(f"gradient placed as {g.placements}, expected Shard(0) (fully_shard's default)")
+    return DTensor.from_local(rows, g.device_mesh, [Shard(0)], run_check=False, shape=(g.shape[0],),
+                              stride=(1,)).full_tensor()
+
+
 def _units(model: nn.Module) -> tuple[list[nn.Module], str]:
     name, layers = find_layers(model)
     return list(layers), name

@@ -27,7 +27,8 @@ from typing import Callable
 import torch
 
 from tfcompile.distill.checkpoint import MetricsLog, ResumeDir
-from tfcompile.distill.fsdp import full, load_optimizer_state, optimizer_state, placed_like
+from tfcompile.dist.devices import one_torch_thread
+from tfcompile.distill.fsdp import full, load_optimizer_state, optimizer_state, placed_like, squares_by_row
 from tfcompile.io.signals import Terminated, installed
 
 
@@ -155,12 +156,21 @@ class Loop:
 
 
 def _clip(params: list, max_norm: float) -> float:
-    grads = [p for p in params if p.grad is not None]
+    """Clip the gradients to a global L2 norm of `max_norm` (0: no clipping), as
+    torch.nn.utils.clip_grad_norm_ does (x max_norm / (norm + 1e-6) when that is below 1); returns
+    the norm. The norm is computed so that its bits do not depend on how the gradients are split
+    over ranks or threads: squares summed per row (dim 0) in float64 (a row lies whole on one FSDP2
+    rank), the rows gathered whole, summed on one thread, then the parameters' sums in order."""
+    grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return 0.0
-    if max_norm > 0:
-        return float(torch.nn.utils.clip_grad_norm_(grads, max_norm, foreach=False))
-    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in grads])))
+    with one_torch_thread():
+        norm = math.sqrt(sum(float(squares_by_row(g).sum()) for g in grads))
+    coef = max_norm / (norm + 1e-6)
+    if max_norm > 0 and coef < 1.0:
+        for g in grads:
+            g.mul_(coef)
+    return norm
 
 
 @contextlib.contextmanager
