@@ -60,7 +60,7 @@ class Settings:
     key_passphrase: str | None = field(default=None, repr=False)  # TFCOMPILE_KEY_PASSPHRASE (a secret)
     chromium: str | None = None  # TFCOMPILE_CHROMIUM
     dist_timeout: float = DEFAULT_DIST_TIMEOUT_S  # TFCOMPILE_DIST_TIMEOUT, seconds
-    fault: str = ""  # TFCOMPILE_FAULT, RANK:PASS:raise|kill (tests)
+    fault: str = ""  # TFCOMPILE_FAULT, RANK:PASS:raise|kill (tests; PASS may be distill-step-K)
     throughputs: Path | None = None  # TFCOMPILE_THROUGHPUTS
 
     @property

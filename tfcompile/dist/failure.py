@@ -20,7 +20,7 @@ import signal
 import time
 
 from tfcompile.errors import TfcompileError, UserError
-from tfcompile.io.signals import Terminated
+from tfcompile.io.signals import Terminated, unwinding
 from tfcompile.settings import settings
 
 GRACE_S = 5.0  # how long a stopped rank waits for the failed rank's record
@@ -45,7 +45,8 @@ def note_pass(world, name: str) -> None:
 
 
 def inject_fault(world, name: str) -> None:
-    """Testing knob: TFCOMPILE_FAULT=RANK:PASS:raise|kill fails that rank at the start of PASS."""
+    """Testing knob: TFCOMPILE_FAULT=RANK:PASS:raise|kill fails that rank at the start of PASS
+    (or at a named point inside one: `distill-step-K`, after distillation's optimizer step K)."""
     spec = settings().fault
     if not spec or not world.distributed:
         return
@@ -80,6 +81,7 @@ def supervise(world):
         yield
         _set_state(world, "finished")
     except BaseException as e:  # noqa: BLE001 - classified and re-raised
+        unwinding()  # torchrun's SIGTERM, which follows a failure, must not cut the report short
         cause = _root_cause(e)
         if isinstance(cause, PeerFailed) or _peer_caused(cause):
             _set_state(world, "stopped")

@@ -24,6 +24,7 @@ from tfcompile.calibration.forward import load_hf_model, load_tokenizer
 from tfcompile.calibration.sequential import find_layers
 from tfcompile.dist import LOCAL
 from tfcompile.dist.devices import resolve_device
+from tfcompile.dist.failure import inject_fault
 from tfcompile.dist.world import World
 from tfcompile.distill.checkpoint import METRICS, ResumeDir
 from tfcompile.distill.config import DistillConfig
@@ -150,7 +151,10 @@ def _train(ctx: Inputs, cfg: DistillConfig, reporter: Reporter, teacher, student
     loop = Loop(cfg, resume=resume, metrics_path=metrics if world.is_root else None, reporter=reporter,
                 total_steps=total, tokens_per_step=per_step * cfg.seq_len)
     loop.saves, loop.sharded = world.is_root, sharding == "fsdp"
-    loop.agree = functools.partial(agree_stop, world=world) if world.distributed else None
+    if world.distributed:
+        loop.agree = functools.partial(agree_stop, world=world)
+        # TFCOMPILE_FAULT=RANK:distill-step-K:raise|kill fails that rank after step K (tests)
+        loop.after_step = lambda step: inject_fault(world, f"distill-step-{step}")
     t = time.perf_counter()
     if cfg.mode == "layerwise":
         run_layerwise(teacher, student, data.train, cfg, loop, convert)

@@ -27,6 +27,7 @@ class _State:
     received: int | None = None  # the first signal
     defer_depth = 0
     pending: int | None = None  # arrived while deferred
+    unwinding = False  # a failure is being unwound (`unwinding()`): signals are ignored
 
 
 _state = _State()
@@ -49,8 +50,8 @@ class Terminated(KeyboardInterrupt):
 
 
 def _handler(signum, frame) -> None:
-    if _state.received is not None:
-        return  # cleanup of the first signal is running: let it finish
+    if _state.received is not None or _state.unwinding:
+        return  # cleanup of the first signal, or of a failure, is running: let it finish
     if _state.defer_depth:
         _state.pending = _state.pending or signum
         return
@@ -64,7 +65,7 @@ def handle_signals() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    _state.received, _state.pending, _state.defer_depth = None, None, 0
+    _state.received, _state.pending, _state.defer_depth, _state.unwinding = None, None, 0, False
     with installed(_handler, SIGNALS):
         yield
 
@@ -82,6 +83,13 @@ def installed(handler, signums) -> Iterator[None]:
             signal.signal(s, h)
 
 
+def unwinding() -> None:
+    """A failure is being unwound (until the command ends): later signals are ignored, as during
+    a signal's own cleanup. Under torchrun a failed rank makes torchrun SIGTERM the others, which
+    are by then reporting it and removing the staging directory: that must not be cut short."""
+    _state.unwinding = True
+
+
 @contextlib.contextmanager
 def deferred() -> Iterator[None]:
     """Hold SIGINT/SIGTERM until the block ends, then raise `Terminated` for one that came."""
@@ -90,7 +98,7 @@ def deferred() -> Iterator[None]:
         yield
     finally:
         _state.defer_depth -= 1
-    if not _state.defer_depth and _state.pending is not None and _state.received is None:
+    if not _state.defer_depth and _state.pending is not None and _state.received is None and not _state.unwinding:
         signum, _state.pending = _state.pending, None
         _state.received = signum
         raise Terminated(signum)
