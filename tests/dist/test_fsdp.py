@@ -24,7 +24,7 @@ from dist_util import leftovers, run, run_matrix, torchrun, tree
 
 DEMO = Path(__file__).resolve().parents[2] / "examples" / "demo-lm"
 DISTILL = ["--format", "nvfp4a16", "--steps", "2", "--batch", "2", "--grad-accum", "2", "--data", "random",
-           "--set", "distill.seq_len=32", "--set", "distill.heldout_tokens=0", "--set", "distill.checkpoint_every=1",
+           "--set", "distill.seq_len=32", "--set", "distill.heldout_tokens=64", "--set", "distill.checkpoint_every=1",
            "--set", "distill.train_unquantized=true", "--set", "distill.grad_clip=0.05"]
 MOE = ["--ignore", "*experts*"]
 

@@ -5,6 +5,7 @@ the memory model's arithmetic (tfcompile/distill/memory.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from types import SimpleNamespace
 
@@ -90,9 +91,13 @@ def test_memory_per_rank_ddp_and_fsdp():
     # student 4 x (100 x (1 weight + 1 grad + 2 AdamW states) + 50) = 1800 B; teacher 4 x 150 = 600 B
     assert per_rank_bytes(c, "ddp", 1) == {"student": 1800, "ddp_buckets": 0, "teacher": 600, "total": 2400}
     assert per_rank_bytes(c, "ddp", 2)["total"] == 2400 + 400  # + the all-reduce buckets (4 x 100)
-    # a 1/2 shard (900) + two unsharded units (2 x 4 x 30) and one unit's gradients (4 x 20)
-    assert per_rank_bytes(c, "fsdp", 2) == {"student_shard": 900, "unsharded_layers": 320, "teacher": 600,
-                                            "total": 1820}
+    # 1/2 of the student (900) and of the online teacher (300); per model two unsharded units
+    # (2 x 4 x 30 each) and one unit's gradients (4 x 20)
+    assert per_rank_bytes(c, "fsdp", 2) == {"student_shard": 900, "teacher_shard": 300, "unsharded_layers": 560,
+                                            "total": 1760}
+    cached = dataclasses.replace(c, shard_teacher=False)  # the disk cache's teacher stays whole
+    assert per_rank_bytes(cached, "fsdp", 2) == {"student_shard": 900, "teacher": 600, "unsharded_layers": 320,
+                                                 "total": 1820}
     assert per_rank_bytes(c, "fsdp", 1) == per_rank_bytes(c, "ddp", 1)  # one process shards nothing
 
 

@@ -31,17 +31,18 @@ def is_sharded(t) -> bool:
     return type(t).__name__ == "DTensor"  # no torch.distributed.tensor import on one process
 
 
-def counts(student, teacher: nn.Module | None, cfg) -> Counts:
+def counts(student, teacher: nn.Module, cfg) -> Counts:
     """The run's element counts (memory.py) from the built student and teacher."""
     trained = sum(p.numel() for _, p in student.parameters())
     total = sum(p.numel() for p in student.model.parameters())
     units = [*_units(student.model)[0], None]
     sizes = [_own_params(student.model, u) for u in units]
     big = max(sizes, key=lambda ps: sum(p.numel() for p in ps))
+    freed = cfg.teacher == "cache" and not cfg.heldout_tokens  # the teacher leaves before training
     return Counts(trained=trained, frozen=total - trained,
-                  teacher=sum(p.numel() for p in teacher.parameters()) if teacher is not None else 0,
+                  teacher=0 if freed else sum(p.numel() for p in teacher.parameters()),
                   unit=sum(p.numel() for p in big), unit_trained=sum(p.numel() for p in big if p.requires_grad),
-                  states=optimizer_states(cfg.optimizer, cfg.momentum))
+                  states=optimizer_states(cfg.optimizer, cfg.momentum), shard_teacher=cfg.teacher == "online")
 
 
 def choose(cfg, world, device: torch.device, c: Counts) -> str:
@@ -75,6 +76,14 @@ def shard(model: nn.Module, world, device: torch.device) -> list[nn.Module]:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
     return [*layers, model]
+
+
+def reshard(units: list[nn.Module] | None) -> None:
+    """Reshard every unit after forwards without gradients (the held-out figures). FSDP2 leaves the
+    root unsharded after its forward; left so by a no_grad forward, its trained parameters (the
+    unquantized tensors: embeddings, final norm, lm_head) got no gradient in the next step."""
+    for unit in units or ():
+        unit.reshard()
 
 
 class Holder:

@@ -6,14 +6,14 @@ tensor of both models is float32 while training (tfcompile/distill/run.py loads 
 - the student's trained tensors (T elements): master weight, gradient and the optimizer's state
   (AdamW/Adam: exp_avg and exp_avg_sq; SGD: the momentum buffer): 4 x (2 + states) x T;
 - its frozen tensors (F: embeddings, norms, the Linears the plan leaves alone): 4 x F;
-- the teacher (P elements, forward only): 4 x P, held whole on every rank in both modes (it is
-  not sharded: docs/distributed.md), unless it is the disk cache and no held-out figures are
-  computed (then it is freed before training);
+- the teacher (P elements, forward only): 4 x P, whole on every rank under DDP; under FSDP2 the
+  online teacher is sharded like the student (the disk cache's is not); none when it is the
+  disk cache and no held-out figures are computed (then it is freed before training);
 - DDP: everything whole on each rank, plus DDP's all-reduce buckets (a second copy of the
   gradients: DistributedDataParallel's default gradient_as_bucket_view=False);
-- FSDP: the student's 1/N shards, plus the decoder layers unsharded at once (the one computing
-  and the one FSDP2 prefetches: 2 x the largest unit) and that unit's unsharded gradient before
-  its reduce-scatter.
+- FSDP: the student's (and the online teacher's) 1/N shards, plus the decoder layers unsharded
+  at once (per model, the one computing and the one FSDP2 prefetches: 2 x the largest unit) and
+  that unit's unsharded gradient before its reduce-scatter.
 Activations (batch x seq_len x hidden per layer, the logits) are the same in both modes and left
 out: `fits` keeps HEADROOM of the device for them.
 """
@@ -34,6 +34,7 @@ class Counts:
     unit: int  # the largest FSDP unit (a decoder layer, or the embeddings + head)
     unit_trained: int  # its trained elements (gradients unsharded before the reduce-scatter)
     states: int  # optimizer state tensors per trained tensor (2: AdamW/Adam, 1: SGD with momentum)
+    shard_teacher: bool = True  # FSDP2 shards the teacher too (the online one)
 
 
 def optimizer_states(optimizer: str, momentum: float) -> int:
@@ -43,12 +44,14 @@ def optimizer_states(optimizer: str, momentum: float) -> int:
 def per_rank_bytes(c: Counts, sharding: str, ranks: int) -> dict[str, int]:
     """Bytes each rank holds while training, by part, and their "total"."""
     student = 4 * (c.trained * (2 + c.states) + c.frozen)
+    teacher = 4 * c.teacher
     if sharding == "fsdp" and ranks > 1:
+        sharded = c.shard_teacher and c.teacher > 0
         parts = {"student_shard": -(-student // ranks),
-                 "unsharded_layers": 4 * (2 * c.unit + c.unit_trained)}
+                 "teacher" if not sharded else "teacher_shard": -(-teacher // ranks) if sharded else teacher,
+                 "unsharded_layers": 4 * (2 * c.unit * (1 + sharded) + c.unit_trained)}
     else:
-        parts = {"student": student, "ddp_buckets": 4 * c.trained * (ranks > 1)}
-    parts["teacher"] = 4 * c.teacher
+        parts = {"student": student, "ddp_buckets": 4 * c.trained * (ranks > 1), "teacher": teacher}
     parts["total"] = sum(parts.values())
     return parts
 

@@ -29,7 +29,7 @@ from tfcompile.dist.world import World
 from tfcompile.distill.checkpoint import METRICS, ResumeDir
 from tfcompile.distill.config import DistillConfig
 from tfcompile.distill.ddp import agree_stop, check_data_parallel, data_parallel, mean_over_ranks, micro_share
-from tfcompile.distill.fsdp import Holder, choose, counts, shard
+from tfcompile.distill.fsdp import Holder, choose, counts, reshard, shard
 from tfcompile.distill.data import BlockOrder, load_data
 from tfcompile.distill.heldout import heldout_metrics, sig
 from tfcompile.distill.layerwise import run_layerwise
@@ -73,28 +73,36 @@ def distill_checkpoint(ctx: Inputs, cfg: DistillConfig, reporter: Reporter, work
     device = resolve_device(cfg.device, world)
     if world.distributed:
         check_data_parallel(cfg, world)
-    teacher = load_hf_model(ctx.source_path, torch.float32).to(device)
+    # both models are built on the CPU, then placed: whole on the device, or (FSDP2) sharded unit
+    # by unit (fully_shard moves each unit's shard to the device)
+    teacher = load_hf_model(ctx.source_path, torch.float32)
     convert = functools.partial(build_student, plan=ctx.plan, program=ctx.program, train=cfg.train,
                                 lora_rank=cfg.lora_rank, lora_alpha=cfg.lora_alpha, seed=cfg.seed,
                                 dtype=ctx.dtype, impl=cfg.impl)
     # block-wise without held-out figures: one model, made the student layer by layer (memory: once)
     progressive = cfg.mode == "layerwise" and not cfg.heldout_tokens
-    # built on the CPU, then placed: whole on the device, or (FSDP2) sharded unit by unit
     student = Student.frozen(teacher) if progressive else convert(load_hf_model(ctx.source_path, torch.float32))
     if cfg.train_unquantized:
         student.train_unquantized(set(ctx.plan.passthrough), ctx.dtype)
-    freed = cfg.teacher == "cache" and not cfg.heldout_tokens  # the teacher leaves before training
-    sharding = choose(cfg, world, device, counts(student, None if freed else teacher, cfg)) \
-        if not progressive else "ddp"
+    sharding = "ddp" if progressive else choose(cfg, world, device, counts(student, teacher, cfg))
     units = shard(student.model, world, device) if sharding == "fsdp" else None
     if units is None:
         student.model.to(device)
+    # the online teacher runs on every rank in step with the student: sharded too, once it has
+    # sampled --data self (whole: generation runs in inference mode, which FSDP2's unsharding does
+    # not survive). The disk cache's teacher is not (rank 0 alone builds a --resume-dir's cache).
+    shard_teacher = units is not None and cfg.teacher == "online"
+    if not shard_teacher or cfg.data == "self":
+        teacher.to(device)
     resume = ResumeDir.open(cfg.resume_dir, fingerprint(ctx)) if cfg.resume_dir else None
     data = _data(ctx, cfg, teacher)
+    if shard_teacher:
+        shard(teacher, world, device)
     t_setup = time.perf_counter()
     with deterministic():
         reporter.task("held-out (before)", -(-len(data.heldout or []) // 4))  # heldout_metrics' batches of 4
         before = heldout_metrics(student.model, teacher, data.heldout, release=student.release, progress=reporter)
+        reshard(units)
         t_before = time.perf_counter()
         teacher, loop, t_train = _train(ctx, cfg, reporter, teacher, student, data, resume, work_dir,
                                         convert if progressive else None, sharding)

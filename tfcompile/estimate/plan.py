@@ -33,6 +33,7 @@ from tfcompile.pipeline.context import Context
 from tfcompile.pipeline.passes import get_pass
 from tfcompile.reporter import NullReporter
 from tfcompile.families.experts import is_expert_group
+from tfcompile.estimate.distill import distill_estimate
 from tfcompile.estimate.shapes import ModelShape, model_shape
 from tfcompile.estimate.throughputs import ACCELERATORS, ASSUMED, NODES, this_machine
 
@@ -84,6 +85,10 @@ def estimate(model: Path, recipe, devices: str = "cpu", nodes: int = 1) -> dict:
     if calib is not None:
         passes["calibrate"] = _calibrate(shape, calib, cluster, hess, owners)
     passes["pack"] = _pack(shape, out_specs, shard_mb, cluster, algo, hess, owners, batch)
+    if "distill" in names:  # memory per rank, DDP vs FSDP2 (estimate/distill.py)
+        capacity = cluster.gpu.memory_gb if cluster.gpu else _node(cluster)["ram_gb"] / cluster.per_node
+        passes["distill"] = distill_estimate(shape, plan, recipe.config("distill"), cluster.ranks, capacity,
+                                             cluster.gpu is not None)
     mem_host = max(p["host_gb"] for p in passes.values())
     mem_dev = max((p.get("device_gb", 0.0) for p in passes.values()), default=0.0)
     spill = max((sum(4 * hess[k][1] ** 2 for k in hess if owners[k] == r) for r in range(cluster.ranks)),

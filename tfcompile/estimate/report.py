@@ -27,6 +27,12 @@ def estimate_table(doc: dict) -> Table:
     t.add_row("memory", f"host {mem['host_gb_per_rank']:.1f} GB per rank ({mem['host_gb_per_node']:.1f} GB per node)"
                         f"{dev} ({fits})")
     for name, p in doc["passes"].items():
+        if name == "distill":
+            where = "device" if "device_gb" in p else "host"
+            t.add_row(name, f"{p['sharding'] or 'one process'}: {where} {p['ddp_gb_per_rank']:.1f} GB per rank "
+                            f"under DDP, {p['fsdp_gb_per_rank']:.1f} GB under FSDP2 (model state; training "
+                            "time not estimated)")
+            continue
         extra = ", ".join(f"{k} {v}" for k, v in p.items() if k.endswith("_s") or k == "batches_per_rank")
         t.add_row(f"{name}", f"{_s(p['seconds'])} ({extra})" if extra else _s(p["seconds"]))
     t.add_row("total", _s(doc["total_s"]))
