@@ -12,6 +12,8 @@ fingerprint). Parameters stay identical on every rank (same averaged gradients, 
 
 from __future__ import annotations
 
+import signal
+
 import torch
 
 from tfcompile.errors import RecipeError
@@ -62,8 +64,6 @@ def mean_over_ranks(sums: dict[str, float], world) -> dict[str, float]:
 def agree_stop(stop, world):
     """The stop flag (a signal number, or False) every rank acts on: set when any rank's is, so all
     ranks stop at the same step boundary (FSDP2's checkpoint gathers need every rank)."""
-    import signal
-
     import torch.distributed as dist  # lazy: only under torchrun
 
     t = torch.tensor([int(stop or 0)], dtype=torch.int64)

@@ -76,6 +76,8 @@ def distill_checkpoint(ctx: Inputs, cfg: DistillConfig, reporter: Reporter, work
     # both models are built on the CPU, then placed: whole on the device, or (FSDP2) sharded unit
     # by unit (fully_shard moves each unit's shard to the device)
     teacher = load_hf_model(ctx.source_path, torch.float32)
+    if not world.distributed:  # placed now (one process never shards): the host holds one model at a time
+        teacher.to(device)
     convert = functools.partial(build_student, plan=ctx.plan, program=ctx.program, train=cfg.train,
                                 lora_rank=cfg.lora_rank, lora_alpha=cfg.lora_alpha, seed=cfg.seed,
                                 dtype=ctx.dtype, impl=cfg.impl)
@@ -84,16 +86,7 @@ def distill_checkpoint(ctx: Inputs, cfg: DistillConfig, reporter: Reporter, work
     student = Student.frozen(teacher) if progressive else convert(load_hf_model(ctx.source_path, torch.float32))
     if cfg.train_unquantized:
         student.train_unquantized(set(ctx.plan.passthrough), ctx.dtype)
-    sharding = "ddp" if progressive else choose(cfg, world, device, counts(student, teacher, cfg))
-    units = shard(student.model, world, device) if sharding == "fsdp" else None
-    if units is None:
-        student.model.to(device)
-    # the online teacher runs on every rank in step with the student: sharded too, once it has
-    # sampled --data self (whole: generation runs in inference mode, which FSDP2's unsharding does
-    # not survive). The disk cache's teacher is not (rank 0 alone builds a --resume-dir's cache).
-    shard_teacher = units is not None and cfg.teacher == "online"
-    if not shard_teacher or cfg.data == "self":
-        teacher.to(device)
+    sharding, units, shard_teacher = _place(cfg, world, device, teacher, student, progressive)
     resume = ResumeDir.open(cfg.resume_dir, fingerprint(ctx)) if cfg.resume_dir else None
     data = _data(ctx, cfg, teacher)
     if shard_teacher:
@@ -126,6 +119,23 @@ def distill_checkpoint(ctx: Inputs, cfg: DistillConfig, reporter: Reporter, work
              "train_s": round(t_train, 2), "write_s": round(t_end - t_write, 2),
              "wall_s": round(t_end - t0, 2), "final_loss": record["final_loss"]}
     return Outcome(path, names, record, stats)
+
+
+def _place(cfg: DistillConfig, world, device, teacher, student: Student, progressive: bool):
+    """Put the student on the device, whole (one process, DDP) or sharded (FSDP2: `fully_shard`
+    moves each unit's shard there); and the teacher, unless it is to be sharded after `_data`.
+    Returns (sharding, the student's FSDP units or None, whether the teacher is to be sharded)."""
+    sharding = "ddp" if progressive else choose(cfg, world, device, counts(student, teacher, cfg))
+    units = shard(student.model, world, device) if sharding == "fsdp" else None
+    if units is None:
+        student.model.to(device)
+    # the online teacher runs on every rank in step with the student: sharded too, once it has
+    # sampled --data self (whole: generation runs in inference mode, which FSDP2's unsharding does
+    # not survive). The disk cache's teacher is not (rank 0 alone builds a --resume-dir's cache).
+    shard_teacher = units is not None and cfg.teacher == "online"
+    if not shard_teacher or cfg.data == "self":
+        teacher.to(device)
+    return sharding, units, shard_teacher
 
 
 def _data(ctx: Inputs, cfg: DistillConfig, teacher):

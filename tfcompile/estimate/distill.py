@@ -25,8 +25,9 @@ def distill_estimate(shape, plan, cfg, ranks: int, capacity_gb: float, on_device
     else:
         sharding = "ddp" if fits(ddp, int(capacity_gb * GB)) else "fsdp"
     held = fsdp if sharding == "fsdp" else ddp
-    # the host reads each model whole in float32 before it is moved (or sharded) to the device
-    host = 4 * max(shape.params, c.trained + c.frozen) / GB
+    # under torchrun each rank's host holds both models whole in float32 before it places them
+    # (one process: one at a time); the student's share is all of it for a CPU run
+    host = 4 * ((shape.params if ranks > 1 else 0) + c.trained + c.frozen) / GB
     out = {"seconds": 0.0, "host_gb": round(host if on_device else held / GB, 3), "sharding": sharding,
            "ddp_gb_per_rank": round(ddp / GB, 3), "fsdp_gb_per_rank": round(fsdp / GB, 3),
            "note": "model state only (float32 weights, gradients, optimizer state, teacher); activations "
