@@ -2,8 +2,8 @@
 
     python bench/distill_sharding.py [--repeat 3] [--write-docs]
 
-A synthetic bf16 Llama (bench/quantize.py `make_checkpoint`: 4 layers, hidden 1024,
-intermediate 2816, vocab 32000: 0.12B parameters, untied embeddings) distilled for 2 steps
+A synthetic bf16 Llama (bench/quantize.py `make_checkpoint`: 8 layers, hidden 1024,
+intermediate 2816, vocab 8000: 0.12B parameters, untied embeddings) distilled for 2 steps
 (nvfp4a16, AdamW, --train weights, batch 2 x grad-accum 2 x 64 tokens of random ids, no held-out
 figures) by `torchrun --standalone --nproc-per-node 2 -m tfcompile distill --sharding ddp|fsdp`,
 runs alternating, medians. Peak RSS is GNU time's for the torchrun command: the largest single
@@ -27,8 +27,8 @@ from quantize import make_checkpoint, tfcompile_argv  # noqa: E402
 
 WORK = Path("/tmp/tfc-bench-distill-sharding")
 HEADING = "## Distillation on two processes: DDP vs FSDP2"
-SHAPE = dict(hidden=1024, intermediate=2816, heads=16, kv_heads=4, vocab=32000)
-LAYERS = 4
+SHAPE = dict(hidden=1024, intermediate=2816, heads=16, kv_heads=4, vocab=8000)
+LAYERS = 8
 OPTS = ["--format", "nvfp4a16", "--steps", "2", "--batch", "2", "--grad-accum", "2", "--data", "random",
         "--set", "distill.seq_len=64", "--set", "distill.heldout_tokens=0"]
 
@@ -53,7 +53,7 @@ def _estimate(model: Path) -> dict:
 
 
 def bench(repeat: int, wait: float) -> dict:
-    model = make_checkpoint(WORK / "llama-0.1b", 0, shape=SHAPE, layers=LAYERS)
+    model = make_checkpoint(WORK / "llama-0.1b-8", 0, shape=SHAPE, layers=LAYERS)
     runs = {"ddp": {"rss": [], "wall": []}, "fsdp": {"rss": [], "wall": []}}
     busy = []
     for _ in range(repeat):
@@ -75,7 +75,7 @@ def _markdown(r: dict, repeat: int) -> str:
     e = r["estimate"]
     return "\n".join([
         f"`python bench/distill_sharding.py --repeat {repeat} --write-docs` ({machine_line()}, commit "
-        f"{git_revision()}): a synthetic Llama of 0.12B parameters (4 layers, hidden 1024, vocab 32000) distilled "
+        f"{git_revision()}): a synthetic Llama of 0.12B parameters (8 layers, hidden 1024, vocab 8000) distilled "
         "2 steps (nvfp4a16, AdamW, batch 2 x grad-accum 2 x 64 tokens) on `torchrun --nproc-per-node 2`, gloo, "
         "runs alternating, medians. Peak RSS: the larger rank's (GNU time on torchrun); the CPU is the device.", "",
         "| sharding | peak RSS per rank GB | wall s | model state per rank GB (`plan --estimate --devices 2xcpu`) |",

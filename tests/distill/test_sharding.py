@@ -87,17 +87,17 @@ def test_group_scale_follows_weights_whose_version_is_kept(tiny_llama_src):
 
 
 def test_memory_per_rank_ddp_and_fsdp():
-    c = Counts(trained=100, frozen=50, teacher=150, unit=30, unit_trained=20, states=2)
+    c = Counts(trained=100, frozen=50, teacher=150, layer=30, layer_trained=20, root=10, root_trained=0, states=2)
     # student 4 x (100 x (1 weight + 1 grad + 2 AdamW states) + 50) = 1800 B; teacher 4 x 150 = 600 B
     assert per_rank_bytes(c, "ddp", 1) == {"student": 1800, "ddp_buckets": 0, "teacher": 600, "total": 2400}
     assert per_rank_bytes(c, "ddp", 2)["total"] == 2400 + 400  # + the all-reduce buckets (4 x 100)
-    # 1/2 of the student (900) and of the online teacher (300); per model two unsharded units
-    # (2 x 4 x 30 each) and one unit's gradients (4 x 20)
-    assert per_rank_bytes(c, "fsdp", 2) == {"student_shard": 900, "teacher_shard": 300, "unsharded_layers": 560,
-                                            "total": 1760}
+    # 1/2 of the student (900) and of the online teacher (300); per model the root and two layers
+    # unsharded (4 x (10 + 2 x 30) each), and one layer's gradients (4 x 20)
+    assert per_rank_bytes(c, "fsdp", 2) == {"student_shard": 900, "teacher_shard": 300, "unsharded": 640,
+                                            "total": 1840}
     cached = dataclasses.replace(c, shard_teacher=False)  # the disk cache's teacher stays whole
-    assert per_rank_bytes(cached, "fsdp", 2) == {"student_shard": 900, "teacher": 600, "unsharded_layers": 320,
-                                                 "total": 1820}
+    assert per_rank_bytes(cached, "fsdp", 2) == {"student_shard": 900, "teacher": 600, "unsharded": 360,
+                                                 "total": 1860}
     assert per_rank_bytes(c, "fsdp", 1) == per_rank_bytes(c, "ddp", 1)  # one process shards nothing
 
 
@@ -114,7 +114,8 @@ class _World:
 @pytest.mark.parametrize("capacity,peer,expected", [(10 ** 6, "ddp", "ddp"), (2000, "ddp", "fsdp"),
                                                     (10 ** 6, "fsdp", "fsdp")])
 def test_auto_shards_when_ddp_does_not_fit_on_any_rank(monkeypatch, capacity, peer, expected):
-    c = Counts(trained=100, frozen=50, teacher=150, unit=30, unit_trained=20, states=2)  # DDP: 2800 B per rank
+    c = Counts(trained=100, frozen=50, teacher=150, layer=30, layer_trained=20, root=10, root_trained=0,
+               states=2)  # DDP: 2800 B per rank
     monkeypatch.setattr(fsdp, "capacity", lambda device, world: capacity)
     cpu = torch.device("cpu")
     assert fsdp.choose(DistillConfig(), _World(peer), cpu, c) == expected

@@ -35,13 +35,14 @@ def counts(student, teacher: nn.Module, cfg) -> Counts:
     """The run's element counts (memory.py) from the built student and teacher."""
     trained = sum(p.numel() for _, p in student.parameters())
     total = sum(p.numel() for p in student.model.parameters())
-    units = [*_units(student.model)[0], None]
-    sizes = [_own_params(student.model, u) for u in units]
-    big = max(sizes, key=lambda ps: sum(p.numel() for p in ps))
+    layers = [_own_params(student.model, u) for u in _units(student.model)[0]]
+    big = max(layers, key=lambda ps: sum(p.numel() for p in ps))
+    root = _own_params(student.model, None)
     freed = cfg.teacher == "cache" and not cfg.heldout_tokens  # the teacher leaves before training
     return Counts(trained=trained, frozen=total - trained,
                   teacher=0 if freed else sum(p.numel() for p in teacher.parameters()),
-                  unit=sum(p.numel() for p in big), unit_trained=sum(p.numel() for p in big if p.requires_grad),
+                  layer=sum(p.numel() for p in big), layer_trained=sum(p.numel() for p in big if p.requires_grad),
+                  root=sum(p.numel() for p in root), root_trained=sum(p.numel() for p in root if p.requires_grad),
                   states=optimizer_states(cfg.optimizer, cfg.momentum), shard_teacher=cfg.teacher == "online")
 
 

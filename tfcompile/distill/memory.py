@@ -11,9 +11,11 @@ tensor of both models is float32 while training (tfcompile/distill/run.py loads 
   disk cache and no held-out figures are computed (then it is freed before training);
 - DDP: everything whole on each rank, plus DDP's all-reduce buckets (a second copy of the
   gradients: DistributedDataParallel's default gradient_as_bucket_view=False);
-- FSDP: the student's (and the online teacher's) 1/N shards, plus the decoder layers unsharded
-  at once (per model, the one computing and the one FSDP2 prefetches: 2 x the largest unit) and
-  that unit's unsharded gradient before its reduce-scatter.
+- FSDP: the student's (and the online teacher's) 1/N shards, plus what is unsharded at once,
+  per model: the root unit (embeddings, final norm, lm_head: FSDP2 keeps it unsharded from the
+  forward to the end of the backward) and two decoder layers (the one computing and the one
+  FSDP2 prefetches); and the student's unsharded gradients of the root and one layer before
+  their reduce-scatters.
 Activations (batch x seq_len x hidden per layer, the logits) are the same in both modes and left
 out: `fits` keeps HEADROOM of the device for them.
 """
@@ -31,8 +33,10 @@ class Counts:
     trained: int  # the student's trained tensors
     frozen: int  # the student's other tensors
     teacher: int  # the teacher's (0 when it is freed before training)
-    unit: int  # the largest FSDP unit (a decoder layer, or the embeddings + head)
-    unit_trained: int  # its trained elements (gradients unsharded before the reduce-scatter)
+    layer: int  # the largest decoder layer (an FSDP unit)
+    layer_trained: int  # its trained elements (gradients unsharded before the reduce-scatter)
+    root: int  # the root unit: what no decoder layer holds (embeddings, final norm, lm_head)
+    root_trained: int
     states: int  # optimizer state tensors per trained tensor (2: AdamW/Adam, 1: SGD with momentum)
     shard_teacher: bool = True  # FSDP2 shards the teacher too (the online one)
 
@@ -49,7 +53,7 @@ def per_rank_bytes(c: Counts, sharding: str, ranks: int) -> dict[str, int]:
         sharded = c.shard_teacher and c.teacher > 0
         parts = {"student_shard": -(-student // ranks),
                  "teacher" if not sharded else "teacher_shard": -(-teacher // ranks) if sharded else teacher,
-                 "unsharded_layers": 4 * (2 * c.unit * (1 + sharded) + c.unit_trained)}
+                 "unsharded": 4 * ((c.root + 2 * c.layer) * (1 + sharded) + c.root_trained + c.layer_trained)}
     else:
         parts = {"student": student, "ddp_buckets": 4 * c.trained * (ranks > 1), "teacher": teacher}
     parts["total"] = sum(parts.values())

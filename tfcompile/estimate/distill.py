@@ -55,12 +55,13 @@ def counts(shape, plan, cfg) -> Counts:
     sizes = {layer.index: layer.params for layer in shape.layers}
     sizes[None] = shape.params - sum(sizes.values())
     grown = {u: s + (0 if cfg.train == "weights" else extra.get(u, 0)) for u, s in sizes.items()}
-    big = max(grown, key=grown.get)
+    big = max((u for u in grown if u is not None), key=grown.get)
     trained = sum(extra.values())
     freed = cfg.teacher == "cache" and not cfg.heldout_tokens
     return Counts(trained=trained, frozen=shape.params + added - trained, teacher=0 if freed else shape.params,
-                  unit=grown[big], unit_trained=extra.get(big, 0),
-                  states=optimizer_states(cfg.optimizer, cfg.momentum), shard_teacher=cfg.teacher == "online")
+                  layer=grown[big], layer_trained=extra.get(big, 0), root=grown[None],
+                  root_trained=extra.get(None, 0), states=optimizer_states(cfg.optimizer, cfg.momentum),
+                  shard_teacher=cfg.teacher == "online")
 
 
 def _unit(name: str) -> int | None:
