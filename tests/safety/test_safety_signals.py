@@ -110,3 +110,21 @@ def test_writer_thread_stopped_mid_write_raises_nothing():
     finally:
         threading.excepthook = old_hook
     assert errors == []
+
+
+def test_a_failure_being_unwound_ignores_signals():
+    """Under torchrun a failed rank makes torchrun SIGTERM the others while they report it and remove
+    the staging directory (tfcompile/dist/failure.py `supervise` calls `unwinding()`): that signal must
+    not cut the report short. Without `unwinding()` the same signal raises Terminated."""
+    import os
+
+    from tfcompile.io import signals
+
+    with pytest.raises(signals.Terminated):
+        with signals.handle_signals():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.2)  # the handler runs between bytecodes
+    with signals.handle_signals():
+        signals.unwinding()
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.2)
