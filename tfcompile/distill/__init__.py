@@ -10,6 +10,9 @@
 - checkpoint.py --resume-dir: state, metrics.jsonl, run fingerprint
 - layerwise.py  block-wise distillation (teacher layer outputs as targets)
 - heldout.py    before/after figures, as tfcompile eval computes them
+- ddp.py        under torchrun: the data split, DDP, the per-step agreements
+- fsdp.py       under torchrun: the student (and teacher) sharded with FSDP2; whole-tensor checkpoints
+- memory.py     memory per rank, DDP vs FSDP2 (`distill.sharding auto`, plan --estimate)
 - run.py        one run, end to end; called by passes/distill.py
 Design and figures: docs/design.md "Distillation", docs/accuracy.md.
 """

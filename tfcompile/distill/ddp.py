@@ -3,11 +3,12 @@
 Under DDP every rank holds the whole student and teacher; under FSDP2 (fsdp.py) each holds a
 shard of the student, and the data is split the same way. Each optimizer step's
 `batch x grad_accum` blocks are split over the ranks -- whole micro-batches when grad_accum is
-a multiple of the world size, else every micro-batch's blocks -- and DDP averages the
-gradients, so a step sees the same blocks and the same expected gradient as one process. The
-sum runs in another order (ring all-reduce), so N processes are deterministic for a fixed N
-but not bit-identical to one process; the artifact records the run (processes in the resume
-fingerprint). Parameters stay identical on every rank (same averaged gradients, same steps).
+a multiple of the world size, else every micro-batch's blocks -- and DDP (or FSDP2's
+reduce-scatter) averages the gradients, so a step sees the same blocks and the same expected
+gradient as one process. For N = 2 the average, (a + b) / 2, is one process's a/2 + b/2
+exactly; for other N the sum runs in another order, so N processes are deterministic for a
+fixed N but not bit-identical to one process (processes are in the resume fingerprint).
+Parameters stay identical on every rank (same averaged gradients, same steps).
 """
 
 from __future__ import annotations
