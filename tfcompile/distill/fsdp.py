@@ -14,6 +14,9 @@
 - Checkpoints hold full tensors (`full`, gathered to the CPU), the same file as one process or
   DDP writes; resuming scatters them back (`placed_like`).
 - Export: `Holder` unshards one unit at a time while `Student.export` computes its tensors.
+- The online teacher is sharded the same way (forward only); run.py decides what is sharded.
+- The clipping norm's row sums (`squares_by_row`) are gathered whole, so its bits do not
+  depend on the split (train.py `_clip`).
 """
 
 from __future__ import annotations
