@@ -178,7 +178,8 @@ def body(res: dict) -> str:
              f"tfcompile's fold and NVFP4 quantizer, RTN, one global scale per fusion group; the first "
              f"{res['tokens']} held-out tokens, float32 candidates against the bf16 reference; W4A4 activation "
              f"global scales from 4 x 256 calib-split tokens). The rotated model with nothing quantized: KL "
-             f"{res['exact']['kl']}, top-1 {res['exact']['top1']} (bf16 rounding of the rotated weights).\n",
+             f"{res['exact']['kl']}, top-1 {res['exact']['top1']} (a float32 model against the bf16 reference: "
+             f"this is bf16's own rounding; the fold is exact).\n",
              "| variant | W4A16 KL | W4A16 ppl | W4A4 KL | W4A4 ppl |", "|---|---:|---:|---:|---:|"]
     for name, v in res["variants"].items():
         a, b = v["w4a16"], v["w4a4"]
