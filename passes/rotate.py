@@ -3,8 +3,8 @@
 Runs right after `load` (scheduled by any `rotate.*` setting, e.g. `--set rotate.kind=hadamard`).
 It writes the rotated checkpoint (tfcompile/rotate/fuse.py: the residual stream rotated by a
 randomized Hadamard matrix folded through the RMSNorms into every Linear, the embeddings and the
-lm_head; with `heads`, each attention head's values rotated too) tensor by tensor into a
-temporary directory beside the output, with the source's config (a tied lm_head untied) and
+lm_head, the residual channels a norm switches off left unrotated; with `heads`, each attention
+head's values rotated too) tensor by tensor into a temporary directory beside the output, with the source's config (a tied lm_head untied) and
 tokenizer files, and hands the next passes that checkpoint: select, calibrate (activation
 statistics, GPTQ Hessians of the *rotated* model), quantize and pack all see it. The artifact is
 an ordinary checkpoint of the same architecture, so transformers, vLLM, SGLang and TensorRT-LLM
@@ -35,7 +35,7 @@ from tfcompile.rotate import fuse
 from tfcompile.rotate.hadamard import rotation, rotation_keeping
 
 KINDS = ("hadamard", "random")
-SUPPRESSED = 0.01  # keep=auto: |g_j| below 1% of the norm's median |g| in some residual norm
+SUPPRESSED = 0.01  # keep_suppressed: |g_j| below 1% of the norm's median |g| in some residual norm
 
 
 @dataclass(frozen=True)

@@ -25,8 +25,8 @@ attention sink). The norms that read such a channel often all but switch it off 
 the unrotated model's Linears see g_j x_j ~ 0 there, and a weight's quantization error in column
 j is multiplied by g_j ~ 0 too. Rotated, the folded weight W diag(g) Q is quantized and its
 input x Q carries the whole massive component spread over every channel: the quantization
-error of every column meets it (SmolLM2-135M: on the first token the up/gate/v projections'
-output SQNR falls from ~21 dB to ~0 dB; docs/accuracy.md "Why rotations hurt"). R1 therefore
+error of every column meets it (SmolLM2-135M: on the first token the up/gate/v projections
+lose 12-17 dB of output SQNR; docs/accuracy.md "SmolLM2-135M-Instruct: why rotations hurt"). R1 therefore
 leaves such channels out (`rotation_keeping`: identity on them, the rotation on the rest);
 `suppressed_channels` finds them from the norm weights alone. Every identity above still
 holds: Q stays orthogonal.

@@ -105,7 +105,8 @@ def rotation_keeping(n: int, keep: tuple[int, ...], kind: str = "hadamard", seed
         return rotation(n, kind, seed)
     if kept[0] < 0 or kept[-1] >= n:
         raise ValueError(f"kept channel {kept[0] if kept[0] < 0 else kept[-1]} is outside 0..{n - 1}")
-    rest = torch.tensor([c for c in range(n) if c not in set(kept)], dtype=torch.long)
+    skip = set(kept)
+    rest = torch.tensor([c for c in range(n) if c not in skip], dtype=torch.long)
     q = torch.eye(n, dtype=torch.float64)
     if rest.numel():
         q[rest[:, None], rest[None, :]] = rotation(rest.numel(), kind, seed)
