@@ -60,6 +60,8 @@ for _f in ("nvfp4a16", "nvfp4"):
     if _f == "nvfp4":
         row(_f, "smoothquant", "--algorithm", "smoothquant")
     row(_f, "rotate", *ROT)
+    row(_f, "rotate-r1", *ROT, "--set", "rotate.heads=false", label="rotate, R1 only")
+    row(_f, "rotate-all", *ROT, "--set", "rotate.keep_suppressed=false", label="rotate, every channel")
     row(_f, "rotate+gptq", *ROT, *GPTQ, label="rotate + gptq")
     row(_f, "rotate+gptq+fos", *ROT, *GPTQ, *FOS, label="rotate + gptq + 4/6")
 for _f in ("mxfp4a16", "mxfp4"):

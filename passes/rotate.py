@@ -3,8 +3,8 @@
 Runs right after `load` (scheduled by any `rotate.*` setting, e.g. `--set rotate.kind=hadamard`).
 It writes the rotated checkpoint (tfcompile/rotate/fuse.py: the residual stream rotated by a
 randomized Hadamard matrix folded through the RMSNorms into every Linear, the embeddings and the
-lm_head; with `heads`, each attention head's values rotated too) tensor by tensor into a
-temporary directory beside the output, with the source's config (a tied lm_head untied) and
+lm_head, the residual channels a norm switches off left unrotated; with `heads`, each attention
+head's values rotated too) tensor by tensor into a temporary directory beside the output, with the source's config (a tied lm_head untied) and
 tokenizer files, and hands the next passes that checkpoint: select, calibrate (activation
 statistics, GPTQ Hessians of the *rotated* model), quantize and pack all see it. The artifact is
 an ordinary checkpoint of the same architecture, so transformers, vLLM, SGLang and TensorRT-LLM
@@ -32,9 +32,10 @@ from tfcompile.ir import ModelInfo
 from tfcompile.pipeline.passes import PassResult, Unsupported, given, register_pass
 from tfcompile.pipeline.recipe import Recipe
 from tfcompile.rotate import fuse
-from tfcompile.rotate.hadamard import rotation
+from tfcompile.rotate.hadamard import rotation, rotation_keeping
 
 KINDS = ("hadamard", "random")
+SUPPRESSED = 0.01  # keep_suppressed: |g_j| below 1% of the norm's median |g| in some residual norm
 
 
 @dataclass(frozen=True)
@@ -42,12 +43,19 @@ class RotateConfig:
     kind: str = "hadamard"  # "hadamard" (randomized Hadamard; random orthogonal if none of that order) | "random"
     seed: int = 0  # column signs / random matrix
     heads: bool = True  # also rotate each attention head's values (R2: v_proj rows, o_proj columns)
+    # residual channels R1 leaves unrotated: those a residual norm switches off (where the massive
+    # activations live: fuse.suppressed_channels), and/or the listed indices (--set rotate.keep=507,247)
+    keep_suppressed: bool = True
+    keep: tuple[int, ...] = ()
 
 
 def _supports(recipe: Recipe, cfg: RotateConfig) -> list[Unsupported]:
     reasons = []
     if cfg.kind not in KINDS:
         reasons.append(Unsupported(f"rotate.kind {cfg.kind!r} is unknown", "choose one of: " + ", ".join(KINDS)))
+    if any(c < 0 for c in cfg.keep):
+        reasons.append(Unsupported(f"rotate.keep {list(cfg.keep)} holds a negative channel index",
+                                   "give residual channel indices, e.g. --set rotate.keep=507,247"))
     if "distill" in recipe.names():
         reasons.append(Unsupported("distillation trains against the unrotated model; use one or the other",
                                    "drop the rotate.* settings or run tfcompile quantize"))
@@ -65,7 +73,8 @@ def rotate(ctx, cfg: RotateConfig, reporter) -> PassResult:
     text = fuse.text_config(src.config)
     hidden, heads = int(text["hidden_size"]), int(text["num_attention_heads"])
     head_dim = int(text.get("head_dim") or hidden // heads)
-    rot = fuse.Rotations(rotation(hidden, cfg.kind, cfg.seed),
+    keep = _kept_channels(cfg, src, int(text["num_hidden_layers"]), hidden)
+    rot = fuse.Rotations(rotation_keeping(hidden, keep, cfg.kind, cfg.seed),
                          rotation(head_dim, cfg.kind, cfg.seed + 1) if cfg.heads else None,
                          int(text.get("num_key_value_heads") or heads), heads, head_dim)
     tied = "lm_head.weight" not in src.names()
@@ -75,11 +84,21 @@ def rotate(ctx, cfg: RotateConfig, reporter) -> PassResult:
     out = open_checkpoint(work.name)
     out.files = list(src.files)  # the manifest hashes and names the user's checkpoint
     record = {"kind": cfg.kind, "seed": cfg.seed, "residual": hidden, "heads": head_dim if cfg.heads else None,
-              "untied_lm_head": tied}
+              "untied_lm_head": tied, "kept_channels": list(keep)}
     out.provenance = {**(getattr(src, "provenance", None) or {}), "rotate": record}
     out._keep = work
     model = ModelInfo.from_config(out.config, ctx.model.dtype)
     return PassResult(ctx.with_(source=out, model=model), {**record, "tensors": len(out.names())})
+
+
+def _kept_channels(cfg: RotateConfig, src, layers: int, hidden: int) -> tuple[int, ...]:
+    """The residual channels R1 leaves unrotated on this checkpoint, sorted."""
+    bad = [c for c in cfg.keep if c >= hidden]
+    if bad:
+        raise RecipeError(f"rotate.keep: channel {bad[0]} is outside the residual stream (hidden size {hidden})",
+                          hint=f"give channel indices 0..{hidden - 1}")
+    found = fuse.suppressed_channels(src.get, layers, SUPPRESSED) if cfg.keep_suppressed else ()
+    return tuple(sorted(set(cfg.keep) | set(found)))
 
 
 def _write(directory: Path, src, rot: fuse.Rotations, tied: bool, reporter) -> None:

@@ -7,6 +7,10 @@
   untied model with random norm weights (so the norm folds are exercised), R1 alone and R1+R2;
 - the residual stream really is rotated (an outlier channel is spread), q_norm/k_norm-style
   norms are left alone, unsupported architectures are refused with a hint;
+- R1 leaves the channels a norm switches off unrotated (`rotate.keep_suppressed`, `rotate.keep`),
+  and on a model whose massive activation lives in such a channel that keeps the quantized
+  model close to the original, where rotating the channel too ruins it (docs/accuracy.md "Why
+  rotations hurt");
 - a rotated nvfp4 artifact verifies, records the rotation and the original source files, and
   loads in transformers + compressed-tensors with tfcompile's own dequantized weights.
 """
@@ -20,7 +24,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tfcompile.rotate.hadamard import hadamard, rotation
+from tfcompile.rotate.fuse import suppressed_channels
+from tfcompile.rotate.hadamard import hadamard, rotation, rotation_keeping
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "interop"))
 from interop_util import our_dequantized_weights, read_tensors  # noqa: E402
@@ -39,6 +44,30 @@ def test_rotation_is_orthogonal_and_seeded():
         assert torch.allclose(r @ r.T, torch.eye(n, dtype=torch.float64), atol=1e-12)
         assert torch.equal(r, rotation(n, kind, seed=3)) and not torch.equal(r, rotation(n, kind, seed=4))
     assert hadamard(100) is None  # 100 = 25 x 4: no Paley factor; `rotation` falls back to QR
+
+
+def test_rotation_keeping_leaves_the_kept_channels_alone():
+    keep = (3, 40, 41)
+    q = rotation_keeping(64, keep, "hadamard", seed=2)
+    assert torch.allclose(q @ q.T, torch.eye(64, dtype=torch.float64), atol=1e-12)
+    for c in keep:
+        assert torch.equal(q[c], torch.eye(64, dtype=torch.float64)[c]) and torch.equal(q[:, c], q[c])
+    rest = [c for c in range(64) if c not in keep]
+    assert (q[rest][:, rest].abs() > 0).float().mean() > 0.9  # the other 61 are mixed among themselves
+    assert torch.equal(rotation_keeping(64, (), "hadamard", 2), rotation(64, "hadamard", 2))
+    with pytest.raises(ValueError, match="outside"):
+        rotation_keeping(64, (64,))
+
+
+def test_suppressed_channels_are_the_ones_a_residual_norm_switches_off():
+    g = {f"model.layers.{i}.{n}.weight": torch.ones(32) for i in range(2)
+         for n in ("input_layernorm", "post_attention_layernorm")}
+    g["model.norm.weight"] = torch.ones(32)
+    g["model.layers.1.post_attention_layernorm.weight"][7] = 0.001  # below 1% of the median: off
+    g["model.layers.0.input_layernorm.weight"][9] = -0.02  # 2%: still read
+    g["model.norm.weight"][30] = 0.0
+    assert suppressed_channels(g.__getitem__, 2, 0.01) == (7, 30)
+    assert suppressed_channels(g.__getitem__, 2, 0.05) == (7, 9, 30)
 
 
 def _model(path: Path, tied: bool) -> Path:
@@ -138,3 +167,71 @@ def test_rotated_artifact_loads_in_transformers(tmp_path, run_cli):
         for name, w in our_dequantized_weights(out).items():
             mods[name].weight.copy_(w)
         assert torch.equal(got(ids).logits, want(ids).logits)
+
+
+MASSIVE = 5  # the residual channel of the massive activation in `_massive_model`
+
+
+def _massive_model(path: Path) -> Path:
+    """A 2-layer Llama with SmolLM2's pattern (docs/accuracy.md "Why rotations hurt"): token 0's
+    embedding carries a massive value in channel MASSIVE; the post-attention and final norms switch
+    that channel off (g = 0); attention reads it: every head's key of token 0 is large along a
+    query bias (in the slowest RoPE pair, so the position hardly turns it), so all tokens attend
+    to token 0 (an attention sink), whose value is 0 (v_proj's column MASSIVE is 0)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
+    from models import make_tokenizer
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                      tie_word_embeddings=False, attention_bias=True)
+    model = LlamaForCausalLM(cfg)
+    d, slow = 32, (15, 31)  # head_dim; the lowest-frequency RoPE pair
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(torch.rand_like(p) + 0.5)
+            elif name.endswith("bias"):
+                p.zero_()
+        model.model.embed_tokens.weight[0, MASSIVE] = 300.0
+        model.model.norm.weight[MASSIVE] = 0.0
+        for layer in model.model.layers:
+            layer.post_attention_layernorm.weight[MASSIVE] = 0.0
+            att = layer.self_attn
+            att.v_proj.weight[:, MASSIVE] = 0.0
+            att.k_proj.weight[:, MASSIVE] = 0.0
+            for h in range(2):
+                att.k_proj.weight[[h * d + slow[0], h * d + slow[1]], MASSIVE] = 1.0
+            for h in range(4):
+                att.q_proj.bias[[h * d + slow[0], h * d + slow[1]]] = 1.0
+    model.save_pretrained(path)
+    make_tokenizer(path, 256)
+    return path
+
+
+def test_keeping_the_switched_off_channel_saves_the_quantized_model(tmp_path, run_cli):
+    """With the channel rotated too, its massive value meets every column's NVFP4 error in the
+    folded W diag(g) Q (its g no longer zeroes it); left unrotated, the error stays small."""
+    from transformers import AutoModelForCausalLM
+
+    from tfcompile.evaluate.models import load_candidate
+
+    src = _massive_model(tmp_path / "src")
+    ids = torch.randint(1, 256, (2, 24), generator=torch.Generator().manual_seed(2))
+    ids[:, 0] = 0  # every row starts with the massive token, as a real text starts with its sink
+    with torch.no_grad():
+        want = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()(ids).logits
+    err = {}
+    for keep in ("true", "false"):
+        out = tmp_path / f"out-{keep}"
+        res = run_cli("quantize", src, "-o", out, "--format", "nvfp4a16", "--set", "rotate.kind=hadamard",
+                      "--set", f"rotate.keep_suppressed={keep}", "--json", "-q")
+        assert res.code == 0, res.err
+        kept = json.loads((out / "tfcompile/manifest.json").read_text())["rotate"]["kept_channels"]
+        assert kept == ([MASSIVE] if keep == "true" else [])
+        with torch.no_grad():
+            got = load_candidate(out, torch.float32).model(ids).logits
+        err[keep] = float((got - want).norm() / want.norm())
+    assert err["true"] < 0.5 * err["false"], err  # measured: 0.106 against 0.464

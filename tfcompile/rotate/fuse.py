@@ -19,6 +19,18 @@ value rows become R^T W_v[head] (so V_head -> V_head R, the KV cache stores rota
 every query head's o_proj columns W_o[:, head] R; attention weights mix positions, not
 channels, so the rotation passes through softmax(QK^T) V unchanged and cancels in o_proj.
 
+Kept channels. A real LLM's residual stream carries "massive activations": a few channels
+hundreds to thousands of times larger than the rest on a few tokens (the first token, the
+attention sink). The norms that read such a channel often all but switch it off (|g_j| ~ 0), so
+the unrotated model's Linears see g_j x_j ~ 0 there, and a weight's quantization error in column
+j is multiplied by g_j ~ 0 too. Rotated, the folded weight W diag(g) Q is quantized and its
+input x Q carries the whole massive component spread over every channel: the quantization
+error of every column meets it (SmolLM2-135M: on the first token the up/gate/v projections
+lose 12-17 dB of output SQNR; docs/accuracy.md "SmolLM2-135M-Instruct: why rotations hurt"). R1 therefore
+leaves such channels out (`rotation_keeping`: identity on them, the rotation on the rest);
+`suppressed_channels` finds them from the norm weights alone. Every identity above still
+holds: Q stays orthogonal.
+
 Architectures: plain RMSNorm Llama-style decoders (model_type llama, mistral, qwen2, qwen3):
 norms y = x / rms(x) * g with no bias and no (1 + g) offset, separate q/k/v and gate/up Linears.
 Anything else is refused before any work (`check`).
@@ -70,6 +82,18 @@ def check(config: dict, names: set[str]) -> str | None:
     if biased:
         return f"{biased[0]}: a norm with a bias (LayerNorm) is not rotation-invariant"
     return None
+
+
+def suppressed_channels(get: Callable[[str], torch.Tensor], layers: int, threshold: float) -> tuple[int, ...]:
+    """Residual channels some residual-reading norm (a layer's input or post-attention norm, the
+    final norm) weighs below `threshold` x its median |g|: the channels the model switches off
+    (where its massive activations live), which R1 leaves unrotated. Sorted, no duplicates."""
+    names = [f"model.layers.{i}.{n}.weight" for i in range(layers) for n in RESIDUAL_NORMS] + ["model.norm.weight"]
+    found: set[int] = set()
+    for name in names:
+        g = get(name).float().abs()
+        found.update((g < threshold * g.median()).nonzero().flatten().tolist())
+    return tuple(sorted(found))
 
 
 def rotated(name: str, get: Callable[[str], torch.Tensor], rot: Rotations) -> torch.Tensor:

@@ -93,3 +93,21 @@ def rotation(n: int, kind: str = "hadamard", seed: int = 0) -> torch.Tensor:
         raise ValueError(f"unknown rotation kind {kind!r}")
     q, r = torch.linalg.qr(torch.randn(n, n, generator=gen, dtype=torch.float64))
     return q * torch.sign(torch.diagonal(r))[None, :]
+
+
+def rotation_keeping(n: int, keep: tuple[int, ...], kind: str = "hadamard", seed: int = 0) -> torch.Tensor:
+    """An orthogonal n x n matrix (float64) that leaves the coordinates `keep` where they are
+    (identity rows and columns) and rotates the other n - len(keep) among themselves with
+    `rotation(n - len(keep), kind, seed)` (a random orthogonal matrix when no Hadamard matrix of
+    that order is built here). With `keep` empty it is `rotation(n, kind, seed)`."""
+    kept = sorted(set(keep))
+    if not kept:
+        return rotation(n, kind, seed)
+    if kept[0] < 0 or kept[-1] >= n:
+        raise ValueError(f"kept channel {kept[0] if kept[0] < 0 else kept[-1]} is outside 0..{n - 1}")
+    skip = set(kept)
+    rest = torch.tensor([c for c in range(n) if c not in skip], dtype=torch.long)
+    q = torch.eye(n, dtype=torch.float64)
+    if rest.numel():
+        q[rest[:, None], rest[None, :]] = rotation(rest.numel(), kind, seed)
+    return q
