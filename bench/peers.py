@@ -14,7 +14,7 @@ llm-compressor 0.14 needs transformers <= 5.17 and compressed-tensors 0.19: it r
 venv (`--llmc-python`, default /work/venvs/t19-peers/bin/python; create it with
 `python3 -m venv V && V/bin/pip install torch==2.13.0 llmcompressor==0.14.0.1`).
 
-    python bench/peers.py [--max-tokens 8192] [--only ROW ...] [--write-docs]
+    python bench/peers.py [--max-tokens 8192] [--only ROW ...] [--tools tfcompile] [--write-docs]
 """
 
 from __future__ import annotations
@@ -98,14 +98,20 @@ def modelopt_fp8(model: Path, ids: Path, held: HeldOut) -> dict:
     return {**held.score(m), "quantize_s": seconds}
 
 
-def measure(names: list[str], model: Path, held: HeldOut, results: dict, python: str) -> None:
+TOOLS = ("tfcompile", "llm-compressor")
+
+
+def measure(names: list[str], model: Path, held: HeldOut, results: dict, python: str,
+            tools: tuple[str, ...] = TOOLS) -> None:
+    """Each row with each of `tools` (the others' stored results are kept)."""
     with tempfile.TemporaryDirectory(prefix="tfc-peers-") as tmp:
         ids = calib_ids(model, Path(tmp) / "ids.npy")
         for name in names:
             fmt, preset, method = ROWS[name]
             row = results.setdefault(name, {"format": fmt, "method": method})
-            for tool, run in (("tfcompile", lambda o: ours(model, o, fmt, method)),
-                              ("llm-compressor", lambda o: llmc(model, o, preset, method, ids, python))):
+            runs = (("tfcompile", lambda o: ours(model, o, fmt, method)),
+                    ("llm-compressor", lambda o: llmc(model, o, preset, method, ids, python)))
+            for tool, run in [(t, r) for t, r in runs if t in tools]:
                 out = Path(tmp) / f"{tool}-{name.replace('/', '-')}"
                 busy = cpu_busy(0.5)
                 seconds = run(out)
@@ -113,7 +119,7 @@ def measure(names: list[str], model: Path, held: HeldOut, results: dict, python:
                 print(f"{name:22s} {tool:15s} kl={row[tool]['kl_mean']:.5f} ppl={row[tool]['perplexity']:.3f}",
                       file=sys.stderr, flush=True)
                 STORE.save(results)
-            if name in MODELOPT:
+            if name in MODELOPT and tools == TOOLS:
                 row["modelopt"] = modelopt_fp8(model, ids, held)
                 STORE.save(results)
 
@@ -139,6 +145,8 @@ def table(results: dict) -> str:
 def main() -> int:
     ap = bench_parser(__doc__)
     ap.add_argument("--llmc-python", default=LLMC_PYTHON)
+    ap.add_argument("--tools", nargs="+", choices=TOOLS, default=list(TOOLS),
+                    help="re-measure only these tools' side (the others' stored results are kept)")
     args = ap.parse_args()
     results = STORE.load()
     if not args.table:
@@ -146,7 +154,7 @@ def main() -> int:
 
         model = smollm2_checkpoint()
         held = HeldOut(model, max_tokens=args.max_tokens, dtype="bfloat16")
-        measure(args.only or list(ROWS), model, held, results, args.llmc_python)
+        measure(args.only or list(ROWS), model, held, results, args.llmc_python, tuple(args.tools))
     print(table(results))
     if args.write_docs:
         replace_doc_section(HEADING, BODY.format(tokens=args.max_tokens) + "\n\n" + table(results) + "\n", DOC)
