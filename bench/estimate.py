@@ -288,7 +288,7 @@ CLUSTERS = [("8xH200", 1), ("8xH200", 4), ("8xB200", 1)]
 def plans_markdown() -> str:
     """`plan --estimate` on the committed example configs: docs/distributed.md's table."""
     configs = Path(__file__).resolve().parents[1] / "examples" / "configs"
-    rows = ["| model | recipe | cluster | output GB | host GB/rank | device GB/rank | spill GB/rank | "
+    rows = ["| model | recipe | cluster | output GB | host GB/rank | device GB/rank | Hessian spill GB/rank | "
             "calibrate | pack | total |", "|---|---|---|---|---|---|---|---|---|---|"]
     for name, opts in PLANS:
         for devices, nodes in CLUSTERS:
@@ -309,9 +309,7 @@ def plans_markdown() -> str:
                       "read at 1 byte per weight); tfcompile reads bf16 sources today, i.e. after DeepSeek's "
                       "fp8_cast_bf16.py (1.34 TB: twice the reading). "
                       "Calibration in batches of 4; GPTQ solves every Linear group, each routed expert with its own "
-                      "Hessians (in batches of 8 experts, each batch owned by one rank: passes/quantize/gptq_moe.py), "
-                      "layer by layer inside calibrate (calibrate.propagate: each layer solved, shared and run again; "
-                      "the spill holds the solved codes, pack solves nothing); `--calib self` would add "
+                      "Hessians (in batches of 8 experts, each batch owned by one rank: passes/quantize/gptq_moe.py); `--calib self` would add "
                       "sampling the tokens. Times under 2 minutes are rounded to 0.1 min each, so a total may "
                       "differ from its parts by 0.1.", "", *rows, ""])
 

@@ -1,4 +1,4 @@
-"""GPTQ with error propagation in the layer-by-layer loop (`calibrate.propagate`, the default).
+"""GPTQ with error propagation in the layer-by-layer loop (`calibrate.propagate`; default off).
 
 One pass of the unquantized model gives every layer a Hessian of the *original* activations.
 GPTQ's paper, and llm-compressor's sequential pipeline (`propagate_error`), instead feed layer

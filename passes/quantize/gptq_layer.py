@@ -1,6 +1,6 @@
 """GPTQ for the calibrate pass's layer loop: the `LayerSolver` of calibration/propagate.py.
 
-With `calibrate.propagate` (the default for `--algorithm gptq`) each decoder layer is solved as
+With `calibrate.propagate` (`--algorithm gptq`; off by default) each decoder layer is solved as
 soon as its Hessians are complete, so the next layer is calibrated on this one's quantized
 outputs. The solve is pack's (`gptq.group_qtensors`: the same RTN scales, GPTQ sweep, routed
 experts in batches) under the recipe's quantize settings; pack later writes the codes it

@@ -30,7 +30,8 @@ RECIPES = {
     "rtn": ["--format", "nvfp4a16", "--set", "pack.max_shard_mb=0.5", "--export", "modelopt"],
     "calibrated": ["--format", "nvfp4", "--kv-cache", "fp8", *CALIB],
     "gptq": ["--format", "nvfp4a16", "--algorithm", "gptq", *CALIB, "--set", "pack.max_shard_mb=1",
-             "--set", "quantize.gptq_expert_batch=2"],  # the MoE's 4 experts: 2 solve batches, 2 owners
+             "--set", "quantize.gptq_expert_batch=2",  # the MoE's 4 experts: 2 solve batches, 2 owners
+             "--set", "calibrate.propagate=true"],
 }
 AWQ = ["--format", "nvfp4a16", "--algorithm", "awq", *CALIB]  # whole-model loop; statistics on their owners
 DISTILL = ["--format", "nvfp4a16", "--steps", "2", "--batch", "2", "--grad-accum", "2", "--data", "random",

@@ -12,7 +12,7 @@ the pipeline's own structure (docs/distributed.md "Resource plan"):
   to its owner instead, which multiplies them (owners: per solve batch of experts). Memory: one
   layer + this rank's activations + one batch's temporaries + the Hessians it owns + one
   round's partials.
-  GPTQ with calibrate.propagate (the default) also solves each layer there (the busiest
+  GPTQ with calibrate.propagate (not the default) also solves each layer there (the busiest
   rank's solves of that layer: the ranks meet at every layer), shares the quantized layer
   and runs it a second time (the forward alone); the spill then holds codes, not Hessians.
 - pack: each rank reads, quantizes and writes its own shards (the slowest rank counts:
