@@ -51,6 +51,8 @@ for _f in ("nvfp4a16", "nvfp4"):
     row(_f, "mse", "--algorithm", "mse")
     row(_f, "fos", *FOS, label="4/6")
     row(_f, "gptq", *GPTQ)
+    # GPTQ's error propagation: each layer's Hessians from the layers before it as quantized
+    row(_f, "gptq-prop", *GPTQ, "--set", "calibrate.propagate=true", label="gptq, error propagated")
     if _f == "nvfp4a16":  # GPTQ's ordering and dampening checked on the real model (defaults: act-order, 0.01)
         row(_f, "gptq-noact", *GPTQ, "--set", "quantize.gptq_act_order=false", label="gptq, no act-order")
         row(_f, "gptq-damp0.1", *GPTQ, "--set", "quantize.gptq_damp=0.1", label="gptq, damp 0.1")

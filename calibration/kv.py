@@ -38,11 +38,14 @@ class KVObserver:
         self.k: dict[str, torch.Tensor] = {}
         self.v: dict[str, torch.Tensor] = {}
         self._mla = {n: m for n, m in model.named_modules() if is_mla(m)}
+        self._paused = False  # Recorders.paused()
         for name, mod in self._mla.items():
             mod.expand_kv = self._observing_expand(name, mod.expand_kv)  # instance attribute: remove() drops it
 
     def _observing_expand(self, name: str, expand):
         def observe(kv_nope: torch.Tensor, k_rot: torch.Tensor):
+            if self._paused:
+                return expand(kv_nope, k_rot)
             m = torch.maximum(kv_nope.detach().abs().amax().float(), k_rot.detach().abs().amax().float()).reshape(1)
             for store in (self.k, self.v):
                 store[name] = m if name not in store else torch.maximum(store[name], m)
@@ -56,7 +59,7 @@ class KVObserver:
 
     def record(self, module: Any, key: torch.Tensor, value: torch.Tensor) -> None:
         name = self._names.get(id(module))
-        if name is None or name in self._mla:  # MLA: recorded from the cached latent (expand_kv)
+        if name is None or name in self._mla or self._paused:  # MLA: recorded from the cached latent (expand_kv)
             return
         for store, t in ((self.k, key), (self.v, value)):
             m = t.detach().abs().float().amax(dim=(0, 2, 3))  # (B, H_kv, S, D) -> [H_kv]

@@ -52,6 +52,7 @@ class MoERecorder:
         for name, mod in experts_modules(model).items():
             self.tokens.update({f"{name}.{e}": 0 for e in range(mod.gate_up_proj.shape[0])})
         self.seen = dict(self.tokens)  # tokens in each expert's statistics (all tokens with all_experts)
+        self._paused = False  # Recorders.paused(): route and compute, count and observe nothing
         self._model = model
         self._previous = getattr(getattr(model, "config", None), "_experts_implementation", None)
         if self.parents:
@@ -72,9 +73,10 @@ class MoERecorder:
             mask = F.one_hot(top_k_index, num_classes=n_exp + 1).permute(2, 1, 0)  # [E+1, k, T]
         for e in range(n_exp):
             top_k_pos, token_idx = torch.where(mask[e])
-            self.tokens[f"{parent}.{e}"] += int(token_idx.numel())
-            self.seen[f"{parent}.{e}"] += int(hidden.shape[0] if self.all_experts else token_idx.numel())
-            if self.all_experts:  # statistics of every token; the output below stays the routed one
+            if not self._paused:
+                self.tokens[f"{parent}.{e}"] += int(token_idx.numel())
+                self.seen[f"{parent}.{e}"] += int(hidden.shape[0] if self.all_experts else token_idx.numel())
+            if self.all_experts and not self._paused:  # statistics of every token; the output stays the routed one
                 expert_mlp(mod, e, hidden, lambda kind, x, e=e: self._observe(parent, e, kind, x))
             if token_idx.numel() == 0:
                 continue

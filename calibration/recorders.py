@@ -18,6 +18,7 @@ are bit-identical to one process's.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 
@@ -60,9 +61,10 @@ class Recorders:
                         for m, o in self.observers.items()}
         in_memory = {names.to_model(m): m for m in self.modules}  # model module name -> checkpoint name
         self.hooks = []
+        self._paused = False
         for name, mod in model.named_modules():
             if name in in_memory:
-                self.hooks.append(mod.register_forward_pre_hook(_observe(self._update[in_memory[name]])))
+                self.hooks.append(mod.register_forward_pre_hook(_observe(self._update[in_memory[name]], self)))
         self.hessians = HessianRecorder(model, hessian_groups or {}, names, self.replay)
         self.hooks += self.hessians.hooks
         self.moe = MoERecorder(model, self._expert_input, all_experts=all_experts)
@@ -73,8 +75,23 @@ class Recorders:
             self.kv = KVObserver(model)
             model.set_attn_implementation(install(self.kv, model))
 
+    @contextlib.contextmanager
+    def paused(self):
+        """Run the model without recording anything: no observer, Hessian, KV or routed-token
+        update (the layer loop re-runs a layer with its quantized weights: calibration/propagate.py)."""
+        parts = [self, self.hessians, self.moe] + ([self.kv] if self.kv is not None else [])
+        for p in parts:
+            p._paused = True
+        try:
+            yield
+        finally:
+            for p in parts:
+                p._paused = False
+
     def _expert_input(self, name: str, x: torch.Tensor) -> None:
         """One expert's Linear input (calibration/moe.py), under the artifact's per-expert name."""
+        if self._paused:
+            return
         if name in self._update:
             self._update[name](x)
         self.hessians.add(name, x)
@@ -119,10 +136,10 @@ class Recorders:
         kv_amax = {n: (kv_k[n], kv_v[n]) for n in sorted(kv_k)}
         awq, awq_skipped = self.awq.result()  # after kv_amax: its fold check runs the model
         hessians = {k: h for k, h in self.hessians.result().items()
-                    if _enough(k, seen, self.moe_min_tokens)}  # too few tokens: RTN (quantize warns)
+                    if enough_tokens(k, seen, self.moe_min_tokens)}  # too few tokens: RTN (quantize warns)
         # who holds which Hessian: the layer loop's spilled ones as they are (its per-layer take() is not
         # filtered), the whole-model loop's with the same moe_min_tokens filter as `hessians`
-        owner = {**spilled, **{k: r for k, r in inline.items() if _enough(k, seen, self.moe_min_tokens)}}
+        owner = {**spilled, **{k: r for k, r in inline.items() if enough_tokens(k, seen, self.moe_min_tokens)}}
         return CalibStats(resolved, tokens, source, tuple(fallback), kv_amax, hessians=hessians,
                           hessian_seconds=dict(sorted(seconds.items())),
                           awq=awq, awq_skipped=awq_skipped, expert_tokens=dict(sorted(routed.items())),
@@ -142,6 +159,7 @@ class HessianRecorder:
     def __init__(self, model: nn.Module, groups: dict[str, str], names: NameMap | None = None, replay=None):
         self._h: dict[str, torch.Tensor] = {}
         self._n: dict[str, int] = {}
+        self._paused = False  # Recorders.paused()
         self.groups = dict(groups)  # member Linear (checkpoint name) -> group key
         self.taken: set[str] = set()  # keys handed out by take() (spilled by the layer loop)
         self.seconds: dict[str, float] = {}  # group key -> seconds spent computing X^T X
@@ -149,13 +167,13 @@ class HessianRecorder:
         # x -> H += X^T X: under torchrun X_b^T X_b on the batch's rank, the sum on the owner
         self._route = {k: route(f"hess/{k}", self._fold(k), self._prepare(k)) for k in sorted(set(groups.values()))}
         in_memory = {(names.to_model(m) if names is not None else m): k for m, k in groups.items()}
-        self.hooks = [mod.register_forward_pre_hook(_first_arg(self._route[in_memory[name]]))
+        self.hooks = [mod.register_forward_pre_hook(_first_arg(self._route[in_memory[name]], self))
                       for name, mod in model.named_modules() if name in in_memory]
 
     def add(self, member: str, x: torch.Tensor) -> None:
         """Input x of group member `member` (fused experts: calibration/moe.py)."""
         key = self.groups.get(member)
-        if key is not None:
+        if key is not None and not self._paused:
             self._route[key](x)
 
     def _prepare(self, key: str):
@@ -188,6 +206,10 @@ class HessianRecorder:
     def result(self) -> dict[str, torch.Tensor]:
         return {k: self._h[k] / self._n[k] for k in sorted(self._h)}
 
+    def rows(self) -> dict[str, int]:
+        """Input rows (tokens) behind each Hessian so far: a routed expert's are its tokens."""
+        return dict(sorted(self._n.items()))
+
     def take(self) -> dict[str, torch.Tensor]:
         """The finished Hessians so far, forgotten here (the layer loop spills them)."""
         out = self.result()
@@ -197,20 +219,20 @@ class HessianRecorder:
         return out
 
 
-def _observe(update):
+def _observe(update, owner):
     def hook(mod: nn.Module, args):
         x = args[0] if args else None
-        if isinstance(x, torch.Tensor) and x.numel():
+        if isinstance(x, torch.Tensor) and x.numel() and not owner._paused:
             update(x)
 
     return hook
 
 
-def _first_arg(update):
-    return lambda mod, args: update(args[0])
+def _first_arg(update, owner):
+    return lambda mod, args: None if owner._paused else update(args[0])
 
 
-def _enough(key: str, tokens: dict[str, int], min_tokens: int) -> bool:
+def enough_tokens(key: str, tokens: dict[str, int], min_tokens: int) -> bool:
     """A fused expert's group keeps its Hessian only when min_tokens were routed to the expert."""
     m = re.match(r"(.*\.experts\.\d+)\.", key)
     return m is None or m.group(1) not in tokens or tokens[m.group(1)] >= min_tokens

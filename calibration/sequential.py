@@ -17,11 +17,13 @@ for a 1B model), never the whole model, so a model larger than RAM calibrates.
    attention), replace the batch's hidden states with its outputs, unbind the
    parameters and drop their pages from the resident set.
 
-Each layer runs exactly once per batch: its outputs feed the next layer, and
-nothing runs a second pass to propagate. Outputs are computed from the
-unquantized layer (statistics of the original model, as the whole-model loop
-gives). Recorded Hessians of finished layers are spilled to a temporary
-directory (a 1B model's down_proj Hessians alone are 4 GB of float32).
+Without a `solver`, each layer runs once per batch and its outputs, from the
+unquantized layer, feed the next (statistics of the original model, as the
+whole-model loop gives). With one (GPTQ, `calibrate.propagate`), layer i is
+quantized once its statistics are in and run again with its quantized weights,
+hooks paused, to make layer i+1's inputs (calibration/propagate.py). Recorded
+Hessians (or, propagating, the solved codes) of finished layers are spilled to
+a temporary directory (a 1B model's down_proj Hessians alone are 4 GB of float32).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from tfcompile.calibration.forward import Silent, calibration_ids, model_class, resolve_data
+from tfcompile.calibration.propagate import LayerPropagation, LayerSolver
 from tfcompile.calibration.recorders import Recorders
 from tfcompile.dist import LOCAL
 from tfcompile.dist.collect import broadcast
@@ -66,7 +69,8 @@ def observe_sequential(model_dir: Path, ckpt, modules: set[str], *, data: str, s
                        hessian_groups: dict[str, str] | None = None,
                        batch: int = 4, on_layer=None, all_experts: bool = False,
                        moe_min_tokens: int = 16, world=LOCAL, device: torch.device | str = "cpu",
-                       hessian_owner: dict[str, int] | None = None, progress=None) -> CalibStats:
+                       hessian_owner: dict[str, int] | None = None, progress=None,
+                       solver: LayerSolver | None = None) -> CalibStats:
     """Same statistics as `forward.observe_input_amax`, computed one decoder layer at a time.
 
     `ckpt` is the open `Checkpoint`; `on_layer(i, n, seconds)` reports each layer's time and
@@ -74,11 +78,15 @@ def observe_sequential(model_dir: Path, ckpt, modules: set[str], *, data: str, s
     Raises `Unsupported` before running anything if a parameter has no tensor.
     `device`: where the layer and the activations live (one layer's weights are copied there
     at a time; on the CPU they are the mapped pages themselves). Under torchrun (`world`),
-    batch b runs on rank b mod N and the statistics are reduced exactly (calibration.recorders)."""
+    batch b runs on rank b mod N and the statistics are reduced exactly (calibration.recorders).
+    `solver`: quantize each layer once its statistics are in and feed the next layer its quantized
+    outputs (calibration/propagate.py); the stats then hold the solved codes, not Hessians."""
     _fixed_mmap_threshold()
     model = _skeleton(model_dir, dtype)
     data, tokenizer = resolve_data(model_dir, model, data, samples, seq_len)  # auto, self -> the real source
     path, layers = find_layers(model)
+    propagation = None if solver is None else LayerPropagation(
+        solver, model, ckpt, path, dtype, world=world, owner=hessian_owner, moe_min_tokens=moe_min_tokens)
     ckpt = RenamedView(ckpt, model)  # the checkpoint under the model's names (Qwen2.5-VL: language_model.)
     _check_layers(model, ckpt, path)
     progress = progress or Silent()
@@ -98,7 +106,8 @@ def observe_sequential(model_dir: Path, ckpt, modules: set[str], *, data: str, s
                     world=world, hessian_owner=hessian_owner)
     spill = _Spill()
     n_rounds = rounds(len(starts), world.size)
-    progress.task(f"calibrate {len(layers)} layers x {len(starts)} batches", len(layers) * n_rounds)
+    passes = 1 if propagation is None else 2
+    progress.task(f"calibrate {len(layers)} layers x {len(starts)} batches", len(layers) * n_rounds * passes)
     try:
         with torch.inference_mode():
             for i, layer in enumerate(layers):
@@ -107,12 +116,18 @@ def observe_sequential(model_dir: Path, ckpt, modules: set[str], *, data: str, s
                 for r in range(n_rounds):  # round r: batches r*N .. r*N+N-1
                     if r < len(inputs):
                         hidden, kwargs = inputs[r]
-                        inputs[r] = (_first(layer(hidden, **kwargs)), kwargs)
+                        out = _first(layer(hidden, **kwargs))
+                        inputs[r] = (out, kwargs) if propagation is None else inputs[r]
                     rec.flush()
                     progress.advance(1, f"layer {i + 1}/{len(layers)}")
                 _unbind(layer)
                 ckpt.release()
-                spill.put(i, rec.hessians.take())
+                if propagation is None:
+                    spill.put(i, rec.hessians.take())
+                else:
+                    spill.put(i, propagation.solve(i, rec))
+                    _rerun(layer, inputs, propagation, rec, prefix=f"{path}.{i}.", dtype=dtype, device=device,
+                           progress=lambda: progress.advance(n_rounds, f"layer {i + 1}/{len(layers)}, quantized"))
                 if on_layer:
                     on_layer(i, len(layers), time.perf_counter() - t0)
     except BaseException:  # Ctrl-C, SIGTERM, a failed layer: no Hessian spill outlives the run
@@ -121,7 +136,26 @@ def observe_sequential(model_dir: Path, ckpt, modules: set[str], *, data: str, s
     finally:
         rec.remove()
     stats = rec.stats(int(ids.numel()), f"{data}(seed={seed})", model_dir)
+    if propagation is not None:  # the spill holds codes: no Hessian is left to hand on
+        owners = propagation.owners()
+        stats = dataclasses.replace(stats, hessians={}, hessian_owner={})
+        return dataclasses.replace(stats, gptq_codes=SpilledHessians(spill, {}, owners if world.distributed
+                                                                     else None, world.rank))
     return _with_hessians(stats, spill, world.rank)
+
+
+def _rerun(layer: nn.Module, inputs: list, propagation: LayerPropagation, rec: Recorders, *, prefix: str,
+           dtype: torch.dtype, device, progress) -> None:
+    """Layer i bound to its quantized weights, run on this rank's batches with nothing recorded:
+    the outputs replace the inputs (layer i+1's)."""
+    _bind(layer, propagation.checkpoint, dtype, prefix=prefix, device=device)
+    with rec.paused():
+        for r, (hidden, kwargs) in enumerate(inputs):
+            inputs[r] = (_first(layer(hidden, **kwargs)), kwargs)
+    _unbind(layer)
+    propagation.done()
+    propagation.checkpoint.release()
+    progress()
 
 
 def _tokens(model_dir: Path, model: nn.Module, ckpt, dtype, path: str, layers, spec: dict) -> torch.Tensor:
@@ -354,10 +388,11 @@ class _Spill:
 
 
 class SpilledHessians(Mapping):
-    """Group key -> Hessian, each read from its spill file only when asked for.
+    """Group key -> Hessian (or, propagating, the group's solved codes), each read from its spill
+    file only when asked for.
 
     Under torchrun the keys are every group's; this rank holds those `owners` maps to it, and
-    `owner(key)` tells pack which rank runs each group's GPTQ solve."""
+    `owner(key)` tells pack which rank runs each group's GPTQ solve (or holds its codes)."""
 
     def __init__(self, spill: _Spill, inline: dict, owners: Mapping[str, int] | None = None, rank: int = 0):
         self._spill, self._inline = spill, inline

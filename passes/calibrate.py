@@ -16,6 +16,7 @@ from tfcompile.dist.partition import hessian_owners
 from tfcompile.errors import RecipeError
 from tfcompile.ir import CalibStats, torch_dtype
 from tfcompile.passes.pack import per_decoder_layer
+from tfcompile.passes.quantize.gptq_layer import GPTQLayerSolver
 from tfcompile.pipeline.passes import PassResult, Selection, register_pass
 from tfcompile.schemes import Scheme
 
@@ -32,6 +33,10 @@ class CalibrateConfig:
     kv_cache: str = ""
     kv_per_head: bool = False  # one KV scale per KV head instead of per tensor
     hessian: bool = False  # record H = X^T X / n per fusion group (for quantize.algorithm=gptq)
+    # GPTQ: solve each layer in the layer loop and calibrate the next on its quantized outputs
+    # (calibration/propagate.py); false (default: no more accurate on SmolLM2, docs/accuracy.md):
+    # every Hessian from one pass of the unquantized model
+    propagate: bool = False
     awq: bool = False  # record AWQ statistics per norm-fed fusion group (quantize.algorithm=awq)
     # "auto": layer by layer from the mapped checkpoint when its tensors map onto the model's
     # parameters, else the whole model; "sequential" insists; "whole" loads the whole model
@@ -114,6 +119,9 @@ def calibrate(ctx, cfg: CalibrateConfig, reporter) -> PassResult:
         stats, loop = observe_input_amax(Path(ctx.source.path), modules, awq_groups=awq_groups, **common), "whole"
     else:
         stats, loop = _observe(ctx, cfg, modules, reporter, common)
+    if propagating(ctx, cfg) and loop != "sequential":
+        reporter.warn("calibrate: GPTQ's error propagation needs the layer-by-layer loop; its Hessians come "
+                      "from the unquantized model (calibrate.propagate has no effect)")
     stats = with_owners(stats, world.rank)
     if cfg.kv_cache:
         stats = dataclasses.replace(stats, kv_strategy="attn_head" if cfg.kv_per_head else "tensor",
@@ -125,7 +133,9 @@ def calibrate(ctx, cfg: CalibrateConfig, reporter) -> PassResult:
     return PassResult(ctx.with_(calib=stats), {"tokens": stats.tokens, "source": stats.source, "loop": loop,
                                                "fallback_modules": list(stats.fallback),
                                                "kv_attention_modules": len(stats.kv_amax),
-                                               "hessians": len(stats.hessians),
+                                               # recorded: kept for pack, or already solved (propagate)
+                                               "hessians": len(stats.hessians) + len(stats.gptq_codes),
+                                               "gptq_solved_in_loop": len(stats.gptq_codes),
                                                "awq_groups": len(stats.awq),
                                                "awq_skipped_groups": len(stats.awq_skipped),
                                                **_timings(stats)})
@@ -168,7 +178,7 @@ def _observe(ctx, cfg: CalibrateConfig, modules: set[str], reporter, common: dic
 
         try:
             stats = observe_sequential(Path(ctx.source.path), ctx.source, modules, batch=cfg.batch,
-                                       on_layer=on_layer, **common)
+                                       on_layer=on_layer, solver=_solver(ctx, cfg), **common)
             return dataclasses.replace(stats, layer_seconds=tuple(layer_times)), "sequential"
         except Unsupported as e:
             if cfg.mode == "sequential":
@@ -176,6 +186,21 @@ def _observe(ctx, cfg: CalibrateConfig, modules: set[str], reporter, common: dic
                                   hint="use --set calibrate.mode=whole (the model must fit in RAM)") from None
             reporter.warn(f"calibrate: layer-by-layer loop not possible ({e}); running the whole model")
     return observe_input_amax(Path(ctx.source.path), modules, **common), "whole"
+
+
+def propagating(ctx, cfg: CalibrateConfig) -> bool:
+    """GPTQ's Hessians are recorded and calibrate.propagate asks for the error to be propagated."""
+    return cfg.hessian and cfg.propagate and "quantize" in ctx.recipe.names() \
+        and ctx.recipe.config("quantize").algorithm == "gptq"
+
+
+def _solver(ctx, cfg: CalibrateConfig) -> GPTQLayerSolver | None:
+    """The layer loop's GPTQ solver (quantize's settings and device), when propagating."""
+    if not propagating(ctx, cfg):
+        return None
+    qcfg = ctx.recipe.config("quantize")
+    return GPTQLayerSolver(ctx.plan, qcfg, ctx.source, torch_dtype(ctx.model.dtype),
+                           resolve_device(qcfg.device, ctx.world or LOCAL))
 
 
 def _timings(stats: CalibStats) -> dict:

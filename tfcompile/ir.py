@@ -158,6 +158,10 @@ class CalibStats:
     moe_min_tokens: int = 0
     # under torchrun: group key -> the rank holding its Hessian (which solves its GPTQ); {} = this process
     hessian_owner: Mapping[str, int] = field(default_factory=dict)
+    # GPTQ solved in the layer loop (calibrate.propagate: calibration/propagate.py): group key -> the
+    # packed codes (QTensor.data) of its members, concatenated on dim 0 (lazy: spilled; under torchrun
+    # every group's key, `owner(key)` the rank holding it). `hessians` is then empty.
+    gptq_codes: Mapping[str, torch.Tensor] = field(default_factory=dict)
 
 
 # -- quantize ------------------------------------------------------------------------------
@@ -223,6 +227,15 @@ class Program:
     # (quantize.nvfp4_scales=four_over_six: passes/quantize/four_over_six.py); None: Scheme.weights
     nvfp4_weights: WeightQuantizer | None = None
     kv_format: str = "fp8"  # "fp8" | "nvfp4" (calibrate.kv_cache): same k_scale/v_scale, another cache
+    gptq_codes: Mapping[str, torch.Tensor] = field(default_factory=dict)  # CalibStats.gptq_codes (gptq)
+
+    def gptq_owner(self, key: str) -> int | None:
+        """Under torchrun: the rank that holds group `key`'s Hessian or solved codes (None: any)."""
+        for held in (self.gptq_codes, self.hessians):
+            owner = getattr(held, "owner", None)
+            if owner is not None and (rank := owner(key)) is not None:
+                return rank
+        return None
 
     @property
     def weights(self) -> WeightQuantizer:

@@ -25,9 +25,9 @@ from tfcompile.dist.devices import one_torch_thread
 from tfcompile.families.experts import is_expert_group
 from tfcompile.io.checkpoint import Checkpoint
 from tfcompile.io.jsonfile import JsonDict
-from tfcompile.ir import CalibStats, Job, LayerStats, Program, QuantPlan, register_algorithm
+from tfcompile.ir import CalibStats, Job, LayerStats, Program, QuantPlan, load_target, register_algorithm
 from tfcompile.kernels import formats as F
-from tfcompile.passes.quantize.gptq_moe import run_gptq_experts
+from tfcompile.passes.quantize.gptq_moe import run_gptq_experts, solved_expert_values
 from tfcompile.passes.quantize.rtn import quantize_weight, run_rtn
 from tfcompile.reporter import Reporter
 
@@ -118,7 +118,7 @@ def _warn_rtn(plan: QuantPlan, calib: CalibStats | None, source: Checkpoint, pro
               reporter: Reporter) -> tuple[Program, JsonDict]:
     """Before pack runs: name the groups that stay RTN for want of a Hessian (experts routed fewer
     than calibrate.moe_min_tokens tokens, or modules no token reached)."""
-    have = set(program.hessians)  # keys only: membership on spilled Hessians would read them from disk
+    have = set(program.hessians) | set(program.gptq_codes)  # keys only: never read a spilled tensor here
     missing = [t.module for j in program.jobs if j.group is not None and j.group.key not in have
                for t in j.group.members]
     if missing:
@@ -132,7 +132,11 @@ def _warn_rtn(plan: QuantPlan, calib: CalibStats | None, source: Checkpoint, pro
 @register_algorithm("gptq", prepare=_warn_rtn)
 def run_gptq(job: Job, program: Program, source: Checkpoint) -> tuple[dict[str, torch.Tensor], list[LayerStats]]:
     """GPTQ with the group's shared Hessian (q/k/v and gate/up share one input); routed experts
-    with their own Hessians, solved in batches (gptq_moe.py)."""
+    with their own Hessians, solved in batches (gptq_moe.py). A group the calibrate pass already
+    solved (calibrate.propagate) is written from its codes."""
+    codes = program.gptq_codes.get(job.group.key)
+    if codes is not None:
+        return _run_solved(job, program, source, codes)
     h = program.hessians.get(job.group.key)
     if h is None:  # too few calibration tokens reached it: RTN, and say so (warned by _warn_rtn)
         out, stats = run_rtn(job, program, source)
@@ -152,3 +156,42 @@ def run_gptq(job: Job, program: Program, source: Checkpoint) -> tuple[dict[str, 
     out, stats = run_rtn(job, program, source, quantizer=quantizer)
     # "timing" is reported by pack and kept out of the manifest (it would break byte-identical reruns)
     return out, [dict(x, algorithm="gptq", timing={"solve_s": s}) for x, s in zip(stats, solve)]
+
+
+def _run_solved(job: Job, program: Program, source: Checkpoint,
+                codes: torch.Tensor) -> tuple[dict[str, torch.Tensor], list[LayerStats]]:
+    """A group solved in the calibrate pass's layer loop: each member's RTN scales (the same
+    function of the same weights as the solve's) with the solved codes in place of RTN's."""
+    parts = list(torch.split(codes, [t.shape[0] for t in job.group.members]))
+
+    def quantizer(w, prog, gscale, name, model_dtype):
+        q = quantize_weight(w, prog, gscale, name, model_dtype)
+        return dataclasses.replace(q, data=parts.pop(0))
+
+    out, stats = run_rtn(job, program, source, quantizer=quantizer)
+    batched = {"gptq_batch": True} if is_expert_group(job.group.key) else {}  # as gptq_moe.py says it
+    return out, [dict(x, algorithm="gptq", **batched) for x in stats]
+
+
+def group_qtensors(job: Job, program: Program, source: Checkpoint) -> list[F.QTensor]:
+    """The group's members quantized as `run_gptq` quantizes them from `program.hessians`: GPTQ
+    with its Hessian (routed experts solved with their batch), RTN without one."""
+    members, key = job.group.members, job.group.key
+    if job.scheme is not None:  # a mixed-precision group (tfcompile/ir.py `execute`)
+        program = dataclasses.replace(program, scheme=job.scheme)
+    weights = [load_target(source, t) for t in members]
+    gscale = program.weights.group_global_scale(weights, [t.source for t in members])
+    h = program.hessians.get(key)
+    vals = None
+    if h is not None and is_expert_group(key):
+        vals = list(solved_expert_values(key, program, source, gptq_values)[0])
+    out = []
+    for t, w in zip(members, weights):
+        q = quantize_weight(w, program, gscale, t.source, w.dtype)
+        if vals is not None:
+            q = encode(q, vals.pop(0))
+        elif h is not None:
+            q = gptq_quantize(w, h, q, act_order=program.gptq_act_order, damp=program.gptq_damp,
+                              device=program.device)
+        out.append(q)
+    return out

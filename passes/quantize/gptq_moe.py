@@ -38,11 +38,8 @@ def run_gptq_experts(job: Job, program: Program, source: Checkpoint, solve: Solv
                      encode: EncodeFn) -> tuple[dict[str, torch.Tensor], list[LayerStats]]:
     """GPTQ outputs of one expert group, solved with the rest of its batch on first use."""
     key = job.group.key
-    scratch = program.scratch
-    if key not in scratch:
-        _solve_batch(key, program, source, solve)
-    vals = list(scratch.pop(key))
-    seconds = scratch.pop(key + "#seconds")
+    vals, seconds = solved_expert_values(key, program, source, solve)
+    vals = list(vals)
 
     def quantizer(w, prog, gscale, name, model_dtype):
         q = quantize_weight(w, prog, gscale, name, model_dtype)
@@ -50,6 +47,15 @@ def run_gptq_experts(job: Job, program: Program, source: Checkpoint, solve: Solv
 
     out, stats = run_rtn(job, program, source, quantizer=quantizer)
     return out, [dict(x, algorithm="gptq", gptq_batch=True, timing={"solve_s": seconds}) for x in stats]
+
+
+def solved_expert_values(key: str, program: Program, source: Checkpoint,
+                         solve: SolveFn) -> tuple[torch.Tensor, float]:
+    """Expert group `key`'s solved values [members, N, K] and solve seconds per member, its batch
+    solved on first use (then forgotten here)."""
+    if key not in program.scratch:
+        _solve_batch(key, program, source, solve)
+    return program.scratch.pop(key), program.scratch.pop(key + "#seconds")
 
 
 def _batch_of(key: str, program: Program) -> list[QuantGroup]:

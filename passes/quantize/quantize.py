@@ -78,7 +78,7 @@ def quantize(ctx, cfg: QuantizeConfig, reporter) -> PassResult:
     """Plan every output tensor (names, dtypes, shapes); pack computes them with quantize.algorithm."""
     plan, model_dtype = ctx.plan, torch_dtype(ctx.model.dtype)
     scheme = plan.scheme
-    jobs = [_group_job(g, plan, model_dtype) for g in plan.groups]
+    jobs = [group_job(g, plan, model_dtype) for g in plan.groups]
     for name in plan.passthrough:
         info = ctx.source.info(name)
         jobs.append(Job(None, name, (OutSpec(name, torch_dtype_of(info.dtype), tuple(info.shape)),)))
@@ -88,9 +88,7 @@ def quantize(ctx, cfg: QuantizeConfig, reporter) -> PassResult:
                for t in g.members if t.module not in act]
     if missing:
         raise RuntimeError(f"{scheme.name} needs calibrated input scales; none for {missing[:3]}")
-    rule = cfg.mx_rule or scheme.weights.default_rule
-    if rule not in MX_RULES:
-        raise RecipeError(f"quantize.mx_rule {rule!r} is not floor or ceil", hint="--set quantize.mx_rule=ceil")
+    rule = mx_rule(cfg, scheme)
     kv_jobs = kv_scale_jobs(ctx.calib, model_dtype)
     kv_strategy = ctx.calib.kv_strategy if kv_jobs else None
     kv_modules = tuple(sorted(ctx.calib.kv_amax)) if kv_jobs else ()
@@ -99,15 +97,16 @@ def quantize(ctx, cfg: QuantizeConfig, reporter) -> PassResult:
         raise RecipeError(f"quantize.algorithm {cfg.algorithm!r} is unknown",
                           hint="choose one of: " + ", ".join(sorted(ALGORITHMS)))
     hessians = ctx.calib.hessians if ctx.calib is not None else {}  # lazy: may be spilled to disk
-    if cfg.algorithm == "gptq" and not hessians:
+    codes = ctx.calib.gptq_codes if ctx.calib is not None else {}  # solved by calibrate (propagate)
+    if cfg.algorithm == "gptq" and not hessians and not codes:
         raise RecipeError("quantize.algorithm gptq needs Hessians from the calibrate pass",
                           hint="use --algorithm gptq (it schedules calibrate with hessian=true)")
     device = resolve_device(cfg.device, ctx.world) if cfg.algorithm != "rtn" else "cpu"
     program = Program(scheme, cfg.algorithm, tuple(jobs + kv_jobs), act, rule, cfg.sqnr_rows,
                       kv_strategy, kv_modules, hessians, cfg.gptq_act_order, cfg.gptq_damp,
                       gptq_expert_batch=cfg.gptq_expert_batch, device=device,
-                      nvfp4_weights=four_over_six.WEIGHTS if cfg.nvfp4_scales == "four_over_six" else None,
-                      kv_format=ctx.calib.kv_format if kv_jobs else "fp8")
+                      nvfp4_weights=nvfp4_weights(cfg), kv_format=ctx.calib.kv_format if kv_jobs else "fp8",
+                      gptq_codes=codes)
     extra = {}
     if algo.prepare is not None:  # plan-time work of the algorithm (AWQ: search and fold)
         program, extra = algo.prepare(plan, ctx.calib, ctx.source, program, reporter)
@@ -115,7 +114,20 @@ def quantize(ctx, cfg: QuantizeConfig, reporter) -> PassResult:
                       {"jobs": len(jobs), "outputs": len(program.specs()), "mx_rule": rule, **extra})
 
 
-def _group_job(g: QuantGroup, plan: QuantPlan, model_dtype: torch.dtype) -> Job:
+def mx_rule(cfg: QuantizeConfig, scheme) -> str:
+    """The MX shared-exponent rule the recipe asks for (quantize.mx_rule, else the format's)."""
+    rule = cfg.mx_rule or scheme.weights.default_rule
+    if rule not in MX_RULES:
+        raise RecipeError(f"quantize.mx_rule {rule!r} is not floor or ceil", hint="--set quantize.mx_rule=ceil")
+    return rule
+
+
+def nvfp4_weights(cfg: QuantizeConfig):
+    """Program.nvfp4_weights: four over six's quantizer, or None (the scheme's own)."""
+    return four_over_six.WEIGHTS if cfg.nvfp4_scales == "four_over_six" else None
+
+
+def group_job(g: QuantGroup, plan: QuantPlan, model_dtype: torch.dtype) -> Job:
     """One fusion group's job; a mixed-precision group carries its own scheme (Job.scheme)."""
     scheme = plan.scheme_of(g)
     outputs = tuple(o for t in g.members for o in ct_outputs(scheme, t.module, *t.shape, model_dtype))

@@ -1,8 +1,10 @@
 """torchrun --nproc-per-node 2 and 3 write the artifact one process writes, byte for byte.
 
 Three recipes (nvfp4a16 RTN with the modelopt view too, nvfp4 with calibrated activation and
-FP8 KV-cache scales, nvfp4a16 GPTQ) on two models (the demo LM, a tiny Qwen3 MoE), and
-nvfp4a16 AWQ on the demo LM, each against its one-process artifact. Calibration
+FP8 KV-cache scales, nvfp4a16 GPTQ: each layer solved in the layer loop by the ranks owning its
+Hessians and shared before the next, calibrate.propagate) on two models (the demo LM, a tiny
+Qwen3 MoE), and nvfp4a16 GPTQ without propagation (solved in pack) and AWQ on the demo LM, each
+against its one-process artifact. Calibration
 uses 5 sequences in batches of 1, so 2 and 3 ranks both get uneven shares (a rank sits out
 the last round). Small shards (pack.max_shard_mb) make every rank write some files; the
 default single shard makes rank 0 write all and receive the other ranks' GPTQ solves.
@@ -28,7 +30,8 @@ RECIPES = {
     "rtn": ["--format", "nvfp4a16", "--set", "pack.max_shard_mb=0.5", "--export", "modelopt"],
     "calibrated": ["--format", "nvfp4", "--kv-cache", "fp8", *CALIB],
     "gptq": ["--format", "nvfp4a16", "--algorithm", "gptq", *CALIB, "--set", "pack.max_shard_mb=1",
-             "--set", "quantize.gptq_expert_batch=2"],  # the MoE's 4 experts: 2 solve batches, 2 owners
+             "--set", "quantize.gptq_expert_batch=2",  # the MoE's 4 experts: 2 solve batches, 2 owners
+             "--set", "calibrate.propagate=true"],
 }
 AWQ = ["--format", "nvfp4a16", "--algorithm", "awq", *CALIB]  # whole-model loop; statistics on their owners
 DISTILL = ["--format", "nvfp4a16", "--steps", "2", "--batch", "2", "--grad-accum", "2", "--data", "random",
@@ -45,6 +48,8 @@ def _jobs(models: dict[str, Path], out: Path, nproc: int) -> list[tuple[list[str
     jobs = [(["quantize", src, "-o", out / f"{m}-{r}", "-q", *args], None)
             for m, src in models.items() for r, args in RECIPES.items()]
     jobs.append((["quantize", models["demo"], "-o", out / "demo-awq", "-q", *AWQ], None))
+    jobs.append((["quantize", models["demo"], "-o", out / "demo-gptq-noprop", "-q", *RECIPES["gptq"],
+                  "--set", "calibrate.propagate=false"], None))
     jobs.append((["eval", out / "demo-calibrated", "--reference", models["demo"], "--max-tokens", "2560",
                   "--seq-len", "64", "--batch-size", "3", "--layer-kl", "--text", ROOT / "README.md", "--json", "-q"],
                  out / "eval.json"))
@@ -72,14 +77,17 @@ def test_n_processes_write_the_one_process_artifact(nproc, models, reference, tm
     res = run_matrix(nproc, _jobs(models, tmp_path, nproc), tmp_path)
     assert res.returncode == 0, res.stderr[-4000:]
     jobs = sorted(p.name for p in reference.iterdir() if p.is_dir() and (nproc <= 2 or "distill" not in p.name))
-    assert len(jobs) == 7 + (nproc <= 2)
+    assert len(jobs) == 8 + (nproc <= 2)
     for job in jobs:
         one, many = tree(reference / job), tree(tmp_path / job)
         assert sorted(many) == sorted(one), job
         differ = [f for f in one if one[f] != many[f]]
         assert not differ, f"{job}: {differ} differ between 1 and {nproc} processes"
-    gptq = (reference / "demo-gptq" / "tfcompile" / "manifest.json").read_text()
-    assert '"algorithm": "gptq"' in gptq  # the solves ran (not an RTN fallback)
+    for job in ("demo-gptq", "moe-gptq", "demo-gptq-noprop"):
+        gptq = (reference / job / "tfcompile" / "manifest.json").read_text()
+        assert '"algorithm": "gptq"' in gptq, job  # the solves ran (not an RTN fallback)
+    prop, noprop = (tree(reference / j) for j in ("demo-gptq", "demo-gptq-noprop"))
+    assert any(prop[f] != noprop[f] for f in prop if f.endswith(".safetensors"))  # propagation changed codes
     awq = json.loads((reference / "demo-awq" / "tfcompile" / "manifest.json").read_text())
     assert '"algorithm": "awq"' in json.dumps(awq)  # folded groups, not all skipped
     one, many = (json.loads((d / "eval.json").read_text()) for d in (reference, tmp_path))

@@ -55,19 +55,27 @@ def test_deepseek_v3_gptq_fits_one_node_of_eight_h200(run_cli):
     (7168^2 + 2048^2) x 4 B = 56.9 GB for one MoE layer. They are owned per solve batch of
     quantize.gptq_expert_batch (8) experts, spread over the ranks by LPT, and an expert's routed
     rows (not its K x K partial) go to the owner: so a rank holds the layer (22.5 GB), its share
-    of the expert Hessians (about 1/8 of 56.9 GB) and a round's rows, not all of them."""
+    of the expert Hessians (about 1/8 of 56.9 GB) and a round's rows, not all of them. With
+    calibrate.propagate each layer is solved in the layer loop and the spill holds the solved
+    codes, not the Hessians; without (the default) it holds every Hessian and pack solves."""
     one, four = (run_cli("plan", CONFIGS / "deepseek-v3", "--format", "nvfp4a16", "--algorithm", "gptq", *DSV3,
-                         "--nodes", str(n)).json() for n in (1, 4))
+                         "--nodes", str(n), "--set", "calibrate.propagate=true").json() for n in (1, 4))
     expert_h = 256 * 4 * (7168 ** 2 + 2048 ** 2) / 1e9  # one MoE layer's expert Hessians, GB
     for doc in (one, four):
         ranks = doc["cluster"]["ranks"]
         assert 22.5 + expert_h / ranks < doc["memory"]["device_gb_per_rank"] < 22.5 + 2.5 * expert_h / ranks + 15
         assert doc["memory"]["fits"]["device"]
-        # the spill: 58 MoE layers' expert Hessians (and the dense ones) over the ranks, LPT-balanced
-        spill = doc["disk"]["hessian_spill_gb_per_rank"]
-        assert 58 * expert_h / ranks < spill < 1.3 * 61 * expert_h / ranks
+        # the spill: this rank's solved codes (FP4, half a byte per weight; nearly all weights are experts')
+        spill, codes = doc["disk"]["hessian_spill_gb_per_rank"], 0.5 * doc["model"]["params"] / 1e9 / ranks
+        assert doc["disk"]["spill_holds"] == "solved codes" and 0.8 * codes < spill < 1.2 * codes
+        assert doc["passes"]["pack"]["gptq_solve_s"] == 0 < doc["passes"]["calibrate"]["gptq_solve_s"]
     assert one["memory"]["device_gb_per_rank"] > four["memory"]["device_gb_per_rank"]  # 1/32 of the experts
-    assert four["passes"]["pack"]["gptq_solve_s"] < one["passes"]["pack"]["gptq_solve_s"]  # 4x the owners
+    assert four["passes"]["calibrate"]["gptq_solve_s"] < one["passes"]["calibrate"]["gptq_solve_s"]  # 4x the owners
+    # without propagation: 58 MoE layers' expert Hessians (and the dense ones) over the ranks, LPT-balanced
+    noprop = run_cli("plan", CONFIGS / "deepseek-v3", "--format", "nvfp4a16", "--algorithm", "gptq", *DSV3).json()
+    spill = noprop["disk"]["hessian_spill_gb_per_rank"]
+    assert noprop["disk"]["spill_holds"] == "hessians" and 58 * expert_h / 8 < spill < 1.3 * 61 * expert_h / 8
+    assert noprop["passes"]["pack"]["gptq_solve_s"] > 0 and "gptq_solve_s" not in noprop["passes"]["calibrate"]
     # one process holds all of a layer's expert Hessians (and every batch's activations)
     solo = run_cli("plan", CONFIGS / "deepseek-v3", "--format", "nvfp4a16", "--algorithm", "gptq", *DSV3[:-3],
                    "--devices", "1xH200", "--json").json()

@@ -67,3 +67,29 @@ def test_quantize_with_gptq(tiny_llama, tmp_path, run_cli):
     plan = run_cli("plan", "--format", "mxfp4a16", "--algorithm", "gptq").json()
     cal = next(p for p in plan["passes"] if p["name"] == "calibrate")
     assert cal["config"]["hessian"] is True
+
+
+def test_error_propagation_changes_only_the_layers_after_the_first(tiny_llama, tmp_path, run_cli):
+    """calibrate.propagate: layer 0 sees the same inputs either way, so its tensors are byte for byte
+    the one-pass artifact's; layer 1 is solved on layer 0's quantized outputs, so some differ. Every
+    group is solved in the layer loop and pack writes its codes (the artifact verifies)."""
+    from safetensors.torch import load_file
+
+    outs = {}
+    for prop in ("true", "false"):
+        out = tmp_path / prop
+        res = run_cli("quantize", tiny_llama, "-o", out, "--format", "nvfp4a16", "--algorithm", "gptq",
+                      "--calib", "random", "--calib-samples", "4", "--calib-seq-len", "32", "--json",
+                      "--set", f"calibrate.propagate={prop}")
+        assert res.code == 0, res.err
+        cal = res.json()["passes"]["calibrate"]
+        assert cal["hessians"] == 8 and cal["gptq_solved_in_loop"] == (8 if prop == "true" else 0)
+        assert {x["algorithm"] for x in res.json()["layers"]} == {"gptq"}
+        assert run_cli("verify", out).code == 0
+        outs[prop] = load_file(out / "model.safetensors")
+    prop, flat = outs["true"], outs["false"]
+    assert set(prop) == set(flat)
+    layer0 = [k for k in prop if ".layers.0." in k]
+    assert layer0 and all(torch.equal(prop[k].view(torch.uint8), flat[k].view(torch.uint8)) for k in layer0)
+    packed1 = [k for k in prop if ".layers.1." in k and k.endswith("weight_packed")]
+    assert any(not torch.equal(prop[k], flat[k]) for k in packed1)

@@ -12,9 +12,12 @@ the pipeline's own structure (docs/distributed.md "Resource plan"):
   to its owner instead, which multiplies them (owners: per solve batch of experts). Memory: one
   layer + this rank's activations + one batch's temporaries + the Hessians it owns + one
   round's partials.
+  GPTQ with calibrate.propagate (not the default) also solves each layer there (the busiest
+  rank's solves of that layer: the ranks meet at every layer), shares the quantized layer
+  and runs it a second time (the forward alone); the spill then holds codes, not Hessians.
 - pack: each rank reads, quantizes and writes its own shards (the slowest rank counts:
-  whole shards go to ranks), streams overlapped; GPTQ adds each rank's solves (LPT
-  assignment, as calibrate assigns them); the source hash runs beside it.
+  whole shards go to ranks), streams overlapped; GPTQ without propagation adds each rank's
+  solves (LPT assignment, as calibrate assigns them); the source hash runs beside it.
 - the rest (load, select, quantize, manifest, verify) is metadata and small reads.
 """
 
@@ -81,17 +84,22 @@ def estimate(model: Path, recipe, devices: str = "cpu", nodes: int = 1) -> dict:
     hess = _hessian_groups(plan, shape) if calib is not None and calib.hessian else {}
     batch = recipe.config("quantize").gptq_expert_batch if "quantize" in names else 8
     owners = hessian_owners([g for g in plan.groups if g.key in hess], cluster.ranks, batch)  # as calibrate assigns them
+    # calibrate.propagate: the layer loop solves each layer's GPTQ (calibration/propagate.py), pack none
+    propagate = bool(hess) and algo == "gptq" and calib.propagate
     passes = {}
     if calib is not None:
-        passes["calibrate"] = _calibrate(shape, calib, cluster, hess, owners)
-    passes["pack"] = _pack(shape, out_specs, shard_mb, cluster, algo, hess, owners, batch)
+        passes["calibrate"] = _calibrate(shape, calib, cluster, hess, owners, batch if propagate else 0)
+    passes["pack"] = _pack(shape, out_specs, shard_mb, cluster, algo, {} if propagate else hess, owners, batch)
     if "distill" in names:  # memory per rank, DDP vs FSDP2 (estimate/distill.py)
         capacity = cluster.gpu.memory_gb if cluster.gpu else _node(cluster)["ram_gb"] / cluster.per_node
         passes["distill"] = distill_estimate(shape, plan, recipe.config("distill"), cluster.ranks, capacity,
                                              cluster.gpu is not None)
     mem_host = max(p["host_gb"] for p in passes.values())
     mem_dev = max((p.get("device_gb", 0.0) for p in passes.values()), default=0.0)
-    spill = max((sum(4 * hess[k][1] ** 2 for k in hess if owners[k] == r) for r in range(cluster.ranks)),
+    # spilled per rank: the Hessians it owns, or (propagating) its groups' solved codes
+    per_value = (lambda k: sum(hess[k][0]) * hess[k][1] * _code_bytes(plan.scheme)) if propagate \
+        else (lambda k: 4 * hess[k][1] ** 2)
+    spill = max((sum(per_value(k) for k in hess if owners[k] == r) for r in range(cluster.ranks)),
                 default=0) / GB
     node = _node(cluster)
     doc = {
@@ -103,6 +111,7 @@ def estimate(model: Path, recipe, devices: str = "cpu", nodes: int = 1) -> dict:
                     "ranks": cluster.ranks, "cpu_cores_per_rank": node["cores"] / cluster.per_node},
         "output_gb": round(out_bytes / GB, 3), "output_bytes": out_bytes,
         "disk": {"output_gb": round(out_bytes / GB, 3), "hessian_spill_gb_per_rank": round(spill, 3),
+                 "spill_holds": "solved codes" if propagate else "hessians",
                  "note": "OUT is staged beside itself (same file system) and renamed: no second copy"},
         "memory": {"host_gb_per_rank": round(mem_host, 3), "device_gb_per_rank": round(mem_dev, 3),
                    "host_gb_per_node": round(mem_host * cluster.per_node, 3),
@@ -174,7 +183,15 @@ def _hessian_groups(plan, shape: ModelShape) -> dict[str, tuple[tuple[int, ...],
     return out
 
 
-def _calibrate(shape: ModelShape, cfg, cl: Cluster, hess: dict, owners: dict) -> dict:
+def _code_bytes(scheme) -> float:
+    """Bytes per weight element of the packed codes (FP4: two per byte; FP8: one)."""
+    return 0.5 if scheme.weights.format in ("nvfp4", "mxfp4") else 1.0
+
+
+def _calibrate(shape: ModelShape, cfg, cl: Cluster, hess: dict, owners: dict, propagate_batch: int = 0) -> dict:
+    """`propagate_batch` (quantize.gptq_expert_batch; 0: not propagating): each layer is also
+    solved in the loop (its busiest rank's solves: ranks wait for each other at every layer),
+    its quantized weights shared (bf16, over the link) and run a second time (the forward alone)."""
     node, gpu = _node(cl), cl.gpu
     batches = -(-cfg.samples // cfg.batch)
     rounds = -(-batches // cl.ranks)
@@ -183,7 +200,7 @@ def _calibrate(shape: ModelShape, cfg, cl: Cluster, hess: dict, owners: dict) ->
     cores = node["cores"] / cl.per_node
     M = this_machine()
     scale = cores / M["cpu_cores"]  # CPU figures are for the whole measured machine
-    seconds, host, dev = 0.0, 0.0, 0.0
+    seconds, host, dev, solves = 0.0, 0.0, 0.0, 0.0
     for layer in shape.layers:
         heads, qk, v = layer.attn
         attn_ctx = cfg.seq_len / 2 if gpu else cfg.seq_len  # flash skips the causal half; CPU SDPA does not
@@ -203,32 +220,43 @@ def _calibrate(shape: ModelShape, cfg, cl: Cluster, hess: dict, owners: dict) ->
         bf16 = layer.params * 2
         load = layer.source_bytes / node["read"] / GB
         if gpu:
-            compute = fwd / (gpu.bf16_tflops * 1e12 * ASSUMED["gpu_forward_efficiency"]) + \
-                hflops / (gpu.fp32_tflops * 1e12 * ASSUMED["gpu_fp32_efficiency"])
+            forward = fwd / (gpu.bf16_tflops * 1e12 * ASSUMED["gpu_forward_efficiency"])
+            compute = forward + hflops / (gpu.fp32_tflops * 1e12 * ASSUMED["gpu_fp32_efficiency"])
             link = gpu.nvlink_gbps if cl.nodes == 1 else node["net"]
             load += bf16 / gpu.h2d_gbps / GB
         else:
             attn = tokens_rank * 2 * attn_ctx * heads * (qk + v)
             elementwise = tokens_rank * (4 * layer.hidden + 3 * layer.inter) * M["elementwise_ns"] / 1e9
-            compute = (fwd - attn) / (M["bf16_gemm_gflops"] * 1e9 * scale) + \
-                attn / (M["attn_gflops"] * 1e9 * scale) + elementwise / scale + \
-                hflops / (M["fp32_gemm_gflops"] * 1e9 * scale)
+            forward = (fwd - attn) / (M["bf16_gemm_gflops"] * 1e9 * scale) + \
+                attn / (M["attn_gflops"] * 1e9 * scale) + elementwise / scale
+            compute = forward + hflops / (M["fp32_gemm_gflops"] * 1e9 * scale)
             link = node["net"]
         net = replay / (link * GB * ASSUMED["link_efficiency"])
         seconds += load + compute + net + rounds * ASSUMED["sync_ms"] / 1e3 * (cl.ranks > 1)
+        solve_mem = 0.0
+        if propagate_batch and groups:  # solve, share the quantized layer, run it again
+            per = _solves_per_rank({k: hess[k] for k in groups}, owners, cl, M, propagate_batch)
+            solve = max(per.values())
+            shared = bf16 / (link * GB * ASSUMED["link_efficiency"]) * (cl.ranks > 1)
+            seconds += solve + shared + forward
+            solves += solve
+            solve_mem = _solve_memory({k: hess[k] for k in groups}, propagate_batch)
         act = tokens_rank * layer.hidden * 2 * 2  # inputs kept for the next layer + this layer's outputs
         temps = cfg.batch * cfg.seq_len * (layer.inter * 2 + 3 * layer.hidden) * 2 + \
             cfg.batch * heads * cfg.seq_len * cfg.seq_len * 4 * (not gpu)  # CPU SDPA materialises scores
         owned = max((sum(hess[k][1] ** 2 for k in groups if owners[k] == r) for r in range(cl.ranks)), default=0)
         hmem = 4 * owned + partial * (cl.ranks > 1)  # the sums it owns + this round's partials
+        # a solve runs between the layer's two runs: the layer unbound, its Hessians and the activations kept
         if gpu:
-            dev = max(dev, (bf16 + act + temps + hmem) / GB)
+            dev = max(dev, (bf16 + act + temps + hmem) / GB, (act + hmem + solve_mem) / GB)
             host = max(host, M["calibrate_rss_gb"] + layer.source_bytes / GB)
         else:
-            host = max(host, M["calibrate_rss_gb"] + (layer.source_bytes + act + temps + hmem) / GB)
+            host = max(host, M["calibrate_rss_gb"] + (act + hmem + max(layer.source_bytes + temps, solve_mem)) / GB)
     seconds += M["calibrate_setup_s"]  # CPU-side, whatever the device
     out = {"seconds": round(seconds, 2), "host_gb": round(host, 3), "tokens": tokens,
            "batches_per_rank": rounds, "note": "layer by layer; --calib self adds sampling the tokens on rank 0"}
+    if propagate_batch:
+        out["gptq_solve_s"] = round(solves, 2)
     if gpu:
         out["device_gb"] = round(dev, 3)
     return out
@@ -252,14 +280,8 @@ def _pack(shape: ModelShape, specs, shard_mb: float, cl: Cluster, algo: str, hes
                                      src / (m["pack_gbps"] * cores / m["cpu_cores"])) / GB
     solve, solve_mem = 0.0, 0.0
     if algo == "gptq" and hess:
-        per = {}
-        for k, (rows, kk, _) in hess.items():  # each member on its own (passes/quantize/gptq.py); routed
-            together = expert_batch * len(rows) if is_expert_group(k) else 1  # experts in batches (gptq_moe.py)
-            for n in rows:
-                per[owners[k]] = per.get(owners[k], 0.0) + _solve_seconds(n, kk, cl, m, together)
-        solve = max(per.values())
-        solve_mem = max(_solve_bytes(n, kk) * (expert_batch * len(rows) if is_expert_group(k) else 1)
-                        for k, (rows, kk, _) in hess.items() for n in rows) / GB
+        solve = max(_solves_per_rank(hess, owners, cl, m, expert_batch).values())
+        solve_mem = _solve_memory(hess, expert_batch) / GB
     # a job's mapped source (the largest tensor), its outputs and temporaries; the writer keeps up
     # with the quantizers (O_DIRECT at several times their rate), so its queue stays short. A GPTQ
     # solve runs inside one job (a Linear of the layer, not the embedding): the larger of the two.
@@ -273,6 +295,22 @@ def _pack(shape: ModelShape, specs, shard_mb: float, cl: Cluster, algo: str, hes
         if cl.gpu:
             out["device_gb"] = round(solve_mem, 3)
     return out
+
+
+def _solves_per_rank(hess: dict, owners: dict, cl: Cluster, m: dict, expert_batch: int) -> dict[int, float]:
+    """Rank -> seconds of the GPTQ solves it owns among `hess`."""
+    per: dict[int, float] = {}
+    for k, (rows, kk, _) in hess.items():  # each member on its own (passes/quantize/gptq.py); routed
+        together = expert_batch * len(rows) if is_expert_group(k) else 1  # experts in batches (gptq_moe.py)
+        for n in rows:
+            per[owners[k]] = per.get(owners[k], 0.0) + _solve_seconds(n, kk, cl, m, together)
+    return per
+
+
+def _solve_memory(hess: dict, expert_batch: int) -> float:
+    """Bytes of the largest GPTQ solve among `hess` (a batch of routed experts solves together)."""
+    return max(_solve_bytes(n, kk) * (expert_batch * len(rows) if is_expert_group(k) else 1)
+               for k, (rows, kk, _) in hess.items() for n in rows)
 
 
 def _solve_bytes(n: int, k: int) -> int:

@@ -1,0 +1,144 @@
+"""GPTQ with error propagation in the layer-by-layer loop (`calibrate.propagate`; default off).
+
+One pass of the unquantized model gives every layer a Hessian of the *original* activations.
+GPTQ's paper, and llm-compressor's sequential pipeline (`propagate_error`), instead feed layer
+i+1 what layer i computes once quantized, so each layer's solve also compensates the error of
+the layers before it. The layer loop (calibration/sequential.py), per decoder layer i:
+
+1. runs layer i on every batch with the hooks recording (Hessians, amax, KV), as without;
+2. `LayerPropagation.solve`: layer i's groups are quantized by the `LayerSolver` the pass hands
+   in (passes/quantize/gptq_layer.py: GPTQ with the group's Hessian, RTN without one), each on
+   the rank that owns its Hessian (tfcompile/dist/partition.py `hessian_owners`, as pack would
+   solve it), and the dequantized weights (model dtype) are shared with every rank;
+3. rebinds layer i to those weights (`Overrides` over the checkpoint) and runs it again on every
+   batch with the hooks paused (`Recorders.paused`): its outputs are layer i+1's inputs.
+
+Only the weights are quantized in step 3, never the activations (llm-compressor's pipeline runs
+with quantization disabled too). What a solve produced is kept, not its Hessian: the packed
+element codes of each group's members (`QTensor.data`, concatenated along the rows), spilled
+per layer like the Hessians; pack re-derives the same RTN scales and writes those codes
+(passes/quantize/gptq.py), so the artifact holds exactly the values layer i+1 was calibrated on.
+Cost: a second forward of each layer, and the solves move from pack into this loop.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from typing import Protocol
+
+import torch
+
+from tfcompile.dist import LOCAL
+from tfcompile.dist.collect import share_tensors
+from tfcompile.calibration.recorders import Recorders, enough_tokens
+from tfcompile.families.names import NameMap, RenamedView
+from tfcompile.ir import QuantTarget
+
+
+class LayerSolver(Protocol):
+    """Quantizes one decoder layer's groups (built by the calibrate pass from the recipe)."""
+
+    targets: Mapping[str, QuantTarget]  # quantized module (checkpoint name) -> its target
+
+    def __call__(self, modules: set[str], hessians: Mapping[str, torch.Tensor],
+                 owned: Callable[[str], bool]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """For the groups whose first member is in `modules` and `owned(key)`: (group key -> packed
+        codes of its GPTQ-solved members, concatenated on dim 0, for the groups with a Hessian;
+        module -> its dequantized weight [N, K] in the model dtype, for every group)."""
+        ...
+
+
+class Overrides:
+    """A checkpoint (`names`, `get`, `release`) whose tensors in `tensors` are replaced."""
+
+    def __init__(self, ckpt):
+        self._ckpt = ckpt
+        self.tensors: dict[str, torch.Tensor] = {}
+
+    def names(self) -> list[str]:
+        return self._ckpt.names()
+
+    def get(self, name: str) -> torch.Tensor:
+        t = self.tensors.get(name)
+        return self._ckpt.get(name) if t is None else t
+
+    def release(self) -> None:
+        self._ckpt.release()
+
+
+class LayerPropagation:
+    """The per-layer solve and rebinding of the layer loop (module docstring)."""
+
+    def __init__(self, solver: LayerSolver, model: torch.nn.Module, ckpt, path: str, dtype: torch.dtype, *,
+                 world=LOCAL, owner: Mapping[str, int] | None = None, moe_min_tokens: int = 0):
+        unsupported = sorted(m for m, t in solver.targets.items() if t.parts)
+        if unsupported:  # gathered rows of an engine view have no one source tensor to replace
+            raise ValueError(f"calibrate.propagate cannot rebind layout-view Linears, e.g. {unsupported[0]}")
+        self.solver, self.dtype, self.world, self.min_tokens = solver, dtype, world, moe_min_tokens
+        self.owner = dict(owner or {})
+        self.view = Overrides(ckpt)
+        self.checkpoint = RenamedView(self.view, model)  # what the layer is rebound from
+        names = NameMap(model)
+        pattern = re.compile(re.escape(path) + r"\.(\d+)\.")
+        self.layer_of: dict[str, int] = {}
+        for module in solver.targets:
+            m = pattern.match(names.to_model(module))
+            if m:
+                self.layer_of[module] = int(m.group(1))
+        self.solved: list[str] = []  # group keys solved here (this rank's)
+
+    def solve(self, i: int, rec: Recorders) -> dict[str, torch.Tensor]:
+        """Layer i's statistics are complete: quantize its groups, share the weights, and point
+        the checkpoint view at them. Returns the codes to keep (this rank's solves)."""
+        rows = rec.hessians.rows()
+        tokens = {}
+        for key, n in rows.items():  # a routed expert's rows are its tokens (calibration/recorders.py)
+            m = re.match(r"(.*\.experts\.\d+)\.", key)
+            if m:
+                tokens[m.group(1)] = n
+        hessians = {k: h for k, h in rec.hessians.take().items() if enough_tokens(k, tokens, self.min_tokens)}
+        modules = {m for m, layer in self.layer_of.items() if layer == i}
+        rank = self.world.rank
+        codes, weights = self.solver(modules, hessians, lambda key: self.owner.get(key, rank) == rank)
+        self.solved += sorted(codes)
+        weights = share_tensors(self.world, weights, f"propagate/{i}")
+        self.view.tensors = rebuilt(weights, self.solver.targets, self.view, self.dtype)
+        return codes
+
+    def done(self) -> None:
+        """Layer i's rerun is over: the checkpoint view is the checkpoint again."""
+        self.view.tensors = {}
+
+    def owners(self) -> dict[str, int]:
+        """Group key -> the rank holding its codes, every rank's solves (collective under torchrun)."""
+        out = {}
+        for r, keys in enumerate(self.world.all_objects("propagate/solved", self.solved)):
+            out.update(dict.fromkeys(keys, r))
+        return dict(sorted(out.items()))
+
+
+def rebuilt(weights: Mapping[str, torch.Tensor], targets: Mapping[str, QuantTarget], ckpt,
+            dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Source tensor name -> the tensor with every target's weight replaced by `weights`.
+
+    A whole tensor is the weight itself; a slice (one expert of a fused tensor, gate or up
+    rows, a transposed layout: tfcompile/families/experts.py `take`) is written into a copy
+    of its source tensor, in the model dtype."""
+    out: dict[str, torch.Tensor] = {}
+    for module in sorted(weights):
+        t, w = targets[module], weights[module].to(dtype)
+        if t.expert is None and t.rows is None and not t.transposed:
+            out[t.source] = w
+            continue
+        if t.source not in out:
+            out[t.source] = ckpt.get(t.source).to(dtype=dtype, copy=True)
+        view = out[t.source]
+        if t.expert is not None:
+            view = view[t.expert]
+        if t.transposed:
+            view = view.T
+        if t.rows is not None:
+            view = view[slice(*t.rows)]
+        view.copy_(w)
+    return out
