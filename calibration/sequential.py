@@ -42,6 +42,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
+from tfcompile.calibration.datasets import tokens_sha256
 from tfcompile.calibration.forward import Silent, calibration_ids, model_class, resolve_data
 from tfcompile.calibration.recorders import Recorders
 from tfcompile.dist import LOCAL
@@ -121,7 +122,7 @@ def observe_sequential(model_dir: Path, ckpt, modules: set[str], *, data: str, s
     finally:
         rec.remove()
     stats = rec.stats(int(ids.numel()), f"{data}(seed={seed})", model_dir)
-    return _with_hessians(stats, spill, world.rank)
+    return _with_hessians(dataclasses.replace(stats, tokens_sha256=tokens_sha256(ids)), spill, world.rank)
 
 
 def _tokens(model_dir: Path, model: nn.Module, ckpt, dtype, path: str, layers, spec: dict) -> torch.Tensor:

@@ -158,6 +158,7 @@ class CalibStats:
     moe_min_tokens: int = 0
     # under torchrun: group key -> the rank holding its Hessian (which solves its GPTQ); {} = this process
     hessian_owner: Mapping[str, int] = field(default_factory=dict)
+    tokens_sha256: str = ""  # of the calibration token ids (calibration.datasets.tokens_sha256); "" if none
 
 
 # -- quantize ------------------------------------------------------------------------------
