@@ -74,6 +74,10 @@ for _kv in ("fp8", "nvfp4"):
     row("nvfp4a16", f"kv-{_kv}", "--ignore", "re:.*", "--kv-cache", _kv, label=f"{_kv} KV cache", shown="bf16")
 for _kv in ("fp8", "nvfp4"):
     row("nvfp4a16", f"rtn+kv-{_kv}", "--kv-cache", _kv, label=f"rtn, {_kv} KV cache")
+# calibration data: auto's fallbacks when python3.11-doc is missing (calibration/datasets.py), same samples x length
+for _f in ("nvfp4", "fp8"):
+    for _data in ("stdlib-docstrings", "self"):
+        row(_f, f"rtn+calib-{_data}", "--calib", _data, *CALIB[2:], label=f"rtn, calibrated on {_data}")
 
 
 def needs_calib(fmt: str, args: list[str]) -> bool:
