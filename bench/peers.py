@@ -41,7 +41,10 @@ LLMC_PYTHON = "/work/venvs/t19-peers/bin/python"
 ROWS = {f"{fmt}/{m}": (fmt, preset, m) for fmt, preset in (
     ("nvfp4a16", "NVFP4A16"), ("nvfp4", "NVFP4"), ("mxfp4a16", "MXFP4A16"), ("fp8-dynamic", "FP8_DYNAMIC"),
     ("fp8", "FP8"), ("fp8-block", "FP8_BLOCK")) for m in ("rtn", "gptq")}
-MODELOPT = {"fp8/rtn": "FP8_DEFAULT_CFG"}
+# row -> (modelopt config, its calibration algorithm): the configs of modelopt 0.47 that run on this CPU
+# with the same format as the row (MODELOPT_CPU below says why the others do not)
+MODELOPT = {"fp8/rtn": ("FP8_DEFAULT_CFG", "max"), "fp8-dynamic/rtn": ("FP8_PER_CHANNEL_PER_TOKEN_CFG", "max")}
+TOOLS = ("tfcompile", "llm-compressor", "modelopt")
 
 
 def calib_ids(model: Path, path: Path) -> Path:
@@ -77,8 +80,12 @@ def llmc(model: Path, out: Path, preset: str, method: str, ids: Path, python: st
                   "--method", method, "--tokens", str(ids)])
 
 
-def modelopt_fp8(model: Path, ids: Path, held: HeldOut) -> dict:
-    """modelopt's FP8 (per-tensor weights and static inputs, max calibration) on CPU, fake-quantized."""
+def modelopt_row(model: Path, ids: Path, held: HeldOut, config: str, algorithm: str) -> dict:
+    """modelopt's `mtq.quantize(model, CONFIG)` on CPU, calibrated on the same ids (max calibration:
+    weight and static input amax; `algorithm` other than max as modelopt's own), scored as its
+    fake-quantized model in memory."""
+    import copy
+
     import torch
     import modelopt.torch.quantization as mtq
     from transformers import AutoModelForCausalLM
@@ -92,30 +99,39 @@ def modelopt_fp8(model: Path, ids: Path, held: HeldOut) -> dict:
                 mod(input_ids=row[None])
 
     t0 = time.perf_counter()
-    cfg = dict(mtq.FP8_DEFAULT_CFG)
+    cfg = copy.deepcopy(getattr(mtq, config))
+    cfg["algorithm"] = algorithm if algorithm == "max" else {"method": algorithm}
     mtq.quantize(m, cfg, forward_loop=loop)
     seconds = round(time.perf_counter() - t0, 1)
-    return {**held.score(m), "quantize_s": seconds}
+    return {**held.score(m), "quantize_s": seconds, "config": config, "algorithm": algorithm}
 
 
-def measure(names: list[str], model: Path, held: HeldOut, results: dict, python: str) -> None:
+def measure(names: list[str], model: Path, held: HeldOut, results: dict, python: str,
+            tools: tuple[str, ...] = TOOLS) -> None:
+    """Each row's `tools`, scored; rows and tools not run keep their saved results."""
     with tempfile.TemporaryDirectory(prefix="tfc-peers-") as tmp:
         ids = calib_ids(model, Path(tmp) / "ids.npy")
         for name in names:
             fmt, preset, method = ROWS[name]
             row = results.setdefault(name, {"format": fmt, "method": method})
-            for tool, run in (("tfcompile", lambda o: ours(model, o, fmt, method)),
-                              ("llm-compressor", lambda o: llmc(model, o, preset, method, ids, python))):
+            runs = {"tfcompile": lambda o: ours(model, o, fmt, method),
+                    "llm-compressor": lambda o: llmc(model, o, preset, method, ids, python)}
+            for tool in [t for t in tools if t in runs]:
                 out = Path(tmp) / f"{tool}-{name.replace('/', '-')}"
                 busy = cpu_busy(0.5)
-                seconds = run(out)
+                seconds = runs[tool](out)
                 row[tool] = {**held.score_compressed_tensors(out), "quantize_s": seconds, "busy_cores": round(busy, 2)}
-                print(f"{name:22s} {tool:15s} kl={row[tool]['kl_mean']:.5f} ppl={row[tool]['perplexity']:.3f}",
-                      file=sys.stderr, flush=True)
+                _log(name, tool, row[tool])
                 STORE.save(results)
-            if name in MODELOPT:
-                row["modelopt"] = modelopt_fp8(model, ids, held)
+            if "modelopt" in tools and name in MODELOPT:
+                row["modelopt"] = {**modelopt_row(model, ids, held, *MODELOPT[name]), "busy_cores": round(cpu_busy(0.5), 2)}
+                _log(name, "modelopt", row["modelopt"])
                 STORE.save(results)
+
+
+def _log(name: str, tool: str, r: dict) -> None:
+    print(f"{name:22s} {tool:15s} kl={r['kl_mean']:.5f} ppl={r['perplexity']:.3f} s={r['quantize_s']}",
+          file=sys.stderr, flush=True)
 
 
 def _cell(r: dict | None) -> str:
@@ -126,19 +142,23 @@ def _cell(r: dict | None) -> str:
 
 def table(results: dict) -> str:
     lines = ["| format | method | tfcompile KL / ppl (change) | s | llm-compressor KL / ppl (change) | s "
-             "| modelopt KL / ppl (change) | s | tfcompile at least as accurate |",
+             "| modelopt KL / ppl (change) | s | tfcompile at least as accurate (KL) |",
              "|---|---|---|---:|---|---:|---|---:|---|"]
     for name in [n for n in ROWS if n in results]:
         r = results[name]
-        t, lc = r.get("tfcompile"), r.get("llm-compressor")
-        ok = "yes" if t and lc and t["kl_mean"] <= lc["kl_mean"] * 1.0 + 1e-9 else ("no" if t and lc else "-")
-        lines.append(f"| {r['format']} | {r['method']} | {_cell(t)} | {_cell(lc)} | {_cell(r.get('modelopt'))} | {ok} |")
+        t = r.get("tfcompile")
+        verdicts = [f"{'yes' if t['kl_mean'] <= r[p]['kl_mean'] + 1e-9 else 'no'} (vs {p})"
+                    for p in ("llm-compressor", "modelopt") if t and r.get(p)]
+        lines.append(f"| {r['format']} | {r['method']} | {_cell(t)} | {_cell(r.get('llm-compressor'))} | "
+                     f"{_cell(r.get('modelopt'))} | {', '.join(verdicts) or '-'} |")
     return "\n".join(lines)
 
 
 def main() -> int:
     ap = bench_parser(__doc__)
     ap.add_argument("--llmc-python", default=LLMC_PYTHON)
+    ap.add_argument("--tools", nargs="+", choices=TOOLS, default=list(TOOLS),
+                    help="run only these tools' rows (the others keep their saved results)")
     args = ap.parse_args()
     results = STORE.load()
     if not args.table:
@@ -146,7 +166,7 @@ def main() -> int:
 
         model = smollm2_checkpoint()
         held = HeldOut(model, max_tokens=args.max_tokens, dtype="bfloat16")
-        measure(args.only or list(ROWS), model, held, results, args.llmc_python)
+        measure(args.only or list(ROWS), model, held, results, args.llmc_python, tuple(args.tools))
     print(table(results))
     if args.write_docs:
         replace_doc_section(HEADING, BODY.format(tokens=args.max_tokens) + "\n\n" + table(results) + "\n", DOC)
