@@ -70,7 +70,11 @@ def main() -> int:
     ap.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
     ap.add_argument("--write-docs", action="store_true")
     ap.add_argument("--json", type=Path, help="also write every run's figures here")
+    ap.add_argument("--report", type=Path, metavar="JSON", help="no runs: the table of a --json file's runs "
+                    "(the rounds it holds; e.g. of a run stopped early)")
     args = ap.parse_args()
+    if args.report:
+        return finish(json.loads(args.report.read_text()), args.write_docs, args.repeat)
     from tfcompile.calibration.corpus import python_doc_texts
     from tfcompile.calibration.stdlib_text import stdlib_texts
     from tfcompile.fixtures.smollm2 import smollm2_checkpoint
@@ -94,18 +98,25 @@ def main() -> int:
                     args.json.write_text(json.dumps(runs, indent=1))
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    return finish(runs, args.write_docs, args.repeat)
+
+
+def finish(runs: dict[str, list[dict]], write_docs: bool, repeat: int) -> int:
+    """Print (and write) the table of `runs`; exit 1 if a default is above MAX_RATIO x its file's."""
+    rounds = min(len(rs) for rs in runs.values())
+    runs = {m: rs[:rounds] for m, rs in runs.items()}  # whole rounds only: the ratios compare like with like
     med = {m: {k: median([r[k] for r in rs]) for k in ("wall_s", "cpu_s", "calibrate_s", "busy", "load1")}
            for m, rs in runs.items()}
-    body = report(med, runs, args.repeat)
+    body = report(med, runs, repeat, rounds)
     print(body)
-    if args.write_docs:
+    if write_docs:
         replace_doc_section(HEADING, body)
     worst = max(med[m]["wall_s"] / med[MODES[m][1]]["wall_s"] for m in ("default", "nodoc")
                 if m in med and MODES[m][1] in med)
     return 0 if worst <= MAX_RATIO else 1
 
 
-def report(med: dict, runs: dict, repeat: int) -> str:
+def report(med: dict, runs: dict, repeat: int, rounds: int) -> str:
     lines = ["| data | source used | wall s (runs) | wall s (median) | CPU s (median) | calibrate pass s (median) "
              "| busy cores / load (median) | vs its --calib FILE (wall / CPU) |",
              "|---|---|---|---:|---:|---:|---:|---:|"]
@@ -122,7 +133,9 @@ def report(med: dict, runs: dict, repeat: int) -> str:
             f"--format nvfp4` on SmolLM2-135M-Instruct (tfcompile.fixtures.smollm2) with the default 16 x 128 "
             f"calibration tokens: default settings, with python3.11-doc and without it (TFCOMPILE_PYTHON_DOC "
             f"pointing at a missing folder), each against `--calib FILE` of the same text as a .txt file, and "
-            f"`--calib self`; {repeat} interleaved rounds, medians, whole process. Machine: {machine_line()}; "
+            f"`--calib self`; {rounds} interleaved rounds"
+            f"{'' if rounds == repeat else f' (of {repeat}: the table of the whole rounds done, --report)'}, "
+            f"medians, whole process. Machine: {machine_line()}; "
             f"revision {git_revision()}. Target (issue #19): default <= {MAX_RATIO}x of --calib FILE.\n\n"
             + "\n".join(lines) + "\n")
 
