@@ -137,7 +137,25 @@ def report(med: dict, runs: dict, repeat: int, rounds: int) -> str:
             f"{'' if rounds == repeat else f' (of {repeat}: the table of the whole rounds done, --report)'}, "
             f"medians, whole process. Machine: {machine_line()}; "
             f"revision {git_revision()}. Target (issue #19): default <= {MAX_RATIO}x of --calib FILE.\n\n"
-            + "\n".join(lines) + "\n")
+            + "\n".join(lines) + "\n\n" + verdict(med) + "\n")
+
+
+def verdict(med: dict) -> str:
+    """The target, checked for each default, in words."""
+    parts = []
+    for m, where, text in (("default", "With python3.11-doc", "python-doc"),
+                           ("nodoc", "Without it", "the stdlib's docstrings")):
+        if m in med and MODES[m][1] in med:
+            base = med[MODES[m][1]]
+            w, c = med[m]["wall_s"] / base["wall_s"], med[m]["cpu_s"] / base["cpu_s"]
+            parts.append(f"{where}, the default ({text}) costs {w:.2f}x wall / {c:.2f}x CPU of "
+                         f"`--calib FILE` of the same text: {'meets' if w <= MAX_RATIO else 'misses'} the "
+                         f"{MAX_RATIO}x target.")
+    if "self" in med and "file" in med:
+        parts.append(f"`--calib self` (auto's last resort: no stdlib sources or a tokenizer that cannot encode "
+                     f"English) costs {med['self']['wall_s'] / med['file']['wall_s']:.2f}x wall / "
+                     f"{med['self']['cpu_s'] / med['file']['cpu_s']:.2f}x CPU of the python-doc file.")
+    return " ".join(parts)
 
 
 if __name__ == "__main__":
