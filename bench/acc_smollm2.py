@@ -78,6 +78,10 @@ for _kv in ("fp8", "nvfp4"):
     row("nvfp4a16", f"kv-{_kv}", "--ignore", "re:.*", "--kv-cache", _kv, label=f"{_kv} KV cache", shown="bf16")
 for _kv in ("fp8", "nvfp4"):
     row("nvfp4a16", f"rtn+kv-{_kv}", "--kv-cache", _kv, label=f"rtn, {_kv} KV cache")
+# calibration data: auto's fallbacks when python3.11-doc is missing (calibration/datasets.py), same samples x length
+for _f in ("nvfp4", "fp8"):
+    for _data in ("stdlib-docstrings", "self"):
+        row(_f, f"rtn+calib-{_data}", "--calib", _data, *CALIB[2:], label=f"rtn, calibrated on {_data}")
 
 
 def needs_calib(fmt: str, args: list[str]) -> bool:
@@ -150,6 +154,20 @@ def recovery(results: dict) -> str:
     return "Best method per 4-bit format: " + "; ".join(parts) + "." if parts else ""
 
 
+def calib_data(results: dict) -> str:
+    """What auto's fallbacks (no python3.11-doc) cost in accuracy: RTN calibrated on each data source."""
+    parts = []
+    for fmt in ("nvfp4", "fp8"):
+        got = [(d, results.get(f"{fmt}/{k}")) for d, k in (("python-doc", "rtn"),
+                                                           ("stdlib-docstrings", "rtn+calib-stdlib-docstrings"),
+                                                           ("self", "rtn+calib-self"))]
+        got = [f"{d} {r['kl_mean']:.4f} ({100 * r['ppl_increase']:+.1f}%)" for d, r in got if r]
+        if len(got) > 1:
+            parts.append(f"{fmt} RTN KL (perplexity change) calibrated on " + ", ".join(got))
+    return ("\n\nCalibration data (the default `auto` takes python-doc, else stdlib-docstrings, else self; "
+            "docs/design.md \"Calibration data\"): " + "; ".join(parts) + ".") if parts else ""
+
+
 def body(results: dict, tokens: int) -> str:
     return (f"Command: `python bench/acc_smollm2.py --max-tokens {tokens} --write-docs` "
             f"(`--only FORMAT/METHOD` remeasures rows). Model: SmolLM2-135M-Instruct, bf16, built by "
@@ -162,7 +180,7 @@ def body(results: dict, tokens: int) -> str:
             f"activations are quantized as each format does at inference. quantize s: wall seconds of "
             f"the whole `tfcompile quantize` process on this 2-core machine, shared with other jobs "
             f"(load noted in $TFCOMPILE_CACHE/bench/smollm2-accuracy.json).\n\n"
-            + table(results) + "\n\n" + recovery(results) + missing(results) + "\n")
+            + table(results) + "\n\n" + recovery(results) + calib_data(results) + missing(results) + "\n")
 
 
 def missing(results: dict) -> str:

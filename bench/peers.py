@@ -6,9 +6,13 @@ reads), same evaluation: every artifact is loaded by transformers + compressed-t
 load it (`AutoModelForCausalLM.from_pretrained(out, dtype=bfloat16)`: weights decompressed by
 compressed-tensors, W4A4/W8A8 activations fake-quantized by its QDQ) and scored by
 bench/lm_eval.py on the held-out python-doc tokens against the bf16 model. modelopt (its own
-format, which transformers does not load) is scored as its fake-quantized model in memory:
-FP8 (per-tensor weights and static activations) runs on CPU; its NVFP4 path needs CUDA kernels
-and is export-only on CPU, so it is not scored here.
+format, which transformers does not load) is scored as its fake-quantized model in memory
+(`mtq.quantize(model, CONFIG, forward_loop)` on the same ids). What of modelopt 0.47 runs on this
+CPU (MODELOPT_CPU): its FP8 fake quantization is plain torch, so FP8_DEFAULT_CFG (fp8: per-tensor
+weights, static per-tensor inputs) and FP8_PER_CHANNEL_PER_TOKEN_CFG (fp8-dynamic) run; every
+NVFP4 and MX config does not: dynamic NVFP4 blocks assert a CUDA tensor, static NVFP4 blocks
+(four over six, MSE sweep, local Hessian) call its Triton kernels, which it loads only when
+`torch.cuda.is_available()`, and MX formats need its CUDA extension.
 
 llm-compressor 0.14 needs transformers <= 5.17 and compressed-tensors 0.19: it runs from its own
 venv (`--llmc-python`, default /work/venvs/t19-peers/bin/python; create it with
@@ -45,6 +49,25 @@ ROWS = {f"{fmt}/{m}": (fmt, preset, m) for fmt, preset in (
 # with the same format as the row (MODELOPT_CPU below says why the others do not)
 MODELOPT = {"fp8/rtn": ("FP8_DEFAULT_CFG", "max"), "fp8-dynamic/rtn": ("FP8_PER_CHANNEL_PER_TOKEN_CFG", "max")}
 TOOLS = ("tfcompile", "llm-compressor", "modelopt")
+# modelopt 0.47 configs tried on this CPU with SmolLM2 (2 x 64 tokens) and the error of those that fail
+MODELOPT_CPU = {
+    "FP8_DEFAULT_CFG": "runs",
+    "FP8_PER_CHANNEL_PER_TOKEN_CFG": "runs",
+    "FP8_2D_BLOCKWISE_WEIGHT_ONLY_CFG": "runs (weight-only 128x128 blocks: not tfcompile's fp8-block, whose "
+                                        "activations are quantized per token group)",
+    "NVFP4_DEFAULT_CFG": "AssertionError: amax must be a CUDA tensor for dynamic block quantization.",
+    "W4A16_NVFP4_CFG": "AssertionError: amax must be a CUDA tensor for dynamic block quantization.",
+    "NVFP4_AWQ_LITE_CFG": "AssertionError: amax must be a CUDA tensor for dynamic block quantization.",
+    "W4A16_NVFP4_CFG + gptq": "AssertionError: amax must be a CUDA tensor for dynamic block quantization.",
+    "NVFP4_FOUR_OVER_SIX_CFG": "RuntimeError: static_blockwise_fp4_fake_quant requires triton. Install with "
+                               "`pip install triton`. (triton is installed; modelopt imports its kernels only "
+                               "when torch.cuda.is_available())",
+    "NVFP4_W4A4_WEIGHT_MSE_FP8_SWEEP_CFG": "RuntimeError: static_blockwise_fp4_fake_quant requires triton. (same)",
+    "FP8_DEFAULT_CFG + gptq": "did not finish: killed by the probe's 20-minute limit on 2 x 64 tokens (machine "
+                              "load ~11); not measured",
+    "MXFP8_DEFAULT_CFG": "RuntimeError: Skipping extension modelopt_cuda_ext_mx because CUDA is not available.",
+    "MXFP4_DEFAULT_CFG": "RuntimeError: Skipping extension modelopt_cuda_ext_mx because CUDA is not available.",
+}
 
 
 def calib_ids(model: Path, path: Path) -> Path:
@@ -154,12 +177,54 @@ def table(results: dict) -> str:
     return "\n".join(lines)
 
 
+def probe_modelopt(model: Path, configs: list[str]) -> None:
+    """Try each modelopt config ("NAME" or "NAME + ALGORITHM") on 2 x 64 calibration tokens and print
+    whether it runs, or its error (what MODELOPT_CPU records)."""
+    import copy
+
+    import torch
+    import modelopt.torch.quantization as mtq
+    from transformers import AutoModelForCausalLM
+
+    from tfcompile.calibration.datasets import calibration_tokens
+    from tfcompile.calibration.forward import load_tokenizer
+
+    ids = calibration_tokens("python-doc", load_tokenizer(model), samples=2, seq_len=64, seed=0)
+    for name in configs:
+        config, _, algorithm = (p.strip() for p in name.partition("+"))
+        cfg = copy.deepcopy(getattr(mtq, config))
+        if algorithm:
+            cfg["algorithm"] = {"method": algorithm}
+        m = AutoModelForCausalLM.from_pretrained(str(model), dtype=torch.bfloat16).eval()
+        try:
+            with torch.no_grad():
+                mtq.quantize(m, cfg, forward_loop=lambda mod: [mod(input_ids=r[None]) for r in ids])
+                m(input_ids=ids[:1])
+            print(f"{name}: runs", flush=True)
+        except Exception as e:  # noqa: BLE001 - the point is to report whatever modelopt raises
+            print(f"{name}: {type(e).__name__}: {e}", flush=True)
+
+
+def modelopt_cpu() -> str:
+    """The docs' list of modelopt configs tried on this CPU, and why those that fail do."""
+    return ("modelopt 0.47 on this CPU (each config tried with `mtq.quantize` on SmolLM2; the modelopt column "
+            "holds those that run with a format tfcompile has):\n\n"
+            + "\n".join(f"- `{name}`: {why}" for name, why in MODELOPT_CPU.items()))
+
+
 def main() -> int:
     ap = bench_parser(__doc__)
     ap.add_argument("--llmc-python", default=LLMC_PYTHON)
     ap.add_argument("--tools", nargs="+", choices=TOOLS, default=list(TOOLS),
                     help="run only these tools' rows (the others keep their saved results)")
+    ap.add_argument("--probe-modelopt", nargs="*", metavar="CONFIG", help="only try these modelopt configs "
+                    "('NAME' or 'NAME + gptq'; default: MODELOPT_CPU's) on CPU and print which run")
     args = ap.parse_args()
+    if args.probe_modelopt is not None:
+        from tfcompile.fixtures.smollm2 import smollm2_checkpoint
+
+        probe_modelopt(smollm2_checkpoint(), args.probe_modelopt or list(MODELOPT_CPU))
+        return 0
     results = STORE.load()
     if not args.table:
         from tfcompile.fixtures.smollm2 import smollm2_checkpoint
@@ -169,7 +234,8 @@ def main() -> int:
         measure(args.only or list(ROWS), model, held, results, args.llmc_python, tuple(args.tools))
     print(table(results))
     if args.write_docs:
-        replace_doc_section(HEADING, BODY.format(tokens=args.max_tokens) + "\n\n" + table(results) + "\n", DOC)
+        replace_doc_section(HEADING, BODY.format(tokens=args.max_tokens) + "\n\n" + table(results) + "\n\n"
+                            + modelopt_cpu() + "\n", DOC)
     return 0
 
 

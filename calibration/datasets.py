@@ -11,14 +11,16 @@
   nothing is downloaded);
 - "python-doc": the calibration split of Debian's python3.11-doc prose
   (`calibration.corpus`; disjoint from the held-out split `tfcompile eval` uses);
+- "stdlib-docstrings": the docstrings of the running Python's standard library, read with
+  `ast` (calibration.stdlib_text; every Python install has them, nothing is downloaded);
 - "self": short sequences sampled from the model itself, packed (calibration.sampling: the
   cost follows the token count, like the calibration forward's);
 - "random": uniform random token ids (fast, but unlike real activations);
-- "auto" (the default): "python-doc" when it is installed, the model's tokenizer encodes it
-  faithfully (`python_doc_encodes`) and its calib split holds the tokens needed; else "self"
-  (else "random", for a model that cannot generate). Real prose gives the activation
-  statistics of real text and costs a tokenization; model samples need no data but cost a
-  bounded generation (docs/design.md "Calibration data").
+- "auto" (the default): the first of TEXT_SOURCES ("python-doc", then "stdlib-docstrings")
+  that is installed, that the model's tokenizer encodes faithfully and that holds the tokens
+  needed (`text_encodes`); else "self" (else "random", for a model that cannot generate).
+  Real prose gives the activation statistics of real text and costs a tokenization; model
+  samples need no data but cost a bounded generation (docs/design.md "Calibration data").
 
 Text comes from a "text" column, else the first string column; a "messages"
 column (chat format) goes through the tokenizer's chat template when it has
@@ -29,20 +31,24 @@ between them, and cut into `samples` blocks of `seq_len` tokens.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import torch
 
-from tfcompile.calibration.corpus import python_doc_texts
+from tfcompile.calibration.corpus import python_doc_files, python_doc_texts
 from tfcompile.calibration.sampling import sample_from_model
+from tfcompile.calibration.stdlib_text import NAME as STDLIB, stdlib_texts
 from tfcompile.errors import UserError
 
 BUILDERS = {".txt": "text", ".text": "text", ".jsonl": "json", ".json": "json", ".csv": "csv",
             ".parquet": "parquet"}
-SPECIAL = ("auto", "self", "random", "python-doc")
-AUTO_MARGIN = 1.25  # auto picks python-doc when its calib split holds this many times the tokens needed
+TEXT_SOURCES = ("python-doc", STDLIB)  # the text `auto` tries, in this order, before `self`
+SPECIAL = ("auto", "self", "random", *TEXT_SOURCES)
+AUTO_MARGIN = 1.25  # auto picks a text when it holds this many times the tokens needed
+PROBE_CHARS = 4000  # the round-trip check's sample: the first document's first characters
 
 
 def calibration_tokens(source: str, tokenizer: Any, *, samples: int, seq_len: int, seed: int,
@@ -64,42 +70,66 @@ def calibration_tokens(source: str, tokenizer: Any, *, samples: int, seq_len: in
 
 def effective_source(source: str, model: Any, tokenizer: Any = None, *, vocab: int | None = None,
                      tokens: int = 0) -> str:
-    """The source calibration really uses: `auto` resolves to `python-doc` or `self` (module
-    doc); `self` needs a model that can sample text (a causal LM); one that cannot (an encoder
-    such as BertModel) calibrates on `random` ids instead, and the statistics are labelled with
-    that. `tokens`: samples x seq_len, the tokens `auto` must find in the calib split."""
+    """The source calibration really uses: `auto` resolves to the first of TEXT_SOURCES that
+    `text_encodes`, else `self` (module doc); `self` needs a model that can sample text (a causal
+    LM); one that cannot (an encoder such as BertModel) calibrates on `random` ids instead, and the
+    statistics are labelled with that. `tokens`: samples x seq_len, the tokens `auto` must find."""
     if source == "auto":
-        source = "python-doc" if python_doc_encodes(tokenizer, vocab, tokens) else "self"
+        source = next((s for s in TEXT_SOURCES if text_encodes(s, tokenizer, vocab, tokens)), "self")
     if source != "self":
         return source
     can = getattr(model, "can_generate", None)
     return "self" if (can() if callable(can) else hasattr(model, "generate")) else "random"
 
 
-def python_doc_encodes(tokenizer: Any, vocab: int | None, tokens: int) -> bool:
-    """True when the python-doc calib split is installed, `tokenizer` round-trips its first
-    document (decode(encode(text)) equals text but for whitespace, no unknown token, every id
-    below `vocab`) and the split holds about AUTO_MARGIN x `tokens` tokens (estimated from the
-    first document's characters per token)."""
+def text_encodes(source: str, tokenizer: Any, vocab: int | None, tokens: int) -> bool:
+    """True when text source `source` (one of TEXT_SOURCES) is installed, `tokenizer` round-trips
+    its first document (decode(encode(text)) equals text but for whitespace, no unknown token,
+    every id below `vocab`) and it holds about AUTO_MARGIN x `tokens` tokens (estimated from the
+    first document's characters per token; the stdlib's files are parsed only until that many)."""
     if tokenizer is None:
         return False
     try:
-        texts = python_doc_texts("calib")
-    except UserError:  # python3.11-doc not installed
+        docs = iter(python_doc_texts("calib") if source == "python-doc" else stdlib_texts())
+        first = next(docs, "")
+    except UserError:  # python3.11-doc not installed; no stdlib sources
         return False
-    sample = texts[0][:4000]
-    ids = tokenizer(sample, add_special_tokens=False)["input_ids"]
+    sample = first[:PROBE_CHARS]
+    ids = tokenizer(sample, add_special_tokens=False)["input_ids"] if sample else []
     unk = getattr(tokenizer, "unk_token_id", None)
     if not ids or (unk is not None and unk in ids) or (vocab is not None and max(ids) >= vocab):
         return False
     if "".join(tokenizer.decode(ids).split()) != "".join(sample.split()):
         return False
-    estimate = sum(len(t) for t in texts) * len(ids) / len(sample)
-    return estimate >= AUTO_MARGIN * tokens
+    need = AUTO_MARGIN * tokens * len(sample) / len(ids)  # characters
+    have = len(first)
+    for text in docs:
+        if have >= need:
+            break
+        have += len(text)
+    return have >= need
 
 
-def load_texts(source: str, tokenizer: Any, seed: int) -> list[str]:
+def installed_text_source() -> str:
+    """The first of TEXT_SOURCES installed here, without the tokenizer check: what `auto` means
+    where `self` is refused (a decoded published checkpoint, passes/calibrate.py)."""
+    try:
+        python_doc_files("calib")
+    except UserError:  # python3.11-doc not installed: the stdlib's docstrings are always there
+        return STDLIB
+    return "python-doc"
+
+
+def tokens_sha256(ids: torch.Tensor) -> str:
+    """sha256 of the calibration token ids as int64 little-endian bytes, row-major: the manifest's
+    record of what calibration saw (the text, its order, the tokenizer and the seed together)."""
+    return hashlib.sha256(ids.to(torch.int64).contiguous().numpy().astype("<i8").tobytes()).hexdigest()
+
+
+def load_texts(source: str, tokenizer: Any, seed: int) -> Iterable[str]:
     """Documents of the data set, shuffled deterministically."""
+    if source == STDLIB:  # lazy: pack_blocks parses files only until it has the tokens
+        return stdlib_texts(seed)
     if source == "python-doc":
         texts = python_doc_texts("calib")
         order = torch.randperm(len(texts), generator=torch.Generator().manual_seed(seed)).tolist()
@@ -176,7 +206,7 @@ def _text_column(ds, source: str) -> str:
                     hint="name the column 'text'")
 
 
-def pack_blocks(texts: list[str], tokenizer: Any, *, samples: int, seq_len: int, source: str) -> torch.Tensor:
+def pack_blocks(texts: Iterable[str], tokenizer: Any, *, samples: int, seq_len: int, source: str) -> torch.Tensor:
     """Tokenize, join with EOS and cut `samples` blocks of `seq_len` tokens."""
     need = samples * seq_len
     eos = tokenizer.eos_token_id

@@ -10,12 +10,13 @@ short sequences the model samples itself (seeded), so it needs no data set.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from pathlib import Path
 
 import torch
 
-from tfcompile.calibration.datasets import calibration_tokens, effective_source
+from tfcompile.calibration.datasets import calibration_tokens, effective_source, tokens_sha256
 from tfcompile.calibration.recorders import Recorders
 from tfcompile.dist import LOCAL
 from tfcompile.dist.collect import broadcast
@@ -132,4 +133,4 @@ def observe_input_amax(model_dir: Path, modules: set[str], *, data: str, samples
     finally:
         rec.remove()
     stats = rec.stats(int(ids.numel()), f"{data}(seed={seed})", model_dir)
-    return stats
+    return dataclasses.replace(stats, tokens_sha256=tokens_sha256(ids))

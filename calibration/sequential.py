@@ -44,6 +44,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
+from tfcompile.calibration.datasets import tokens_sha256
 from tfcompile.calibration.forward import Silent, calibration_ids, model_class, resolve_data
 from tfcompile.calibration.propagate import LayerPropagation, LayerSolver
 from tfcompile.calibration.recorders import Recorders
@@ -136,6 +137,7 @@ def observe_sequential(model_dir: Path, ckpt, modules: set[str], *, data: str, s
     finally:
         rec.remove()
     stats = rec.stats(int(ids.numel()), f"{data}(seed={seed})", model_dir)
+    stats = dataclasses.replace(stats, tokens_sha256=tokens_sha256(ids))
     if propagation is not None:  # the spill holds codes: no Hessian is left to hand on
         owners = propagation.owners()
         stats = dataclasses.replace(stats, hessians={}, hessian_owner={})

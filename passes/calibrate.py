@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tfcompile.calibration.datasets import installed_text_source
 from tfcompile.calibration.forward import observe_input_amax
 from tfcompile.calibration.moe_policy import summarize
 from tfcompile.calibration.observers import OBSERVERS
@@ -23,8 +24,9 @@ from tfcompile.schemes import Scheme
 
 @dataclass(frozen=True)
 class CalibrateConfig:
-    # file / saved data set / cached data set name / "python-doc" / "self" / "random" / "auto"
-    # (python-doc when installed and the tokenizer encodes it, else self: calibration/datasets.py)
+    # file / saved data set / cached data set name / "python-doc" / "stdlib-docstrings" / "self" /
+    # "random" / "auto" (python-doc, else stdlib-docstrings, when the tokenizer encodes it, else self:
+    # calibration/datasets.py)
     data: str = "auto"
     samples: int = 16  # sequences
     seq_len: int = 128  # tokens per sequence
@@ -99,7 +101,7 @@ def calibrate(ctx, cfg: CalibrateConfig, reporter) -> PassResult:
                           hint="give calibration text (--calib FILE or python-doc), or --calib random")
     data = cfg.data
     if data == "auto" and getattr(ctx.source, "source_format", None):
-        data = "python-doc"  # auto's fallback, self, would sample from the whole decoded model (above)
+        data = installed_text_source()  # never auto's last resort, self: it would sample the decoded model (above)
     world = ctx.world or LOCAL
     common = dict(data=data, samples=cfg.samples, seq_len=cfg.seq_len, seed=cfg.seed,
                   dtype=torch_dtype(ctx.model.dtype), kv=bool(cfg.kv_cache),

@@ -89,6 +89,9 @@ def manifest_doc(ctx: Context) -> JsonDict:
     }
     if getattr(plan, "mixed", None):  # mixed precision: the search and each group's format (passes/mixed.py)
         doc["mixed"] = plan.mixed
+    if ctx.calib is not None and ctx.calib.tokens_sha256:  # what calibration saw: auto's choice depends
+        doc["calibration"] = {"data": ctx.calib.source, "tokens": ctx.calib.tokens,  # on the machine
+                              "tokens_sha256": ctx.calib.tokens_sha256}
     moe = moe_record(ctx.calib) if ctx.calib is not None else None
     if moe:  # per-expert routed calibration tokens and the fallback policy (calibration/moe.py)
         doc["moe"] = moe

@@ -142,7 +142,7 @@ def test_auto_picks_python_doc_when_the_tokenizer_encodes_it(tok, tiny_llama_src
     from transformers import AutoModelForCausalLM
 
     from tfcompile.calibration.corpus import python_doc_texts
-    from tfcompile.calibration.datasets import effective_source, python_doc_encodes
+    from tfcompile.calibration.datasets import effective_source, text_encodes
 
     model = AutoModelForCausalLM.from_pretrained(tiny_llama_src)
     text = python_doc_texts("calib")[0][:4000]
@@ -152,7 +152,7 @@ def test_auto_picks_python_doc_when_the_tokenizer_encodes_it(tok, tiny_llama_src
     assert effective_source("auto", model, tok, vocab=max(ids) + 1, tokens=64) == want
     assert effective_source("auto", model, tok, vocab=max(ids), tokens=64) == "self"  # an id out of range
     assert effective_source("auto", model, None, tokens=64) == "self"  # no tokenizer
-    assert not python_doc_encodes(tok, max(ids) + 1, 10**9)  # more tokens than the split holds
+    assert not text_encodes("python-doc", tok, max(ids) + 1, 10**9)  # more tokens than the split holds
     got = calibration_tokens("auto", tok, samples=2, seq_len=32, seed=5, model=model, vocab=max(ids) + 1)
     assert torch.equal(got, calibration_tokens(want, tok, samples=2, seq_len=32, seed=5, model=model))
 

@@ -103,23 +103,30 @@ def test_sampling_calibration_from_a_decoded_source_is_refused(family_src, publi
     assert code == 1 and "--calib self" in err and "hint:" in err
 
 
+@pytest.mark.parametrize("python_doc", [True, False], ids=["python-doc", "no-python-doc"])
 def test_default_calibration_of_a_decoded_source_never_samples_from_it(family_src, published, tmp_path,
-                                                                       monkeypatch):
-    """The default data (auto) falls back to sampling from the model when python-doc does not
-    suit its tokenizer; on a decoded published checkpoint that would hold the whole bf16 model,
-    so auto means the calibration text there."""
+                                                                       monkeypatch, python_doc):
+    """The default data (auto) falls back to sampling from the model when no calibration text
+    suits its tokenizer; on a decoded published checkpoint that would hold the whole bf16 model,
+    so auto means the first installed text there: python-doc, else the stdlib's docstrings."""
+    import json
+
     from families_util import run_cli
 
-    from tfcompile.calibration import datasets
+    from tfcompile.calibration import corpus, datasets
 
     def refuse(*a, **k):
         raise AssertionError("sampled from a decoded source")
 
     monkeypatch.setattr(datasets, "sample_from_model", refuse)
+    if not python_doc:
+        monkeypatch.setattr(corpus, "PYTHON_DOC_DIR", tmp_path / "no-python3.11-doc")
     src = published.to_fp8_block(family_src("deepseek_v3"), tmp_path / "fp8")
-    code, _, err = run_cli("quantize", src, "-o", tmp_path / "out", "--format", "nvfp4", "-q",
-                           "--calib-samples", "2", "--calib-seq-len", "32")
+    code, out, err = run_cli("quantize", src, "-o", tmp_path / "out", "--format", "nvfp4", "-q", "--json",
+                             "--calib-samples", "2", "--calib-seq-len", "32")
     assert code == 0, err[-2000:]
+    want = "python-doc" if python_doc else "stdlib-docstrings"
+    assert json.loads(out)["passes"]["calibrate"]["source"] == f"{want}(seed=0)"
 
 
 def test_per_expert_gpt_oss_checkpoint_checked_for_completeness(family_artifact, tmp_path):

@@ -104,9 +104,10 @@ recipe_options = option_group([
                  help="Also write the modelopt (TensorRT-LLM) view under OUT/modelopt, or an ONNX "
                  "model with quantize/dequantize nodes under OUT/onnx (docs/onnx.md)."),
     click.option("--calib", metavar="DATA", help="Calibration data: a .txt/.jsonl/.json/.csv/.parquet "
-                 "file, a save_to_disk folder, a cached data set name, 'python-doc', 'self' (short sequences "
-                 "the model samples), 'random', or 'auto' (default: python-doc when installed and the "
-                 "tokenizer encodes it, else self)."),
+                 "file, a save_to_disk folder, a cached data set name, 'python-doc', 'stdlib-docstrings' (the "
+                 "Python standard library's docstrings), 'self' (short sequences the model samples), 'random', "
+                 "or 'auto' (default: python-doc when installed and the tokenizer encodes it, else "
+                 "stdlib-docstrings, else self)."),
     click.option("--calib-samples", type=int, help="Calibration sequences (default 16)."),
     click.option("--calib-seq-len", type=int, help="Tokens per calibration sequence (default 128)."),
     click.option("--calib-seed", type=int, help="Seed for shuffling/sampling calibration data (default 0)."),
