@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from tfcompile.calibration.forward import load_hf_model, model_class
-from tfcompile.calibration.sequential import _fixed_mmap_threshold, _owner, _params_on_meta, _tensor_for
+from tfcompile.calibration.sequential import _owner, _params_on_meta, _tensor_for
 from tfcompile.distill.fsdp import shard
 from tfcompile.distill.student import Student
 from tfcompile.errors import CheckpointError
@@ -83,7 +83,6 @@ def build_sharded(ctx, cfg, world, device: torch.device, convert, shard_teacher:
     sharded too when `shard_teacher` (the online teacher; not for --data self, which samples from a
     whole teacher first); otherwise it is loaded whole (the disk cache's teacher, --data self's),
     and `run.py` places it."""
-    _fixed_mmap_threshold()  # each unit's freed float32 copy would raise glibc's, fragmenting the heap
     student = Student.frozen(skeleton(ctx.source_path))
     unquantized = set(ctx.plan.passthrough) if cfg.train_unquantized else set()
 
