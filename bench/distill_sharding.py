@@ -10,7 +10,8 @@ runs alternating, medians. Peak RSS is GNU time's for the torchrun command: the 
 process of the run, i.e. the larger rank (the CPU is the device here, so it is the model state
 plus the interpreter, torch and transformers). Both artifacts are compared byte for byte. Beside
 it, what `tfcompile plan --estimate --devices 2xcpu` (tfcompile/distill/memory.py) says the model
-state per rank is.
+state per rank is, and the host's peak per rank (under FSDP2 the models are built unit by unit from
+the checkpoint: tfcompile/distill/lazy.py).
 """
 
 from __future__ import annotations
@@ -43,10 +44,10 @@ def _same(a: Path, b: Path) -> bool:
         all(filecmp.cmp(a / f, b / f, shallow=False) for f in files)
 
 
-def _estimate(model: Path) -> dict:
-    path = WORK / "estimate.json"
+def _estimate(model: Path, mode: str) -> dict:
+    path = WORK / f"estimate-{mode}.json"
     t = run_timed([*tfcompile_argv(), "plan", str(model), *OPTS[:2], "--set", "distill.steps=2", "--estimate",
-                   "--devices", "2xcpu", "--json"], stdout=path)
+                   "--set", f"distill.sharding={mode}", "--devices", "2xcpu", "--json"], stdout=path)
     if t.rc:
         sys.exit(f"plan --estimate failed: {t.stderr_tail}")
     return json.loads(path.read_text())["passes"]["distill"]
@@ -66,22 +67,24 @@ def bench(repeat: int, wait: float) -> dict:
             runs[mode]["rss"].append(t.max_rss_kib * 1024)
             runs[mode]["wall"].append(t.wall_s)
     return {"runs": runs, "busy": busy, "identical": _same(WORK / "out-ddp", WORK / "out-fsdp"),
-            "estimate": _estimate(model)}
+            "estimate": {mode: _estimate(model, mode) for mode in runs}}
 
 
 def _markdown(r: dict, repeat: int) -> str:
     rss = {m: median(v["rss"]) / 1e9 for m, v in r["runs"].items()}
     wall = {m: median(v["wall"]) for m, v in r["runs"].items()}
-    e = r["estimate"]
+    e = r["estimate"]["ddp"]  # the model state of both modes (the same in either file)
+    host = {m: v["host_gb"] for m, v in r["estimate"].items()}
     return "\n".join([
         f"`python bench/distill_sharding.py --repeat {repeat} --write-docs` ({machine_line()}, commit "
         f"{git_revision()}): a synthetic Llama of 0.12B parameters (8 layers, hidden 1024, vocab 8000) distilled "
         "2 steps (nvfp4a16, AdamW, batch 2 x grad-accum 2 x 64 tokens) on `torchrun --nproc-per-node 2`, gloo, "
         "runs alternating, medians. Peak RSS: the larger rank's (GNU time on torchrun); the CPU is the device.", "",
-        "| sharding | peak RSS per rank GB | wall s | model state per rank GB (`plan --estimate --devices 2xcpu`) |",
-        "|---|---|---|---|",
-        f"| ddp | {rss['ddp']:.2f} | {wall['ddp']:.1f} | {e['ddp_gb_per_rank']:.2f} |",
-        f"| fsdp | {rss['fsdp']:.2f} | {wall['fsdp']:.1f} | {e['fsdp_gb_per_rank']:.2f} |", "",
+        "| sharding | peak RSS per rank GB | wall s | model state per rank GB (`plan --estimate --devices 2xcpu`) "
+        "| host per rank GB (plan's, building included) |",
+        "|---|---|---|---|---|",
+        f"| ddp | {rss['ddp']:.2f} | {wall['ddp']:.1f} | {e['ddp_gb_per_rank']:.2f} | {host['ddp']:.2f} |",
+        f"| fsdp | {rss['fsdp']:.2f} | {wall['fsdp']:.1f} | {e['fsdp_gb_per_rank']:.2f} | {host['fsdp']:.2f} |", "",
         f"FSDP2 / DDP peak RSS: {rss['fsdp'] / rss['ddp']:.2f}; the difference, {rss['ddp'] - rss['fsdp']:.2f} GB, "
         f"against the estimate's {e['ddp_gb_per_rank'] - e['fsdp_gb_per_rank']:.2f} GB of model state. The artifacts "
         f"are {'byte-identical' if r['identical'] else 'NOT identical'}. Other load during the runs: "

@@ -14,7 +14,7 @@ import torch
 
 from tfcompile.distill import fsdp, train
 from tfcompile.distill.config import DistillConfig
-from tfcompile.distill.memory import Counts, per_rank_bytes
+from tfcompile.distill.memory import Counts, host_bytes, per_rank_bytes
 from tfcompile.errors import RecipeError
 
 
@@ -99,6 +99,19 @@ def test_memory_per_rank_ddp_and_fsdp():
     assert per_rank_bytes(cached, "fsdp", 2) == {"student_shard": 900, "teacher": 600, "unsharded": 360,
                                                  "total": 1860}
     assert per_rank_bytes(c, "fsdp", 1) == per_rank_bytes(c, "ddp", 1)  # one process shards nothing
+
+
+def test_host_memory_per_rank_ddp_and_fsdp():
+    c = Counts(trained=100, frozen=50, teacher=150, layer=30, layer_trained=20, root=10, root_trained=0, states=2)
+    # DDP with a GPU: both models whole in float32 on the host before placing them, 4 x (150 + 150)
+    assert host_bytes(c, "ddp", 2, 150, whole_teacher=False, on_device=True) == 1200
+    assert host_bytes(c, "ddp", 1, 150, whole_teacher=False, on_device=True) == 600  # the teacher placed first
+    # FSDP2 with a GPU: one unit at a time, the largest layer twice while converted: 4 x max(2 x 30, 10)
+    assert host_bytes(c, "fsdp", 2, 150, whole_teacher=False, on_device=True) == 240
+    assert host_bytes(c, "fsdp", 2, 150, whole_teacher=True, on_device=True) == 240 + 600  # the cache's teacher
+    # on the CPU the shards stay on the host: + per_rank_bytes' 1840
+    assert host_bytes(c, "fsdp", 2, 150, whole_teacher=False, on_device=False) == 240 + 1840
+    assert host_bytes(c, "ddp", 2, 150, whole_teacher=False, on_device=False) == 2800
 
 
 class _World:

@@ -25,6 +25,7 @@ DEMO = ROOT / "examples" / "demo-lm"
 def test_counts_from_the_config_are_the_built_models(cfg):
     from tfcompile import api  # noqa: F401 - registers the passes the estimate runs
     from tfcompile.calibration.forward import load_hf_model
+    from tfcompile.distill.lazy import skeleton
     from tfcompile.distill.student import build_student
     from tfcompile.estimate.plan import _program
     from tfcompile.estimate.shapes import model_shape
@@ -37,6 +38,12 @@ def test_counts_from_the_config_are_the_built_models(cfg):
         student.train_unquantized(set(plan.passthrough), torch.bfloat16)
     teacher = load_hf_model(DEMO, torch.float32)
     assert estimated_counts(shape, plan, cfg) == built_counts(student, teacher, cfg)
+    # what `auto` decides by under torchrun: both models built on the meta device (no weight read)
+    meta = build_student(skeleton(DEMO), plan, program, train=cfg.train, lora_rank=cfg.lora_rank,
+                         lora_alpha=cfg.lora_alpha, seed=0, dtype=torch.bfloat16)
+    if cfg.train_unquantized:
+        meta.train_unquantized(set(plan.passthrough), torch.bfloat16)
+    assert built_counts(meta, skeleton(DEMO), cfg) == built_counts(student, teacher, cfg)
 
 
 def test_llama_8b_needs_fsdp_on_h100(run_cli):

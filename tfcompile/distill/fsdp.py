@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import os
+from typing import Callable
 
 import torch
 from torch import nn
@@ -49,9 +50,9 @@ def counts(student, teacher: nn.Module, cfg) -> Counts:
                   states=optimizer_states(cfg.optimizer, cfg.momentum), shard_teacher=cfg.teacher == "online")
 
 
-def choose(cfg, world, device: torch.device, c: Counts) -> str:
+def choose(cfg, world, device: torch.device, c: Counts | None) -> str:
     """"ddp" or "fsdp" for this run, the same on every rank. auto: fsdp when the DDP student does
-    not fit one device (its memory x memory.HEADROOM), on any rank."""
+    not fit one device (its memory x memory.HEADROOM), on any rank (`c` is needed for auto only)."""
     if not world.distributed:
         return "ddp"  # one process: nothing to replicate or shard
     if cfg.sharding != "auto":
@@ -68,16 +69,23 @@ def capacity(device: torch.device, world) -> int:
     return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // max(1, world.local_size)
 
 
-def shard(model: nn.Module, world, device: torch.device) -> list[nn.Module]:
-    """fully_shard every decoder layer, then the root; returns the units (layers, then root)."""
+def shard(model: nn.Module, world, device: torch.device,
+          prepare: Callable[[nn.Module, str], None] | None = None) -> list[nn.Module]:
+    """fully_shard every decoder layer, then the root; returns the units (layers, then root).
+    `prepare(unit, prefix)` is called just before a unit is sharded (lazy.py builds it then);
+    prefix: the unit's module name and a dot, "" for the root."""
     # lazy: torch.distributed's FSDP2 and device mesh, only under torchrun
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     mesh = init_device_mesh(device.type, (world.size,))
-    layers, _ = _units(model)
-    for layer in layers:
+    layers, path = _units(model)
+    for i, layer in enumerate(layers):
+        if prepare:
+            prepare(layer, f"{path}.{i}.")
         fully_shard(layer, mesh=mesh)
+    if prepare:
+        prepare(model, "")
     fully_shard(model, mesh=mesh)
     return [*layers, model]
 

@@ -18,6 +18,11 @@ tensor of both models is float32 while training (tfcompile/distill/run.py loads 
   their reduce-scatters.
 Activations (batch x seq_len x hidden per layer, the logits) are the same in both modes and left
 out: `fits` keeps HEADROOM of the device for them.
+
+The host (`host_bytes`): under DDP (and one process) each rank loads both models whole in
+float32 before placing them; under FSDP2 they are built unit by unit from the memory-mapped
+checkpoint (lazy.py), so the host holds one unit's float32 copy at a time beside the shards
+(the checkpoint's pages are the page cache's, shared by the node's ranks, and not counted).
 """
 
 from __future__ import annotations
@@ -62,3 +67,21 @@ def per_rank_bytes(c: Counts, sharding: str, ranks: int) -> dict[str, int]:
 
 def fits(total: int, capacity: int) -> bool:
     return total <= HEADROOM * capacity
+
+
+def host_bytes(c: Counts, sharding: str, ranks: int, teacher_params: int, whole_teacher: bool,
+               on_device: bool) -> int:
+    """Peak bytes on each rank's host (the process's own memory; the checkpoint's mapped pages are
+    the page cache's). `teacher_params`: the teacher's elements, loaded whole (counted even when
+    it leaves before training) unless FSDP2 builds it sharded (`whole_teacher` False: the online
+    teacher without --data self)."""
+    if sharding == "fsdp" and ranks > 1:
+        # lazy.py: one unit at a time in float32; a decoder layer's quantized Linears twice while
+        # the student converts them (the parameters read, FakeQuantLinear's clones)
+        build = 4 * max(2 * c.layer, c.root)
+        kept = 0 if on_device else per_rank_bytes(c, "fsdp", ranks)["total"]  # the shards stay here
+        return build + kept + 4 * teacher_params * whole_teacher
+    student = 4 * (c.trained + c.frozen)
+    if not on_device:
+        return per_rank_bytes(c, "ddp", ranks)["total"]
+    return student + 4 * teacher_params * (ranks > 1)  # one process: the teacher placed before the student

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from tfcompile.calibration.forward import load_hf_model, load_tokenizer
-from tfcompile.calibration.sequential import find_layers
+from tfcompile.calibration.sequential import _fixed_mmap_threshold, find_layers
 from tfcompile.dist import LOCAL
 from tfcompile.dist.devices import resolve_device
 from tfcompile.dist.failure import inject_fault
@@ -32,6 +32,7 @@ from tfcompile.distill.ddp import agree_stop, check_data_parallel, data_parallel
 from tfcompile.distill.fsdp import Holder, choose, counts, reshard, shard
 from tfcompile.distill.data import BlockOrder, load_data
 from tfcompile.distill.heldout import heldout_metrics, sig
+from tfcompile.distill.lazy import build_sharded, can_build, skeleton
 from tfcompile.distill.layerwise import run_layerwise
 from tfcompile.distill.loss import ce_loss, hidden_mse, kl_loss
 from tfcompile.distill.student import Student, build_student
@@ -69,24 +70,20 @@ class Outcome:
 def distill_checkpoint(ctx: Inputs, cfg: DistillConfig, reporter: Reporter, work_dir: Path) -> Outcome:
     """Distill the plan's Linears of ctx.source_path; write their weights into work_dir."""
     t0 = time.perf_counter()
+    # large buffers freed by the hundred (the lazy build's unit copies, activations) would raise
+    # glibc's mmap threshold and fragment the heap: measured 2.83-3.00 vs 2.05 GB peak RSS per rank
+    # (docs/performance.md "Distillation on two processes")
+    _fixed_mmap_threshold()
     world = ctx.world or LOCAL
     device = resolve_device(cfg.device, world)
     if world.distributed:
         check_data_parallel(cfg, world)
-    # both models are built on the CPU, then placed: whole on the device, or (FSDP2) sharded unit
-    # by unit (fully_shard moves each unit's shard to the device)
-    teacher = load_hf_model(ctx.source_path, torch.float32)
-    if not world.distributed:  # placed now (one process never shards): the host holds one model at a time
-        teacher.to(device)
     convert = functools.partial(build_student, plan=ctx.plan, program=ctx.program, train=cfg.train,
                                 lora_rank=cfg.lora_rank, lora_alpha=cfg.lora_alpha, seed=cfg.seed,
                                 dtype=ctx.dtype, impl=cfg.impl)
     # block-wise without held-out figures: one model, made the student layer by layer (memory: once)
     progressive = cfg.mode == "layerwise" and not cfg.heldout_tokens
-    student = Student.frozen(teacher) if progressive else convert(load_hf_model(ctx.source_path, torch.float32))
-    if cfg.train_unquantized:
-        student.train_unquantized(set(ctx.plan.passthrough), ctx.dtype)
-    sharding, units, shard_teacher = _place(cfg, world, device, teacher, student, progressive)
+    teacher, student, sharding, units, shard_teacher = _models(ctx, cfg, world, device, convert, progressive)
     resume = ResumeDir.open(cfg.resume_dir, fingerprint(ctx)) if cfg.resume_dir else None
     data = _data(ctx, cfg, teacher)
     if shard_teacher:
@@ -121,21 +118,45 @@ def distill_checkpoint(ctx: Inputs, cfg: DistillConfig, reporter: Reporter, work
     return Outcome(path, names, record, stats)
 
 
-def _place(cfg: DistillConfig, world, device, teacher, student: Student, progressive: bool):
-    """Put the student on the device, whole (one process, DDP) or sharded (FSDP2: `fully_shard`
-    moves each unit's shard there); and the teacher, unless it is to be sharded after `_data`.
-    Returns (sharding, the student's FSDP units or None, whether the teacher is to be sharded)."""
-    sharding = "ddp" if progressive else choose(cfg, world, device, counts(student, teacher, cfg))
-    units = shard(student.model, world, device) if sharding == "fsdp" else None
-    if units is None:
-        student.model.to(device)
+def _models(ctx: Inputs, cfg: DistillConfig, world, device, convert, progressive: bool):
+    """The teacher and the student, placed: (teacher, student, sharding, the student's FSDP units or
+    None, whether the teacher is still to be sharded, after `_data`)."""
+    sharding = "ddp" if progressive else choose(cfg, world, device, _meta_counts(ctx, cfg, convert))
     # the online teacher runs on every rank in step with the student: sharded too, once it has
     # sampled --data self (whole: generation runs in inference mode, which FSDP2's unsharding does
     # not survive). The disk cache's teacher is not (rank 0 alone builds a --resume-dir's cache).
-    shard_teacher = units is not None and cfg.teacher == "online"
+    shard_teacher = sharding == "fsdp" and cfg.teacher == "online"
+    if sharding == "fsdp" and can_build(ctx):  # unit by unit from the checkpoint: no whole float32 copy
+        now = shard_teacher and cfg.data != "self"  # the teacher sharded as it is built, or loaded whole
+        teacher, student, units = build_sharded(ctx, cfg, world, device, convert, now)
+        if not now:
+            teacher.to(device)
+        return teacher, student, sharding, units, shard_teacher and not now
+    # whole on the CPU, then placed: on the device, or (FSDP2) sharded unit by unit
+    teacher = load_hf_model(ctx.source_path, torch.float32)
+    if not world.distributed:  # placed now (one process never shards): the host holds one model at a time
+        teacher.to(device)
+    student = Student.frozen(teacher) if progressive else convert(load_hf_model(ctx.source_path, torch.float32))
+    if cfg.train_unquantized:
+        student.train_unquantized(set(ctx.plan.passthrough), ctx.dtype)
+    units = shard(student.model, world, device) if sharding == "fsdp" else None
+    if units is None:
+        student.model.to(device)
     if not shard_teacher or cfg.data == "self":
         teacher.to(device)
-    return sharding, units, shard_teacher
+    return teacher, student, sharding, units, shard_teacher
+
+
+def _meta_counts(ctx: Inputs, cfg: DistillConfig, convert):
+    """The run's element counts, from both models built on the meta device (no weight read): what
+    `auto` decides by, before anything is built for real. None when nothing is to be decided."""
+    world = ctx.world or LOCAL
+    if not world.distributed or cfg.sharding != "auto":
+        return None
+    student = convert(skeleton(ctx.source_path))
+    if cfg.train_unquantized:
+        student.train_unquantized(set(ctx.plan.passthrough), ctx.dtype)
+    return counts(student, skeleton(ctx.source_path), cfg)
 
 
 def _data(ctx: Inputs, cfg: DistillConfig, teacher):

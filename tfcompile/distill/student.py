@@ -238,13 +238,14 @@ def build_student(model: nn.Module, plan, program, *, train: str, lora_rank: int
     fake-quantized. `program` gives the MX rule and the calibrated activation amax.
 
     `only`: convert just the groups under this module prefix (block-wise distillation converts
-    one decoder layer at a time), adding them to `into`."""
+    one decoder layer at a time; FSDP2's lazy build one unit at a time, the root's last with
+    prefix ""), adding them to `into`; groups `into` holds already are skipped."""
     student = into or Student.frozen(model)
     scheme = plan.scheme
     spec = QuantSpec(scheme, program.mx_rule, dtype, impl)
     modules = dict(model.named_modules())
     for group in plan.groups:
-        if only is not None and not group.key.startswith(only):
+        if only is not None and (not group.key.startswith(only) or group.members[0].module in student.linears):
             continue
         amax = max(program.act_amax[t.module] for t in group.members) if scheme.act_static else None
         shared = GroupState(spec, act_fake_quant_fn(scheme.act, amax, group.key, dtype, impl))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import re
 
-from tfcompile.distill.memory import Counts, fits, optimizer_states, per_rank_bytes
+from tfcompile.distill.memory import Counts, fits, host_bytes, optimizer_states, per_rank_bytes
 
 GB = 1e9
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
@@ -25,10 +25,9 @@ def distill_estimate(shape, plan, cfg, ranks: int, capacity_gb: float, on_device
     else:
         sharding = "ddp" if fits(ddp, int(capacity_gb * GB)) else "fsdp"
     held = fsdp if sharding == "fsdp" else ddp
-    # under torchrun each rank's host holds both models whole in float32 before it places them
-    # (one process: one at a time); the student's share is all of it for a CPU run
-    host = 4 * ((shape.params if ranks > 1 else 0) + c.trained + c.frozen) / GB
-    out = {"seconds": 0.0, "host_gb": round(host if on_device else held / GB, 3), "sharding": sharding,
+    whole_teacher = cfg.teacher != "online" or cfg.data == "self"  # FSDP2 builds the others sharded
+    host = host_bytes(c, sharding or "ddp", ranks, shape.params, whole_teacher, on_device) / GB
+    out = {"seconds": 0.0, "host_gb": round(host, 3), "sharding": sharding,
            "ddp_gb_per_rank": round(ddp / GB, 3), "fsdp_gb_per_rank": round(fsdp / GB, 3),
            "note": "model state only (float32 weights, gradients, optimizer state, teacher); activations "
                    "not counted; training time not estimated"}
