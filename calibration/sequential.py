@@ -82,7 +82,7 @@ def observe_sequential(model_dir: Path, ckpt, modules: set[str], *, data: str, s
     batch b runs on rank b mod N and the statistics are reduced exactly (calibration.recorders).
     `solver`: quantize each layer once its statistics are in and feed the next layer its quantized
     outputs (calibration/propagate.py); the stats then hold the solved codes, not Hessians."""
-    _fixed_mmap_threshold()
+    fixed_mmap_threshold()
     model = _skeleton(model_dir, dtype)
     data, tokenizer = resolve_data(model_dir, model, data, samples, seq_len)  # auto, self -> the real source
     path, layers = find_layers(model)
@@ -177,7 +177,7 @@ def _tokens(model_dir: Path, model: nn.Module, ckpt, dtype, path: str, layers, s
     return calibration_ids(model_dir, model, **spec)
 
 
-def _fixed_mmap_threshold(nbytes: int = 128 << 10) -> None:
+def fixed_mmap_threshold(nbytes: int = 128 << 10) -> None:
     """Serve every allocation >= 128 KiB from its own mmap, returned to the OS on free.
 
     glibc raises its mmap threshold after the first large free (up to 32 MiB),
@@ -211,7 +211,7 @@ def _skeleton(model_dir: Path, dtype: torch.dtype) -> nn.Module:
 
     cfg = transformers.AutoConfig.from_pretrained(model_dir, trust_remote_code=False)
     cls = model_class(model_dir, cfg)
-    with warnings.catch_warnings(), _params_on_meta():
+    with warnings.catch_warnings(), params_on_meta():
         warnings.simplefilter("ignore")
         model = cls(cfg)
     cfg.use_cache = False
@@ -219,7 +219,7 @@ def _skeleton(model_dir: Path, dtype: torch.dtype) -> nn.Module:
 
 
 @contextlib.contextmanager
-def _params_on_meta():
+def params_on_meta():
     """Create every nn.Parameter on the meta device (no memory, no init cost)."""
     real = nn.Module.register_parameter
 
@@ -235,7 +235,7 @@ def _params_on_meta():
         nn.Module.register_parameter = real
 
 
-def _tensor_for(ckpt, name: str, names: set[str], owner: nn.Module | None = None) -> torch.Tensor | None:
+def tensor_for(ckpt, name: str, names: set[str], owner: nn.Module | None = None) -> torch.Tensor | None:
     """The checkpoint tensor for parameter `name`, fusing per-expert tensors when the model
     holds experts fused (transformers 5) in the layout of its experts module `owner`
     (tfcompile/families/experts.py: v5 [E, 2I, H] halves, GPT-OSS [E, H, 2I] interleaved)."""
@@ -282,27 +282,27 @@ def _bind(module: nn.Module, ckpt, dtype: torch.dtype, prefix: str = "", skip: s
         if skip and all((prefix + n).startswith(skip) for n in group):
             continue
         found = next(((n, t) for n in group
-                      if (t := _tensor_for(ckpt, prefix + n, names, _owner(module, n)[0])) is not None), None)
+                      if (t := tensor_for(ckpt, prefix + n, names, param_owner(module, n)[0])) is not None), None)
         if found is None:
             continue  # not in the checkpoint: stays on meta; using it raises (-> Unsupported)
         name, t = found
-        want = _owner(module, name)[0]._parameters[name.rsplit(".", 1)[-1]].shape
+        want = param_owner(module, name)[0]._parameters[name.rsplit(".", 1)[-1]].shape
         if tuple(t.shape) != tuple(want):
             raise Unsupported(f"{prefix + name}: checkpoint shape {list(t.shape)}, model {list(want)}")
         param = nn.Parameter(t.to(device=device, dtype=dtype), requires_grad=False)  # no copy if same
         for n in group:
-            owner, attr = _owner(module, n)
+            owner, attr = param_owner(module, n)
             owner._parameters[attr] = param
 
 
 def _unbind(module: nn.Module) -> None:
     for name, p in list(module.named_parameters()):
-        owner, attr = _owner(module, name)
+        owner, attr = param_owner(module, name)
         owner._parameters[attr] = nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device="meta"),
                                                requires_grad=False)
 
 
-def _owner(module: nn.Module, name: str) -> tuple[nn.Module, str]:
+def param_owner(module: nn.Module, name: str) -> tuple[nn.Module, str]:
     *path, attr = name.split(".")
     for part in path:
         module = getattr(module, part)

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from tfcompile.calibration.forward import load_hf_model, model_class
-from tfcompile.calibration.sequential import _owner, _params_on_meta, _tensor_for
+from tfcompile.calibration.sequential import param_owner, params_on_meta, tensor_for
 from tfcompile.distill.fsdp import shard
 from tfcompile.distill.student import Student
 from tfcompile.errors import CheckpointError
@@ -47,7 +47,7 @@ def skeleton(model_dir: Path) -> nn.Module:
     import transformers  # lazy: transformers (~2 s to import); only when a model is built
 
     cfg = transformers.AutoConfig.from_pretrained(model_dir, trust_remote_code=False)
-    with warnings.catch_warnings(), _params_on_meta():
+    with warnings.catch_warnings(), params_on_meta():
         warnings.simplefilter("ignore")
         model = model_class(model_dir, cfg)(cfg)
     return model.eval()
@@ -63,9 +63,9 @@ def materialize(unit: nn.Module, prefix: str, ckpt) -> None:
         if p.is_meta:
             tied.setdefault(id(p), []).append(name)
     for group in tied.values():
-        t = next((t for n in group if (t := _tensor_for(ckpt, prefix + n, names, _owner(unit, n)[0])) is not None),
+        t = next((t for n in group if (t := tensor_for(ckpt, prefix + n, names, param_owner(unit, n)[0])) is not None),
                  None)
-        meta = _owner(unit, group[0])[0]._parameters[group[0].rsplit(".", 1)[-1]]
+        meta = param_owner(unit, group[0])[0]._parameters[group[0].rsplit(".", 1)[-1]]
         if t is None or tuple(t.shape) != tuple(meta.shape):
             found = "no tensor" if t is None else f"shape {list(t.shape)}"
             raise CheckpointError(f"{ckpt.path}: parameter {prefix + group[0]} of shape {list(meta.shape)}: "
@@ -73,7 +73,7 @@ def materialize(unit: nn.Module, prefix: str, ckpt) -> None:
                                   hint="--sharding fsdp reads each parameter by name; use --sharding ddp")
         param = nn.Parameter(t.to(torch.float32, copy=True), requires_grad=meta.requires_grad)
         for n in group:
-            owner, attr = _owner(unit, n)
+            owner, attr = param_owner(unit, n)
             owner._parameters[attr] = param
     ckpt.release()
 

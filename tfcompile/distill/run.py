@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from tfcompile.calibration.forward import load_hf_model, load_tokenizer
-from tfcompile.calibration.sequential import _fixed_mmap_threshold, find_layers
+from tfcompile.calibration.sequential import fixed_mmap_threshold, find_layers
 from tfcompile.dist import LOCAL
 from tfcompile.dist.devices import resolve_device
 from tfcompile.dist.failure import inject_fault
@@ -73,7 +73,7 @@ def distill_checkpoint(ctx: Inputs, cfg: DistillConfig, reporter: Reporter, work
     # large buffers freed by the hundred (the lazy build's unit copies, activations) would raise
     # glibc's mmap threshold and fragment the heap: measured 2.83-3.00 vs 2.05 GB peak RSS per rank
     # (docs/performance.md "Distillation on two processes")
-    _fixed_mmap_threshold()
+    fixed_mmap_threshold()
     world = ctx.world or LOCAL
     device = resolve_device(cfg.device, world)
     if world.distributed:
