@@ -275,24 +275,46 @@ def _bind(module: nn.Module, ckpt, dtype: torch.dtype, prefix: str = "", skip: s
     Tied parameters (one Parameter under several names, e.g. lm_head and the
     embeddings) are bound together from whichever name the checkpoint has."""
     names = set(ckpt.names())
-    tied: dict[int, list[str]] = {}
-    for name, p in module.named_parameters(remove_duplicate=False):
-        tied.setdefault(id(p), []).append(name)
-    for group in tied.values():
+    for group in tied_groups(module):
         if skip and all((prefix + n).startswith(skip) for n in group):
             continue
-        found = next(((n, t) for n in group
-                      if (t := tensor_for(ckpt, prefix + n, names, param_owner(module, n)[0])) is not None), None)
+        found = group_tensor(module, group, ckpt, names, prefix)
         if found is None:
             continue  # not in the checkpoint: stays on meta; using it raises (-> Unsupported)
         name, t = found
-        want = param_owner(module, name)[0]._parameters[name.rsplit(".", 1)[-1]].shape
+        want = parameter(module, name).shape
         if tuple(t.shape) != tuple(want):
             raise Unsupported(f"{prefix + name}: checkpoint shape {list(t.shape)}, model {list(want)}")
-        param = nn.Parameter(t.to(device=device, dtype=dtype), requires_grad=False)  # no copy if same
-        for n in group:
-            owner, attr = param_owner(module, n)
-            owner._parameters[attr] = param
+        # no copy when dtype and device already match: the parameter is the checkpoint's view
+        set_parameter(module, group, nn.Parameter(t.to(device=device, dtype=dtype), requires_grad=False))
+
+
+def tied_groups(module: nn.Module, meta_only: bool = False) -> list[list[str]]:
+    """`module`'s parameter names grouped by Parameter: tied ones (lm_head and the embeddings) in
+    one group; `meta_only`: only the parameters still on the meta device."""
+    tied: dict[int, list[str]] = {}
+    for name, p in module.named_parameters(remove_duplicate=False):
+        if not meta_only or p.is_meta:
+            tied.setdefault(id(p), []).append(name)
+    return list(tied.values())
+
+
+def group_tensor(module: nn.Module, group: list[str], ckpt, names: set[str], prefix: str = ""):
+    """(name, checkpoint tensor) for the first of a tied group's names the checkpoint has, or None."""
+    return next(((n, t) for n in group
+                 if (t := tensor_for(ckpt, prefix + n, names, param_owner(module, n)[0])) is not None), None)
+
+
+def parameter(module: nn.Module, name: str) -> nn.Parameter:
+    owner, attr = param_owner(module, name)
+    return owner._parameters[attr]
+
+
+def set_parameter(module: nn.Module, group: list[str], param: nn.Parameter) -> None:
+    """Bind every name of a tied group to one Parameter."""
+    for n in group:
+        owner, attr = param_owner(module, n)
+        owner._parameters[attr] = param
 
 
 def _unbind(module: nn.Module) -> None:

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from tfcompile.calibration.forward import load_hf_model, model_class
-from tfcompile.calibration.sequential import param_owner, params_on_meta, tensor_for
+from tfcompile.calibration.sequential import group_tensor, parameter, params_on_meta, set_parameter, tied_groups
 from tfcompile.distill.fsdp import shard
 from tfcompile.distill.student import Student
 from tfcompile.errors import CheckpointError
@@ -58,23 +58,16 @@ def materialize(unit: nn.Module, prefix: str, ckpt) -> None:
     float32 copies of their checkpoint tensors; tied parameters (lm_head and the embeddings) stay
     one Parameter. `prefix`: the unit's module name with its trailing dot ("" for the root)."""
     names = set(ckpt.names())
-    tied: dict[int, list[str]] = {}
-    for name, p in unit.named_parameters(remove_duplicate=False):
-        if p.is_meta:
-            tied.setdefault(id(p), []).append(name)
-    for group in tied.values():
-        t = next((t for n in group if (t := tensor_for(ckpt, prefix + n, names, param_owner(unit, n)[0])) is not None),
-                 None)
-        meta = param_owner(unit, group[0])[0]._parameters[group[0].rsplit(".", 1)[-1]]
-        if t is None or tuple(t.shape) != tuple(meta.shape):
-            found = "no tensor" if t is None else f"shape {list(t.shape)}"
+    for group in tied_groups(unit, meta_only=True):
+        found = group_tensor(unit, group, ckpt, names, prefix)
+        meta = parameter(unit, group[0])
+        if found is None or tuple(found[1].shape) != tuple(meta.shape):
+            what = "no tensor" if found is None else f"shape {list(found[1].shape)}"
             raise CheckpointError(f"{ckpt.path}: parameter {prefix + group[0]} of shape {list(meta.shape)}: "
-                                  f"{found} in the checkpoint",
+                                  f"{what} in the checkpoint",
                                   hint="--sharding fsdp reads each parameter by name; use --sharding ddp")
-        param = nn.Parameter(t.to(torch.float32, copy=True), requires_grad=meta.requires_grad)
-        for n in group:
-            owner, attr = param_owner(unit, n)
-            owner._parameters[attr] = param
+        set_parameter(unit, group, nn.Parameter(found[1].to(torch.float32, copy=True),
+                                                requires_grad=meta.requires_grad))
     ckpt.release()
 
 
