@@ -5,7 +5,11 @@ separate virtual environment (the project's keeps the versions CI resolves). Thi
 nothing from tfcompile. Calibration tokens come from a file bench/peers.py wrote with tfcompile's
 own `--calib python-doc` tokens, so both tools calibrate on the same ids.
 
-    python bench/peers_llmc.py MODEL OUT --scheme NVFP4A16 --method rtn|gptq --tokens ids.npy
+    python bench/peers_llmc.py MODEL OUT --scheme NVFP4A16 --method rtn|gptq --tokens ids.npy [--dump DIR]
+
+--dump DIR (GPTQ): the inputs of each of llm-compressor's `quantize_weight` calls, one torch file per
+call (module names, normalized Hessians [B, K, K], observer block scales, global scales), for
+bench/acc_gptq_spread.py to solve them with tfcompile's GPTQ.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ def main() -> int:
     ap.add_argument("--scheme", required=True, help="compressed-tensors preset, e.g. NVFP4A16, FP8_DYNAMIC")
     ap.add_argument("--method", choices=["rtn", "gptq"], required=True)
     ap.add_argument("--tokens", required=True, help=".npy int64 [samples, seq_len]")
+    ap.add_argument("--dump", help="directory for the GPTQ solves' inputs (module docstring)")
     args = ap.parse_args()
 
     from datasets import Dataset
@@ -37,6 +42,8 @@ def main() -> int:
     ds = Dataset.from_dict({"input_ids": ids.tolist(), "attention_mask": np.ones_like(ids).tolist()})
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16)
     tok = AutoTokenizer.from_pretrained(args.model)
+    if args.dump:
+        _dump_gptq_inputs(model, args.dump)
     ignore = ["lm_head"]
     if args.method == "gptq":  # llm-compressor's defaults: block 128, dampening 0.01, act-order static
         recipe = GPTQModifier(targets="Linear", scheme=args.scheme, ignore=ignore)
@@ -49,6 +56,32 @@ def main() -> int:
     tok.save_pretrained(args.out)
     print(json.dumps({"seconds": round(time.perf_counter() - t0, 1)}))
     return 0
+
+
+def _dump_gptq_inputs(model: torch.nn.Module, out: str) -> None:
+    """Wrap llm-compressor 0.14's GPTQ entry points (llmcompressor/modifiers/gptq/base.py calls
+    `prepare_batch` then `quantize_weight` per batch of modules) to save each call's inputs."""
+    import os
+
+    import llmcompressor.modifiers.gptq.base as base
+
+    os.makedirs(out, exist_ok=True)
+    names = {m: n for n, m in model.named_modules()}
+    batch_names: list[str] = []
+    prepare, solve = base.prepare_batch, base.quantize_weight
+
+    def prepare_batch(batch, *a, **k):
+        batch_names[:] = [names[m] for m in batch]
+        return prepare(batch, *a, **k)
+
+    def quantize_weight(weights, hessians, scale, zero_point, global_scale, *a, **k):
+        rec = {"names": list(batch_names), "hessians": hessians.float().cpu().clone(),
+               "scale": scale.float().cpu().clone(),
+               "global_scale": None if global_scale is None else global_scale.float().cpu().reshape(-1).clone()}
+        torch.save(rec, os.path.join(out, f"{len(os.listdir(out)):04d}.pt"))
+        return solve(weights, hessians, scale, zero_point, global_scale, *a, **k)
+
+    base.prepare_batch, base.quantize_weight = prepare_batch, quantize_weight
 
 
 if __name__ == "__main__":
