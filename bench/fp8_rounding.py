@@ -3,7 +3,8 @@
 docs/accuracy.md "where llm-compressor is ahead": builds tfcompile's fp8-dynamic artifact and
 llm-compressor's (bench/peers_llmc.py in its venv), then four variants of ours, each weight
 re-quantized from the bf16 checkpoint with the scale rounded up / to nearest bf16 and w / scale
-computed in float32 / bf16, plus ours with llm-compressor's tensors swapped in; scores each as
+computed in float32 / bf16, and ours with every scale one or two bf16 steps larger (the spread
+of equally valid roundings); scores each as
 bench/peers.py does (transformers + compressed-tensors, held-out python-doc) and prints the
 weight SQNR and whether a variant is bit-identical to llm-compressor's artifact.
 
@@ -29,14 +30,23 @@ from lm_eval import HeldOut  # noqa: E402
 from peers import LLMC_PYTHON, REPO, calib_ids  # noqa: E402
 
 VARIANTS = {"up/float32": ("up", "float32"), "nearest/float32": ("nearest", "float32"),
-            "up/bf16": ("up", "bf16"), "nearest/bf16": ("nearest", "bf16")}
+            "up/bf16": ("up", "bf16"), "nearest/bf16": ("nearest", "bf16"),
+            # the spread of equally valid roundings: tfcompile's rule with every scale 1 or 2 bf16
+            # steps larger (still no element clips; each step is 0.4-0.8% of the scale)
+            "up+1/float32": ("up+1", "float32"), "up+2/float32": ("up+2", "float32")}
 
 
 def scale(w: torch.Tensor, rule: str) -> torch.Tensor:
-    """amax / 448 per row as bf16: rounded to nearest, or up (the smallest bf16 >= it)."""
+    """amax / 448 per row as bf16: rounded to nearest, or up (the smallest bf16 >= it), or up and
+    then `up+k`: k bf16 steps larger."""
     s = w.float().abs().amax(1, keepdim=True) / 448
     b = s.to(torch.bfloat16)
-    return b if rule == "nearest" else torch.where(b.float() < s, torch.nextafter(b, torch.full_like(b, 1e9)), b)
+    if rule == "nearest":
+        return b
+    b = torch.where(b.float() < s, torch.nextafter(b, torch.full_like(b, 1e9)), b)
+    for _ in range(int(rule.partition("+")[2] or 0)):
+        b = torch.nextafter(b, torch.full_like(b, 1e9))
+    return b
 
 
 def variant(ours: Path, ref: Path, out: Path, rule: str, div: str) -> Path:
