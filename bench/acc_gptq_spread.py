@@ -211,12 +211,15 @@ def summary(results: dict) -> str:
         if kl:
             out.append(f"GPTQ solves, {hess}: KL {min(kl):.4f}-{max(kl):.4f}, mean {sum(kl) / len(kl):.4f} "
                        f"over {len(kl)} global scales")
+    seed0 = Results("smollm2-accuracy").load()  # bench/acc_smollm2.py's rows: the pipeline's seed 0
     for fmt in ("nvfp4a16", "nvfp4"):
         for prop in (False, True):
-            kl = [results[x]["kl_mean"] for x, v in PIPELINE.items() if x in results and v[:2] == (fmt, prop)]
+            row = seed0.get(f"{fmt}/gptq-prop" if prop else f"{fmt}/gptq")
+            kl = [row["kl_mean"]] if row else []
+            kl += [results[x]["kl_mean"] for x, v in PIPELINE.items() if x in results and v[:2] == (fmt, prop)]
             if kl:
-                out.append(f"{fmt} pipeline, {'prop' if prop else 'orig'}: KL {min(kl):.4f}-{max(kl):.4f} "
-                           f"over {len(kl)} calibration draws")
+                out.append(f"{fmt} pipeline, {'prop' if prop else 'orig'}: KL {min(kl):.4f}-{max(kl):.4f}, mean "
+                           f"{sum(kl) / len(kl):.4f} over {len(kl)} calibration draws")
     return "; ".join(out)
 
 
@@ -230,9 +233,16 @@ def body(results: dict, max_tokens: int) -> str:
             "and block scales named, g the fused group's global scale (nudged where shown); the other rows "
             "are whole `tfcompile quantize --algorithm gptq` runs (`prop`: `--set calibrate.propagate=true`; "
             "nvfp4 is W4A4), scored as `tfcompile eval` scores the artifact; their seed 0 is "
-            "bench/acc_smollm2.py's `gptq` and `gptq-prop` rows (nvfp4a16 0.0954 and 0.0956, nvfp4 0.2875 "
-            "and 0.2925). For comparison, llm-compressor's own GPTQ artifact: KL 0.0907 (peer table "
-            "above).\n\n" + table(results) + "\n\n" + summary(results) + ".")
+            f"bench/acc_smollm2.py's `gptq` and `gptq-prop` rows ({seed0()}). For comparison, "
+            "llm-compressor's own GPTQ artifact: KL 0.0907 (peer table above).\n\n" + table(results)
+            + "\n\n" + summary(results) + ".")
+
+
+def seed0() -> str:
+    """The KL of bench/acc_smollm2.py's stored gptq / gptq-prop rows (the pipeline runs' seed 0)."""
+    rows = Results("smollm2-accuracy").load()
+    kl = lambda name: f"{rows[name]['kl_mean']:.4f}" if name in rows else "not measured"  # noqa: E731
+    return "; ".join(f"{fmt}: {kl(f'{fmt}/gptq')} and {kl(f'{fmt}/gptq-prop')}" for fmt in ("nvfp4a16", "nvfp4"))
 
 
 def run(args, results: dict) -> None:

@@ -61,6 +61,12 @@ for _f in ("nvfp4a16", "nvfp4"):
     row(_f, "awq", "--algorithm", "awq")
     if _f == "nvfp4":
         row(_f, "smoothquant", "--algorithm", "smoothquant")
+        # the activations' static global scale: clipped by an observer instead of the calibration max
+        row(_f, "rtn+obs-percentile", "--observer", "percentile", label="rtn, percentile observer")
+        row(_f, "rtn+obs-mse", "--observer", "mse", label="rtn, mse observer")
+    # GPTQ's Hessians from 8x the calibration tokens (128 x 512: 64K tokens of the same calib split)
+    row(_f, "gptq+fos-c128", *GPTQ, *FOS, "--calib", "python-doc", "--calib-samples", "128", "--calib-seq-len",
+        str(SEQ), label="gptq + 4/6, 128 x 512 calibration")
     row(_f, "rotate", *ROT)
     row(_f, "rotate-r1", *ROT, "--set", "rotate.heads=false", label="rotate, R1 only")
     row(_f, "rotate-all", *ROT, "--set", "rotate.keep_suppressed=false", label="rotate, every channel")
