@@ -65,8 +65,10 @@ for _f in ("nvfp4a16", "nvfp4"):
         row(_f, "rtn+obs-percentile", "--observer", "percentile", label="rtn, percentile observer")
         row(_f, "rtn+obs-mse", "--observer", "mse", label="rtn, mse observer")
     # GPTQ's Hessians from 8x the calibration tokens (128 x 512: 64K tokens of the same calib split)
-    row(_f, "gptq+fos-c128", *GPTQ, *FOS, "--calib", "python-doc", "--calib-samples", "128", "--calib-seq-len",
-        str(SEQ), label="gptq + 4/6, 128 x 512 calibration")
+    for _seed in (0, 1):  # and another draw of those 64K tokens (its spread)
+        row(_f, "gptq+fos-c128" + (f"-s{_seed}" if _seed else ""), *GPTQ, *FOS, "--calib", "python-doc",
+            "--calib-samples", "128", "--calib-seq-len", str(SEQ), "--calib-seed", str(_seed),
+            label="gptq + 4/6, 128 x 512 calibration" + (f", seed {_seed}" if _seed else ""))
     row(_f, "rotate", *ROT)
     row(_f, "rotate-r1", *ROT, "--set", "rotate.heads=false", label="rotate, R1 only")
     row(_f, "rotate-all", *ROT, "--set", "rotate.keep_suppressed=false", label="rotate, every channel")
