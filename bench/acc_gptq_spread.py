@@ -40,11 +40,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from acc_rtn_spread import groups  # noqa: E402
 from common import replace_doc_section  # noqa: E402
 from lm_eval import ACCURACY_DOC, CALIB_SAMPLES, CALIB_SEQ, HeldOut, Results, bench_parser  # noqa: E402
 
 STORE = Results("smollm2-gptq-spread")
-FUSED = {"q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv", "gate_proj": "gate_up", "up_proj": "gate_up"}
 NUDGES = {"g": 1.0, "g*(1+2^-10)": 1 + 2 ** -10, "g*(1-2^-10)": 1 - 2 ** -10, "g*(1+2^-8)": 1 + 2 ** -8}
 # label -> (Hessians, block scales, factor on g)
 VARIANTS = {f"{h} / {n}": (h, "tfcompile", f) for h in ("orig", "prop") for n, f in NUDGES.items()}
@@ -68,11 +68,7 @@ class Spread:
         self.F = F
         self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval()
         self.mods = dict(self.model.named_modules())
-        self.groups: dict[str, list[str]] = {}  # "model.layers.3.self_attn.qkv" -> its Linears
-        for name, mod in self.mods.items():
-            if isinstance(mod, torch.nn.Linear) and ".layers." in name:
-                parent, leaf = name.rsplit(".", 1)
-                self.groups.setdefault(f"{parent}.{FUSED.get(leaf, leaf)}", []).append(name)
+        self.groups = groups(self.model)  # "model.layers.3.self_attn.qkv" -> its Linears
         self.orig = {n: self.mods[n].weight.data.clone() for names in self.groups.values() for n in names}
         self.ids = calibration_tokens("python-doc", load_tokenizer(path), samples=CALIB_SAMPLES,
                                       seq_len=CALIB_SEQ, seed=0)  # [16, 512]

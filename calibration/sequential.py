@@ -28,14 +28,10 @@ a temporary directory (a 1B model's down_proj Hessians alone are 4 GB of float32
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import ctypes.util
 import dataclasses
 import re
 import tempfile
 import time
-import warnings
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -44,24 +40,20 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
+from tfcompile.calibration.binding import (  # noqa: F401 - Unsupported: raised here, caught by passes/calibrate.py
+    Unsupported, bind, fixed_mmap_threshold, skeleton, unbind)
 from tfcompile.calibration.datasets import tokens_sha256
-from tfcompile.calibration.forward import Silent, calibration_ids, model_class, resolve_data
+from tfcompile.calibration.forward import Silent, calibration_ids, resolve_data
 from tfcompile.calibration.propagate import LayerPropagation, LayerSolver
 from tfcompile.calibration.recorders import Recorders
 from tfcompile.dist import LOCAL
 from tfcompile.dist.collect import broadcast
 from tfcompile.dist.partition import mine, rounds
 from tfcompile.ir import CalibStats
-from tfcompile.families import V5
-from tfcompile.families.experts import PROJS, fuse_bias, fuse_weight, module_layout
 from tfcompile.families.names import RenamedView
 from tfcompile.io.locks import owner_token, sweep_stale_in
 
 SPILL_PREFIX = "tfcompile-hessians-"
-
-
-class Unsupported(Exception):
-    """The checkpoint's tensors do not map onto the model's parameters one to one."""
 
 
 def observe_sequential(model_dir: Path, ckpt, modules: set[str], *, data: str, samples: int,
@@ -83,7 +75,8 @@ def observe_sequential(model_dir: Path, ckpt, modules: set[str], *, data: str, s
     `solver`: quantize each layer once its statistics are in and feed the next layer its quantized
     outputs (calibration/propagate.py); the stats then hold the solved codes, not Hessians."""
     fixed_mmap_threshold()
-    model = _skeleton(model_dir, dtype)
+    model = skeleton(model_dir)
+    model.config.use_cache = False  # layers run one at a time: no KV cache to build
     data, tokenizer = resolve_data(model_dir, model, data, samples, seq_len)  # auto, self -> the real source
     path, layers = find_layers(model)
     propagation = None if solver is None else LayerPropagation(
@@ -95,7 +88,7 @@ def observe_sequential(model_dir: Path, ckpt, modules: set[str], *, data: str, s
     if world.is_root:
         ids = _tokens(model_dir, model, ckpt, dtype, path, layers, spec)
     else:  # rank 0 samples or reads the tokens once; the others bind what precedes layer 0
-        _bind(model, ckpt, dtype, skip=f"{path}.")
+        bind(model, ckpt, dtype, skip=f"{path}.")
         ids = None
     ids = broadcast(world, ids)
     starts = range(0, ids.shape[0], batch)  # batch b: sequences [b*batch, (b+1)*batch)
@@ -113,15 +106,16 @@ def observe_sequential(model_dir: Path, ckpt, modules: set[str], *, data: str, s
         with torch.inference_mode():
             for i, layer in enumerate(layers):
                 t0 = time.perf_counter()
-                _bind(layer, ckpt, dtype, prefix=f"{path}.{i}.", device=device)
+                bind(layer, ckpt, dtype, prefix=f"{path}.{i}.", device=device)
                 for r in range(n_rounds):  # round r: batches r*N .. r*N+N-1
                     if r < len(inputs):
                         hidden, kwargs = inputs[r]
                         out = _first(layer(hidden, **kwargs))
-                        inputs[r] = (out, kwargs) if propagation is None else inputs[r]
+                        if propagation is None:  # else layer i+1's inputs come from the quantized rerun
+                            inputs[r] = (out, kwargs)
                     rec.flush()
                     progress.advance(1, f"layer {i + 1}/{len(layers)}")
-                _unbind(layer)
+                unbind(layer)
                 ckpt.release()
                 if propagation is None:
                     spill.put(i, rec.hessians.take())
@@ -150,11 +144,11 @@ def _rerun(layer: nn.Module, inputs: list, propagation: LayerPropagation, rec: R
            dtype: torch.dtype, device, progress) -> None:
     """Layer i bound to its quantized weights, run on this rank's batches with nothing recorded:
     the outputs replace the inputs (layer i+1's)."""
-    _bind(layer, propagation.checkpoint, dtype, prefix=prefix, device=device)
+    bind(layer, propagation.checkpoint, dtype, prefix=prefix, device=device)
     with rec.paused():
         for r, (hidden, kwargs) in enumerate(inputs):
             inputs[r] = (_first(layer(hidden, **kwargs)), kwargs)
-    _unbind(layer)
+    unbind(layer)
     propagation.done()
     propagation.checkpoint.release()
     progress()
@@ -165,31 +159,16 @@ def _tokens(model_dir: Path, model: nn.Module, ckpt, dtype, path: str, layers, s
     bound to the mapped checkpoint (zero-copy views: the page cache holds the weights,
     not this process's heap) and the layers are unbound again afterwards."""
     if spec["data"] == "self":
-        _bind(model, ckpt, dtype)
+        bind(model, ckpt, dtype)
         try:
             with torch.inference_mode():
                 return calibration_ids(model_dir, model, **spec)
         finally:
             for layer in layers:
-                _unbind(layer)
+                unbind(layer)
             ckpt.release()
-    _bind(model, ckpt, dtype, skip=f"{path}.")
+    bind(model, ckpt, dtype, skip=f"{path}.")
     return calibration_ids(model_dir, model, **spec)
-
-
-def fixed_mmap_threshold(nbytes: int = 128 << 10) -> None:
-    """Serve every allocation >= 128 KiB from its own mmap, returned to the OS on free.
-
-    glibc raises its mmap threshold after the first large free (up to 32 MiB),
-    after which activation-sized buffers come from the heap and fragment it:
-    measured +20 MB of RSS per decoder layer on a 16-layer model (466 MB ->
-    881 MB); with the threshold fixed, RSS stays flat. Setting it explicitly
-    turns glibc's dynamic adjustment off for the process. No-op off glibc."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.mallopt(-3, nbytes)  # M_MMAP_THRESHOLD
-    except (OSError, AttributeError):
-        pass
 
 
 def find_layers(model: nn.Module) -> tuple[str, nn.ModuleList]:
@@ -204,57 +183,6 @@ def find_layers(model: nn.Module) -> tuple[str, nn.ModuleList]:
     return best
 
 
-def _skeleton(model_dir: Path, dtype: torch.dtype) -> nn.Module:
-    """The transformers model with parameters on the meta device and real buffers."""
-    # lazy: transformers (~2 s to import); only when a model is built
-    import transformers
-
-    cfg = transformers.AutoConfig.from_pretrained(model_dir, trust_remote_code=False)
-    cls = model_class(model_dir, cfg)
-    with warnings.catch_warnings(), params_on_meta():
-        warnings.simplefilter("ignore")
-        model = cls(cfg)
-    cfg.use_cache = False
-    return model.eval()
-
-
-@contextlib.contextmanager
-def params_on_meta():
-    """Create every nn.Parameter on the meta device (no memory, no init cost)."""
-    real = nn.Module.register_parameter
-
-    def register(self, name, param):
-        if param is not None and param.device.type != "meta":
-            param = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
-        real(self, name, param)
-
-    nn.Module.register_parameter = register
-    try:
-        yield
-    finally:
-        nn.Module.register_parameter = real
-
-
-def tensor_for(ckpt, name: str, names: set[str], owner: nn.Module | None = None) -> torch.Tensor | None:
-    """The checkpoint tensor for parameter `name`, fusing per-expert tensors when the model
-    holds experts fused (transformers 5) in the layout of its experts module `owner`
-    (tfcompile/families/experts.py: v5 [E, 2I, H] halves, GPT-OSS [E, H, 2I] interleaved)."""
-    if name in names:
-        return ckpt.get(name)
-    m = re.fullmatch(r"(.*\.experts)\.(gate_up_proj|down_proj)(_bias)?", name)
-    if not m:
-        return None
-    base, kind, bias = m.groups()
-    n = sum(1 for x in names if re.fullmatch(re.escape(base) + r"\.\d+\.down_proj\.weight", x))
-    if n == 0 or (bias and f"{base}.0.down_proj.bias" not in names):
-        return None
-    leaf = "bias" if bias else "weight"
-    parts = {p: [ckpt.get(f"{base}.{e}.{p}.{leaf}") for e in range(n)] for p in PROJS}
-    layout = module_layout(owner) if owner is not None else V5
-    fused = fuse_bias(parts, layout) if bias else fuse_weight(parts, layout)
-    return fused[kind]
-
-
 def _check_layers(model: nn.Module, ckpt, path: str) -> None:
     """Every decoder-layer parameter must have its tensor (by name, or fused experts)."""
     names = set(ckpt.names())
@@ -265,70 +193,6 @@ def _check_layers(model: nn.Module, ckpt, path: str) -> None:
         leaf = "bias" if m and m.group(3) else "weight"
         if not (m and f"{m.group(1)}.0.down_proj.{leaf}" in names):
             raise Unsupported(f"parameter {name} has no tensor in the checkpoint")
-
-
-def _bind(module: nn.Module, ckpt, dtype: torch.dtype, prefix: str = "", skip: str | None = None,
-          device: torch.device | str = "cpu") -> None:
-    """Point `module`'s parameters at checkpoint views (copies when the dtype differs, or on
-    another device than the CPU).
-
-    Tied parameters (one Parameter under several names, e.g. lm_head and the
-    embeddings) are bound together from whichever name the checkpoint has."""
-    names = set(ckpt.names())
-    for group in tied_groups(module):
-        if skip and all((prefix + n).startswith(skip) for n in group):
-            continue
-        found = group_tensor(module, group, ckpt, names, prefix)
-        if found is None:
-            continue  # not in the checkpoint: stays on meta; using it raises (-> Unsupported)
-        name, t = found
-        want = parameter(module, name).shape
-        if tuple(t.shape) != tuple(want):
-            raise Unsupported(f"{prefix + name}: checkpoint shape {list(t.shape)}, model {list(want)}")
-        # no copy when dtype and device already match: the parameter is the checkpoint's view
-        set_parameter(module, group, nn.Parameter(t.to(device=device, dtype=dtype), requires_grad=False))
-
-
-def tied_groups(module: nn.Module, meta_only: bool = False) -> list[list[str]]:
-    """`module`'s parameter names grouped by Parameter: tied ones (lm_head and the embeddings) in
-    one group; `meta_only`: only the parameters still on the meta device."""
-    tied: dict[int, list[str]] = {}
-    for name, p in module.named_parameters(remove_duplicate=False):
-        if not meta_only or p.is_meta:
-            tied.setdefault(id(p), []).append(name)
-    return list(tied.values())
-
-
-def group_tensor(module: nn.Module, group: list[str], ckpt, names: set[str], prefix: str = ""):
-    """(name, checkpoint tensor) for the first of a tied group's names the checkpoint has, or None."""
-    return next(((n, t) for n in group
-                 if (t := tensor_for(ckpt, prefix + n, names, param_owner(module, n)[0])) is not None), None)
-
-
-def parameter(module: nn.Module, name: str) -> nn.Parameter:
-    owner, attr = param_owner(module, name)
-    return owner._parameters[attr]
-
-
-def set_parameter(module: nn.Module, group: list[str], param: nn.Parameter) -> None:
-    """Bind every name of a tied group to one Parameter."""
-    for n in group:
-        owner, attr = param_owner(module, n)
-        owner._parameters[attr] = param
-
-
-def _unbind(module: nn.Module) -> None:
-    for name, p in list(module.named_parameters()):
-        owner, attr = param_owner(module, name)
-        owner._parameters[attr] = nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device="meta"),
-                                               requires_grad=False)
-
-
-def param_owner(module: nn.Module, name: str) -> tuple[nn.Module, str]:
-    *path, attr = name.split(".")
-    for part in path:
-        module = getattr(module, part)
-    return module, attr
 
 
 class _Caught(Exception):

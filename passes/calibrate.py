@@ -36,9 +36,8 @@ class CalibrateConfig:
     kv_per_head: bool = False  # one KV scale per KV head instead of per tensor
     hessian: bool = False  # record H = X^T X / n per fusion group (for quantize.algorithm=gptq)
     # GPTQ: solve each layer in the layer loop and calibrate the next on its quantized outputs
-    # (calibration/propagate.py); false (default: its gain on SmolLM2 is inside the spread of GPTQ solves,
-    # docs/accuracy.md):
-    # every Hessian from one pass of the unquantized model
+    # (calibration/propagate.py); false (the default): every Hessian from one pass of the unquantized
+    # model (on SmolLM2 propagation's gain is inside the spread of GPTQ solves: docs/accuracy.md)
     propagate: bool = False
     awq: bool = False  # record AWQ statistics per norm-fed fusion group (quantize.algorithm=awq)
     # "auto": layer by layer from the mapped checkpoint when its tensors map onto the model's

@@ -4,9 +4,10 @@ Runs right after `load` (scheduled by any `rotate.*` setting, e.g. `--set rotate
 It writes the rotated checkpoint (tfcompile/rotate/fuse.py: the residual stream rotated by a
 randomized Hadamard matrix folded through the RMSNorms into every Linear, the embeddings and the
 lm_head, the residual channels a norm switches off left unrotated; with `heads`, each attention
-head's values rotated too) tensor by tensor into a temporary directory beside the output, with the source's config (a tied lm_head untied) and
-tokenizer files, and hands the next passes that checkpoint: select, calibrate (activation
-statistics, GPTQ Hessians of the *rotated* model), quantize and pack all see it. The artifact is
+head's values rotated too) tensor by tensor into a temporary directory beside the output, with
+the source's config (a tied lm_head untied) and tokenizer files, and hands the next passes that
+checkpoint: select, calibrate (activation statistics, GPTQ Hessians of the *rotated* model),
+quantize and pack all see it. The artifact is
 an ordinary checkpoint of the same architecture, so transformers, vLLM, SGLang and TensorRT-LLM
 load it with no online transform. The manifest keeps the original files as the source and
 records the rotation under "rotate".

@@ -78,9 +78,9 @@ def test_moe_experts_fused_from_per_expert_tensors(model_factory, tmp_path):
 
 
 def test_layers_found_by_structure(tiny_llama):
-    from tfcompile.calibration.sequential import _skeleton
+    from tfcompile.calibration.binding import skeleton
 
-    model = _skeleton(tiny_llama, torch.bfloat16)
+    model = skeleton(tiny_llama)
     assert all(p.device.type == "meta" for p in model.parameters())  # no weight memory
     path, layers = find_layers(model)
     assert path == "model.layers" and len(layers) == 2

@@ -97,21 +97,22 @@ def test_calibration_places_the_layer_and_activations_on_the_device(tiny_llama):
     """The layer loop's placement, checked on the meta device: the bound decoder layer and every
     tensor handed to it (hidden states, mask, RoPE tables) are on the requested device, while
     what precedes layer 0 ran on the CPU (CUDA itself is untested here: docs/distributed.md)."""
-    from tfcompile.calibration.sequential import _bind, _catch_inputs, _skeleton, find_layers
+    from tfcompile.calibration.binding import bind, skeleton
+    from tfcompile.calibration.sequential import _catch_inputs, find_layers
     from tfcompile.io.checkpoint import open_checkpoint
 
     ckpt = open_checkpoint(tiny_llama)
-    model = _skeleton(tiny_llama, torch.bfloat16)
+    model = skeleton(tiny_llama)
     path, layers = find_layers(model)
-    _bind(model, ckpt, torch.bfloat16, skip=f"{path}.")
+    bind(model, ckpt, torch.bfloat16, skip=f"{path}.")
     ids = torch.randint(0, 200, (3, 8))
     inputs = _catch_inputs(model, layers, ids, 2, starts=[2], device="meta")
     assert len(inputs) == 1 and inputs[0][0].shape == (1, 8, 128)  # only the batch asked for
     flat = [inputs[0][0], *[t for v in inputs[0][1].values() for t in (v if isinstance(v, tuple) else [v])
                             if isinstance(t, torch.Tensor)]]
     assert flat and all(t.device.type == "meta" for t in flat)
-    _bind(layers[1], ckpt, torch.bfloat16, prefix=f"{path}.1.")  # the CPU: the mapped tensors themselves
+    bind(layers[1], ckpt, torch.bfloat16, prefix=f"{path}.1.")  # the CPU: the mapped tensors themselves
     assert all(p.device.type == "cpu" for p in layers[1].parameters())
-    _bind(layers[1], ckpt, torch.bfloat16, prefix=f"{path}.1.", device="meta")
+    bind(layers[1], ckpt, torch.bfloat16, prefix=f"{path}.1.", device="meta")
     assert all(p.device.type == "meta" for p in layers[1].parameters())
     assert model.get_input_embeddings().weight.device.type == "cpu"

@@ -25,7 +25,7 @@ DEMO = ROOT / "examples" / "demo-lm"
 def test_counts_from_the_config_are_the_built_models(cfg):
     from tfcompile import api  # noqa: F401 - registers the passes the estimate runs
     from tfcompile.calibration.forward import load_hf_model
-    from tfcompile.distill.lazy import skeleton
+    from tfcompile.calibration.binding import skeleton
     from tfcompile.distill.student import build_student
     from tfcompile.estimate.plan import _program
     from tfcompile.estimate.shapes import model_shape

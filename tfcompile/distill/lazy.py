@@ -3,7 +3,7 @@
 
 1. transformers builds the model with every parameter on the meta device (buffers, such as the
    RoPE tables, are computed for real), as layer-by-layer calibration does
-   (calibration/sequential.py).
+   (`skeleton`, calibration/binding.py).
 2. For each FSDP unit in turn (decoder layer 0, 1, ..., then the root: embeddings, final norm,
    lm_head), `materialize` reads its parameters from the memory-mapped safetensors and converts
    them to float32 (an exact upcast: the values `from_pretrained(dtype=float32)` gives). The
@@ -22,14 +22,12 @@ artifact is byte-identical (tests/dist/test_fsdp.py).
 from __future__ import annotations
 
 import functools
-import warnings
-from pathlib import Path
 
 import torch
 from torch import nn
 
-from tfcompile.calibration.forward import load_hf_model, model_class
-from tfcompile.calibration.sequential import group_tensor, parameter, params_on_meta, set_parameter, tied_groups
+from tfcompile.calibration.forward import load_hf_model
+from tfcompile.calibration.binding import group_tensor, parameter, set_parameter, skeleton, tied_groups
 from tfcompile.distill.fsdp import shard
 from tfcompile.distill.student import Student
 from tfcompile.errors import CheckpointError
@@ -40,17 +38,6 @@ def can_build(ctx) -> bool:
     """Whether the checkpoint's tensors bind by name (a published quantized source is decoded whole
     by tfcompile/io/sources/model.py instead)."""
     return not is_published(ctx.source.config)
-
-
-def skeleton(model_dir: Path) -> nn.Module:
-    """config.json's transformers model (never remote code), parameters on the meta device."""
-    import transformers  # lazy: transformers (~2 s to import); only when a model is built
-
-    cfg = transformers.AutoConfig.from_pretrained(model_dir, trust_remote_code=False)
-    with warnings.catch_warnings(), params_on_meta():
-        warnings.simplefilter("ignore")
-        model = model_class(model_dir, cfg)(cfg)
-    return model.eval()
 
 
 def materialize(unit: nn.Module, prefix: str, ckpt) -> None:

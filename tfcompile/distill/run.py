@@ -21,7 +21,8 @@ from pathlib import Path
 import torch
 
 from tfcompile.calibration.forward import load_hf_model, load_tokenizer
-from tfcompile.calibration.sequential import fixed_mmap_threshold, find_layers
+from tfcompile.calibration.binding import fixed_mmap_threshold, skeleton
+from tfcompile.calibration.sequential import find_layers
 from tfcompile.dist import LOCAL
 from tfcompile.dist.devices import resolve_device
 from tfcompile.dist.failure import inject_fault
@@ -32,7 +33,7 @@ from tfcompile.distill.ddp import agree_stop, check_data_parallel, data_parallel
 from tfcompile.distill.fsdp import Holder, choose, counts, reshard, shard
 from tfcompile.distill.data import BlockOrder, load_data
 from tfcompile.distill.heldout import heldout_metrics, sig
-from tfcompile.distill.lazy import build_sharded, can_build, skeleton
+from tfcompile.distill.lazy import build_sharded, can_build
 from tfcompile.distill.layerwise import run_layerwise
 from tfcompile.distill.loss import ce_loss, hidden_mse, kl_loss
 from tfcompile.distill.student import Student, build_student
