@@ -18,6 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests_helpers, fixtu
 # a CPU test may not be skipped (tests/skip_guard.py: exit 1 unless marked gpu / cpu_only)
 from skip_guard import (pytest_collectreport, pytest_runtest_logreport, pytest_sessionfinish,  # noqa: E402,F401
                         pytest_terminal_summary)
+# the Debian packages of .ci/apt-packages: a missing one stops the run at its start, named
+from system_packages import pytest_configure  # noqa: E402,F401
 
 _MODELS = Path(__file__).resolve().parent / "fixtures" / "models.py"
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
