@@ -75,39 +75,69 @@ def effective_source(source: str, model: Any, tokenizer: Any = None, *, vocab: i
     LM); one that cannot (an encoder such as BertModel) calibrates on `random` ids instead, and the
     statistics are labelled with that. `tokens`: samples x seq_len, the tokens `auto` must find."""
     if source == "auto":
-        source = next((s for s in TEXT_SOURCES if text_encodes(s, tokenizer, vocab, tokens)), "self")
+        source = auto_source(tokenizer, vocab, tokens)[0]
     if source != "self":
         return source
     can = getattr(model, "can_generate", None)
     return "self" if (can() if callable(can) else hasattr(model, "generate")) else "random"
 
 
+def auto_source(tokenizer: Any, vocab: int | None, tokens: int) -> tuple[str, tuple[str, ...]]:
+    """(what `auto` picks: the first of TEXT_SOURCES that `text_encodes`, else "self"; why each text
+    source before it was passed over, e.g. "python-doc: ... missing"). A non-empty second item is a
+    fallback: the statistics, and so the artifact, differ from a machine that has the first source."""
+    refused = []
+    for s in TEXT_SOURCES:
+        why = text_refusal(s, tokenizer, vocab, tokens)
+        if why is None:
+            return s, tuple(refused)
+        refused.append(f"{s}: {why}")
+    return "self", tuple(refused)
+
+
+def fallback_message(choice: str, refused: tuple[str, ...]) -> str:
+    """The warning (or, under calibrate.strict, the error) for an `auto` that fell back."""
+    return (f"calibrate: --calib auto fell back to {choice} ({'; '.join(refused)}); the statistics, and so "
+            f"the artifact's bytes, differ from a run on a machine that has {TEXT_SOURCES[0]}")
+
+
+FALLBACK_HINT = ("install the text (apt-get install python3.11-doc), or name the calibration data "
+                 "(--calib FILE | python-doc | stdlib-docstrings | self); --calib-strict fails instead of "
+                 "falling back")
+
+
 def text_encodes(source: str, tokenizer: Any, vocab: int | None, tokens: int) -> bool:
-    """True when text source `source` (one of TEXT_SOURCES) is installed, `tokenizer` round-trips
-    its first document (decode(encode(text)) equals text but for whitespace, no unknown token,
-    every id below `vocab`) and it holds about AUTO_MARGIN x `tokens` tokens (estimated from the
-    first document's characters per token; the stdlib's files are parsed only until that many)."""
+    """True when text source `source` (one of TEXT_SOURCES) can serve `auto` (`text_refusal`)."""
+    return text_refusal(source, tokenizer, vocab, tokens) is None
+
+
+def text_refusal(source: str, tokenizer: Any, vocab: int | None, tokens: int) -> str | None:
+    """Why text source `source` (one of TEXT_SOURCES) cannot serve `auto`, or None when it can: it
+    is installed, `tokenizer` round-trips its first document (decode(encode(text)) equals text but
+    for whitespace, no unknown token, every id below `vocab`) and it holds about AUTO_MARGIN x
+    `tokens` tokens (estimated from the first document's characters per token; the stdlib's files
+    are parsed only until that many)."""
     if tokenizer is None:
-        return False
+        return "the checkpoint has no tokenizer"
     try:
         docs = iter(python_doc_texts("calib") if source == "python-doc" else stdlib_texts())
         first = next(docs, "")
-    except UserError:  # python3.11-doc not installed; no stdlib sources
-        return False
+    except UserError as e:  # python3.11-doc not installed; no stdlib sources
+        return e.message
     sample = first[:PROBE_CHARS]
     ids = tokenizer(sample, add_special_tokens=False)["input_ids"] if sample else []
     unk = getattr(tokenizer, "unk_token_id", None)
     if not ids or (unk is not None and unk in ids) or (vocab is not None and max(ids) >= vocab):
-        return False
+        return "the tokenizer does not encode it (unknown or out-of-vocabulary tokens)"
     if "".join(tokenizer.decode(ids).split()) != "".join(sample.split()):
-        return False
+        return "the tokenizer does not round-trip it"
     need = AUTO_MARGIN * tokens * len(sample) / len(ids)  # characters
     have = len(first)
     for text in docs:
         if have >= need:
             break
         have += len(text)
-    return have >= need
+    return None if have >= need else f"it holds fewer than {AUTO_MARGIN} x {tokens} tokens"
 
 
 def installed_text_source() -> str:

@@ -6,8 +6,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tfcompile.calibration.datasets import installed_text_source
-from tfcompile.calibration.forward import observe_input_amax
+from tfcompile.calibration.datasets import (FALLBACK_HINT, TEXT_SOURCES, auto_source, fallback_message,
+                                            installed_text_source)
+from tfcompile.calibration.forward import load_tokenizer, observe_input_amax
 from tfcompile.calibration.moe_policy import summarize
 from tfcompile.calibration.observers import OBSERVERS
 from tfcompile.calibration.sequential import Unsupported, observe_sequential, with_owners
@@ -54,6 +55,9 @@ class CalibrateConfig:
     # where layers, activations, observers and Hessians live (--device; tfcompile/dist/devices.py);
     # not recorded: the statistics are the same up to fp32 rounding on any device
     device: str = field(default="auto", metadata={"runtime": True})
+    # --calib-strict: `auto` fails instead of falling back from python-doc (release pipelines: the same
+    # command must not give other weights on a runner that lacks the text); not recorded (no effect on bytes)
+    strict: bool = field(default=False, metadata={"runtime": True})
 
     def __post_init__(self) -> None:  # checked when the recipe is built, before anything runs
         check_device(self.device, "calibrate.device")
@@ -99,9 +103,7 @@ def calibrate(ctx, cfg: CalibrateConfig, reporter) -> PassResult:
         raise RecipeError(f"calibrating a {ctx.source.source_format['format']} checkpoint with --calib self would "
                           f"hold the whole decoded bf16 model in memory to sample from it",
                           hint="give calibration text (--calib FILE or python-doc), or --calib random")
-    data = cfg.data
-    if data == "auto" and getattr(ctx.source, "source_format", None):
-        data = installed_text_source()  # never auto's last resort, self: it would sample the decoded model (above)
+    data, fallback = _resolve_auto(ctx, cfg, reporter) if cfg.data == "auto" else (cfg.data, "")
     world = ctx.world or LOCAL
     common = dict(data=data, samples=cfg.samples, seq_len=cfg.seq_len, seed=cfg.seed,
                   dtype=torch_dtype(ctx.model.dtype), kv=bool(cfg.kv_cache),
@@ -124,7 +126,7 @@ def calibrate(ctx, cfg: CalibrateConfig, reporter) -> PassResult:
     if propagating(ctx, cfg) and loop != "sequential":
         reporter.warn("calibrate: GPTQ's error propagation needs the layer-by-layer loop; its Hessians come "
                       "from the unquantized model (calibrate.propagate has no effect)")
-    stats = with_owners(stats, world.rank)
+    stats = dataclasses.replace(with_owners(stats, world.rank), data_fallback=fallback)
     if cfg.kv_cache:
         stats = dataclasses.replace(stats, kv_strategy="attn_head" if cfg.kv_per_head else "tensor",
                                     kv_format=cfg.kv_cache)
@@ -144,6 +146,30 @@ def calibrate(ctx, cfg: CalibrateConfig, reporter) -> PassResult:
 
 
 MODES = ("auto", "sequential", "whole")
+
+
+def _resolve_auto(ctx, cfg: CalibrateConfig, reporter) -> tuple[str, str]:
+    """(the source `--calib auto` stands for here, the fallback warning or ""): the first text
+    source the tokenizer encodes (calibration.datasets.auto_source), else self; for a decoded
+    published checkpoint the first installed text, never self (it would sample the decoded model).
+    Passing over the first text source is a warning (stderr, --json, manifest, report), or with
+    calibrate.strict (--calib-strict) an error before anything runs."""
+    if getattr(ctx.source, "source_format", None):
+        data = installed_text_source()
+        refused = () if data == TEXT_SOURCES[0] else (f"{TEXT_SOURCES[0]}: not installed",)
+    else:
+        config = ctx.source.config
+        text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+        vocab = text.get("vocab_size") if isinstance(text.get("vocab_size"), int) else None
+        data, refused = auto_source(load_tokenizer(Path(ctx.source.path)), vocab, cfg.samples * cfg.seq_len)
+    if not refused:
+        return data, ""
+    message = fallback_message(data, refused)
+    if cfg.strict:
+        raise RecipeError(message.replace("fell back to", "would fall back to") + " (--calib-strict)",
+                          hint=FALLBACK_HINT)
+    reporter.warn(message)
+    return data, message
 
 
 def observer_params(cfg: CalibrateConfig, scheme: Scheme) -> dict:

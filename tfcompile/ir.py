@@ -162,6 +162,9 @@ class CalibStats:
     # packed codes (QTensor.data) of its members, concatenated on dim 0 (lazy: spilled; under torchrun
     # every group's key, `owner(key)` the rank holding it). `hessians` is then empty.
     gptq_codes: Mapping[str, torch.Tensor] = field(default_factory=dict)
+    # why `--calib auto` passed over the first text source (calibration.datasets.fallback_message); ""
+    # when it did not. The manifest and the report record it: the statistics depend on it
+    data_fallback: str = ""
     tokens_sha256: str = ""  # of the calibration token ids (calibration.datasets.tokens_sha256); "" if none
 
 

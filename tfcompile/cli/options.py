@@ -108,6 +108,10 @@ recipe_options = option_group([
                  "Python standard library's docstrings), 'self' (short sequences the model samples), 'random', "
                  "or 'auto' (default: python-doc when installed and the tokenizer encodes it, else "
                  "stdlib-docstrings, else self)."),
+    click.option("--calib-strict", "calib_strict", is_flag=True, default=None, envvar="TFCOMPILE_CALIB_STRICT",
+                 help="Fail instead of falling back when --calib auto cannot use python-doc (release "
+                 "pipelines: the same command must not calibrate on other text on another runner). "
+                 "[env: TFCOMPILE_CALIB_STRICT]"),
     click.option("--calib-samples", type=int, help="Calibration sequences (default 16)."),
     click.option("--calib-seq-len", type=int, help="Tokens per calibration sequence (default 128)."),
     click.option("--calib-seed", type=int, help="Seed for shuffling/sampling calibration data (default 0)."),
@@ -136,7 +140,7 @@ recipe_options = option_group([
     algorithm=v["algorithm"], skip=v["skip"], until=v["until"], device=v["device"],
     calib=CalibOptions(data=v["calib"], samples=v["calib_samples"], seq_len=v["calib_seq_len"],
                        seed=v["calib_seed"], observer=v["observer"], kv_cache=v["kv_cache"],
-                       kv_per_head=v["kv_per_head"], all_experts=v["calib_all_experts"])))
+                       kv_per_head=v["kv_per_head"], all_experts=v["calib_all_experts"], strict=v["calib_strict"])))
 
 
 eval_options = option_group([

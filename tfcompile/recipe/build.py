@@ -122,6 +122,8 @@ def build_recipe(
             values[name].update(implied)
     for name, table, where in edits:
         if name == "calibrate" and name not in values and fmt:
+            if isinstance(table, Mapping) and set(table) <= POLICIES:  # moot where nothing calibrates
+                continue
             raise _needs_no_calibration(fmt, where, values)
         _merge(values, name, table, where)
     _check_format_agrees(fmt, values)
@@ -137,6 +139,11 @@ def _check_format_agrees(fmt: str | None, values: dict) -> None:
     if fmt and chosen is not None and chosen != fmt:
         raise RecipeError(f"select.format={chosen!r} contradicts --format / recipe format {fmt!r}",
                           hint=f"give the format once: --format {chosen}")
+
+
+# calibrate settings that state a run-wide policy rather than what to calibrate: a release pipeline
+# passes them (--calib-strict, TFCOMPILE_CALIB_STRICT) to every run, data-free formats included
+POLICIES = {"strict"}
 
 
 def _needs_no_calibration(fmt: str, where: str, values: dict) -> RecipeError:

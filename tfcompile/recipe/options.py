@@ -31,6 +31,7 @@ class CalibOptions:
     kv_cache: str | None = None
     kv_per_head: bool | None = None
     all_experts: bool | None = None  # --calib-all-experts (MoE)
+    strict: bool | None = None  # --calib-strict: `auto` fails instead of falling back
 
 
 @dataclass(frozen=True)

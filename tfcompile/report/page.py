@@ -211,6 +211,11 @@ def provenance(d: ReportData) -> str:
     if hub:
         rows.append(["Hugging Face Hub", f"{escape(hub['repo_id'])} @ <code>{escape(hub['commit'])}</code>"])
     rows += [[f"<code>{escape(k)}</code>", f"sha256 <code>{escape(v)}</code>"] for k, v in sorted(src.get("files", {}).items())]
+    calib = m.get("calibration")
+    if isinstance(calib, dict):  # the data calibration really used, and auto's fallback (passes/calibrate.py)
+        rows.append(["calibration data", f"{escape(str(calib.get('data')))}, {escape(str(calib.get('tokens')))} tokens"])
+        if calib.get("fallback"):
+            rows.append(["calibration fallback", f'<span class="fail">{escape(str(calib["fallback"]))}</span>'])
     rows += [[escape(k), escape(str(v))] for k, v in sorted(m.get("dependencies", {}).items())]
     recipe = escape(json.dumps(m.get("recipe"), indent=2, sort_keys=True))
     return (f'<h2 id="provenance">Provenance</h2>{_table(["", ""], rows)}'
