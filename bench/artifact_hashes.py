@@ -17,6 +17,15 @@ the whole matrix runs in a few minutes on two cores. Every run is the real CLI
 environment and `--check` refuses to compare across environments: re-record on the
 reference commit first. tests/test_artifact_hashes.py checks a subset (`CI_CASES`).
 
+The bytes of a calibrated, searched, solved, distilled or evaluated run also follow the CPU
+(float sums rounded in the order of its SIMD width: tfcompile/machine.py); such an artifact's
+manifest names the CPU (`machine`), and data-free RTN's names none, being the same on every
+CPU. So each case is recorded with whether it is CPU-dependent, and the baseline with the CPU
+it was recorded on (`cpu`, `tfcompile.machine.cpu_key`). On another CPU, the CPU-independent
+cases are compared as always; the CPU-dependent ones against that CPU's own recording
+(`other_cpus`, written by `--record-cpu` there) where there is one, else they are rebuilt
+twice and must be byte-identical run to run, with the baseline's file list.
+
 Beside them, the model families and the safety and reporting outputs: tiny GPT-OSS and
 DeepSeek-V3 (tests/fixtures/families.py: per-expert calibration and `--calib-all-experts`, the
 per-expert GPTQ batches, sinks / MLA KV layouts, MoE eval emulation), the same models as they are
@@ -42,6 +51,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from tfcompile.machine import cpu_key
 
 REPO = Path(__file__).resolve().parent.parent
 BASELINE = REPO / "bench" / "artifact_hashes.baseline.json"
@@ -150,7 +161,8 @@ def cases() -> dict[str, tuple[str, tuple[str, ...]]]:
 
 
 # A small representative subset tests/test_artifact_hashes.py rebuilds in CI (~1 min).
-CI_CASES = ("demo-nvfp4-kv-modelopt", "moe-fp8-block", "tiny-mxfp4-gptq", "tiny-nvfp4-awq",
+CI_CASES = ("demo-nvfp4-kv-modelopt", "moe-fp8-block", "tiny-mxfp4-gptq", "tiny-nvfp4-awq", "demo-nvfp4a16",
+            "published-mxfp4-nvfp4a16",
             "demo-nvfp4-trtllm-tp2", "demo-fp8-onnx", "demo-fp8-kernels", "demo-fp8-eval",
             "demo-mxfp4-distill", "gptoss-nvfp4-all-experts-gptq", "published-fp8-block-nvfp4",
             "demo-fp8-eval-report-signed", "hub-mxfp8")
@@ -287,7 +299,8 @@ def build(names: list[str], work: Path, verbose: bool = True) -> dict:
     if "hub" in wanted:
         hub_cache, models["hub"] = build_hub(work / "src" / "hub")
     private, public = signing_key(work / "keys")
-    out: dict = {"sources": {m: digest(p) for m, p in sorted(models.items())}, "artifacts": {}}
+    out: dict = {"cpu": cpu_key(), "sources": {m: digest(p) for m, p in sorted(models.items())},
+                 "artifacts": {}}
     for i, name in enumerate(names, 1):
         model, args = all_cases[name]
         dest = work / "out" / name
@@ -298,7 +311,9 @@ def build(names: list[str], work: Path, verbose: bool = True) -> dict:
             run_case(argv)
         if KEY in args:  # the signature covers the manifest as finally written
             check_signature(dest, public)
-        out["artifacts"][name] = {"model": model, "args": list(args), "files": digest(dest)}
+        manifest = json.loads((dest / "tfcompile" / "manifest.json").read_text())
+        out["artifacts"][name] = {"model": model, "args": list(args), "files": digest(dest),
+                                  "cpu_dependent": "machine" in manifest}
         shutil.rmtree(dest)
         if verbose:
             print(f"[{i}/{len(names)}] {name}: {len(out['artifacts'][name]['files'])} files "
@@ -306,8 +321,19 @@ def build(names: list[str], work: Path, verbose: bool = True) -> dict:
     return out
 
 
+def expected(baseline: dict, name: str, cpu: str) -> dict[str, str] | None:
+    """The files case `name` must have on CPU `cpu`: the baseline's where the case is
+    CPU-independent or `cpu` is the baseline's; that CPU's own recording (`other_cpus`); else None
+    (a CPU-dependent case on a CPU nobody recorded: check it run to run, `compare_runs`)."""
+    want = baseline["artifacts"][name]
+    if not want.get("cpu_dependent") or baseline.get("cpu") == cpu:
+        return want["files"]
+    return baseline.get("other_cpus", {}).get(cpu, {}).get(name)
+
+
 def compare(baseline: dict, got: dict, names: list[str]) -> list[str]:
-    """Human-readable differences (empty: byte-identical)."""
+    """Human-readable differences (empty: byte-identical). A CPU-dependent case on a CPU the
+    baseline has no recording for is not compared here (`expected` is None): see compare_runs."""
     problems = []
     for m, files in got["sources"].items():
         if baseline["sources"].get(m) != files:
@@ -320,7 +346,13 @@ def compare(baseline: dict, got: dict, names: list[str]) -> list[str]:
             continue
         if want["args"] != have["args"]:
             problems.append(f"{name}: arguments differ from the baseline's (re-record)")
-        w, h = want["files"], have["files"]
+        if bool(want.get("cpu_dependent")) != bool(have.get("cpu_dependent")):
+            problems.append(f"{name}: CPU-dependent {have.get('cpu_dependent')}, baseline "
+                            f"{want.get('cpu_dependent')} (the manifest's `machine` record)")
+        w = expected(baseline, name, got.get("cpu", cpu_key()))
+        if w is None:
+            continue
+        h = have["files"]
         for rel in sorted(set(w) | set(h)):
             if rel not in h:
                 problems.append(f"{name}: {rel} missing")
@@ -328,6 +360,19 @@ def compare(baseline: dict, got: dict, names: list[str]) -> list[str]:
                 problems.append(f"{name}: {rel} is new")
             elif w[rel] != h[rel]:
                 problems.append(f"{name}: {rel} differs")
+    return problems
+
+
+def compare_runs(baseline: dict, first: dict, second: dict, names: list[str]) -> list[str]:
+    """For CPU-dependent cases on a CPU without a recording: two builds here must be byte-identical,
+    and hold the baseline's files (names)."""
+    problems = []
+    for name in names:
+        a, b = first["artifacts"][name]["files"], second["artifacts"][name]["files"]
+        problems += [f"{name}: {rel} differs between two runs on this CPU" for rel in sorted(a) if a[rel] != b.get(rel)]
+        if sorted(a) != sorted(baseline["artifacts"][name]["files"]):
+            problems.append(f"{name}: files {sorted(set(a) ^ set(baseline['artifacts'][name]['files']))} "
+                            "differ from the baseline's list")
     return problems
 
 
@@ -341,6 +386,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     mode = ap.add_mutually_exclusive_group(required=True)
     mode.add_argument("--record", action="store_true", help="build every case and write the baseline")
+    mode.add_argument("--record-cpu", action="store_true", help="build every case and add this CPU's "
+                      "recording of the CPU-dependent ones (other_cpus) to the baseline")
     mode.add_argument("--check", action="store_true", help="rebuild and compare with the baseline")
     mode.add_argument("--list", action="store_true", help="print the case names")
     ap.add_argument("--only", nargs="+", metavar="CASE", help="only these cases (--check)")
@@ -356,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"error: unknown case(s) {unknown}\nhint: --list prints them", file=sys.stderr)
         return 2
-    if args.check:
+    if args.check or args.record_cpu:
         baseline = json.loads(args.baseline.read_text())
         mismatch = env_mismatch(baseline)
         if mismatch:
@@ -366,7 +413,21 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="tfc-hashes-") as tmp:
         got = build(names, Path(tmp))
+        unrecorded = [n for n in names if args.check and expected(baseline, n, got["cpu"]) is None]
+        again = build(unrecorded, Path(tmp) / "again") if unrecorded else None
     seconds = time.perf_counter() - t0
+    if args.record_cpu:
+        if args.only or args.ci:
+            print("error: --record-cpu writes the whole matrix; drop --only/--ci", file=sys.stderr)
+            return 2
+        if got["cpu"] == baseline.get("cpu"):
+            print(f"error: this is the baseline's own CPU ({got['cpu']}); use --record", file=sys.stderr)
+            return 2
+        baseline.setdefault("other_cpus", {})[got["cpu"]] = {
+            n: a["files"] for n, a in got["artifacts"].items() if a["cpu_dependent"]}
+        args.baseline.write_text(json.dumps(baseline, indent=1, sort_keys=True) + "\n")
+        print(f"recorded the CPU-dependent cases for {got['cpu']} -> {args.baseline}")
+        return 0
     if args.record:
         if args.only or args.ci:
             print("error: --record writes the whole matrix; drop --only/--ci", file=sys.stderr)
@@ -377,6 +438,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"recorded {len(names)} artifacts, {files} files in {seconds:.0f} s -> {args.baseline}")
         return 0
     problems = compare(baseline, got, names)
+    if again is not None:
+        problems += compare_runs(baseline, got, again, unrecorded)
+        print(f"note: {len(unrecorded)} CPU-dependent case(s) have no recording for {got['cpu']} (baseline: "
+              f"{baseline.get('cpu')}); checked run to run instead: {', '.join(unrecorded)}", file=sys.stderr)
     if problems:
         print(f"FAIL: {len(problems)} difference(s):\n  " + "\n  ".join(problems))
         return 1

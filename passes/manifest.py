@@ -26,6 +26,7 @@ from tfcompile.io.hub import hub_source
 from tfcompile.io.jsonfile import JsonDict
 from tfcompile.io.sources import source_format
 from tfcompile.ir import LayerStats
+from tfcompile.machine import cpu_profile
 from tfcompile.passes.layout import manifest_record
 from tfcompile.pipeline.context import Context
 from tfcompile.pipeline.passes import PassResult, register_pass
@@ -92,6 +93,8 @@ def manifest_doc(ctx: Context) -> JsonDict:
     if ctx.calib is not None and ctx.calib.tokens_sha256:  # what calibration saw: auto's choice depends
         doc["calibration"] = {"data": ctx.calib.source, "tokens": ctx.calib.tokens,  # on the machine
                               "tokens_sha256": ctx.calib.tokens_sha256}
+        if ctx.calib.data_fallback:  # --calib auto passed over python-doc (passes/calibrate.py)
+            doc["calibration"]["fallback"] = ctx.calib.data_fallback
     moe = moe_record(ctx.calib) if ctx.calib is not None else None
     if moe:  # per-expert routed calibration tokens and the fallback policy (calibration/moe.py)
         doc["moe"] = moe
@@ -103,7 +106,23 @@ def manifest_doc(ctx: Context) -> JsonDict:
         doc["cutlass"] = ctx.cutlass
     if ctx.evaluation is not None:  # --eval: the figures and gates
         doc["eval"] = ctx.evaluation
+    if float_dependent(ctx):  # its bytes follow the CPU's float sums: say which CPU (tfcompile/machine.py)
+        doc["machine"] = cpu_profile()
     return seal(doc)
+
+
+# Passes whose results are sums of floats, rounded in an order that follows the CPU's SIMD width;
+# and the weight algorithms that search or solve (everything but data-free RTN)
+FLOAT_PASSES = ("rotate", "mixed", "calibrate", "distill", "eval")
+
+
+def float_dependent(ctx: Context) -> bool:
+    """Whether the artifact's bytes depend on the CPU (tfcompile/machine.py): a calibrated, rotated,
+    searched, solved, distilled or evaluated run. Data-free RTN is integer-exact: the same bytes on
+    every CPU, and its manifest names none (docs/cli.md "Reproducibility")."""
+    names = ctx.recipe.names()
+    algorithm = ctx.recipe.config("quantize").algorithm if "quantize" in names else "rtn"
+    return any(n in names for n in FLOAT_PASSES) or algorithm != "rtn" or ctx.calib is not None
 
 
 def _write(ctx: Context) -> Context:

@@ -1,0 +1,62 @@
+"""The CPU a run computes on: what float results depend on besides the code and the versions.
+
+Sums of floats (matmuls in the calibration forwards, GPTQ's Hessians, AWQ's searches, eval's
+logits, distillation's steps) are rounded in an order that follows the SIMD width of the kernels
+torch and its BLAS pick at run time, so their bits differ between, say, an AVX2 and an AVX-512
+machine. Integer-exact paths (data-free RTN: block maxima, one division per element, the
+format's rounding) give the same bytes on every CPU. `cpu_profile()` names what decides the
+float paths: the architecture, the vendor (oneDNN/MKL choose their kernels by it), torch's
+vector ISA (`torch.backends.cpu.get_cpu_capability()`, ATEN_CPU_CAPABILITY forces it) and
+whether bf16 arithmetic is native (AVX512-BF16 / AMX-BF16 on x86, the BF16 extension on Arm)
+or emulated, which also decides the compute dtype of the CPU forwards.
+"""
+
+from __future__ import annotations
+
+import functools
+import platform
+import re
+from pathlib import Path
+
+# /proc/cpuinfo flags (x86 "flags", Arm "Features") that make bf16 matmuls native
+BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
+
+
+@functools.lru_cache(maxsize=1)
+def _cpuinfo() -> tuple[str, frozenset[str]]:
+    """(vendor, flags) from /proc/cpuinfo's first processor; ("", {}) where there is none."""
+    vendor, flags = "", frozenset()
+    try:
+        text = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return vendor, flags
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key in ("vendor_id", "CPU implementer") and not vendor:
+            vendor = value.strip()
+        elif key in ("flags", "Features") and not flags:
+            flags = frozenset(value.split())
+    return vendor, flags
+
+
+def native_bf16() -> bool:
+    """bf16 matmuls run natively here (else torch emulates them in fp32, several times slower)."""
+    return any(f in _cpuinfo()[1] for f in BF16_FLAGS)
+
+
+def cpu_profile() -> dict[str, str | bool]:
+    """{"arch", "vendor", "isa", "native_bf16", "blas"}: what the float paths' bits depend on (module doc)."""
+    import torch  # lazy: torch (~1 s); the CLI's start-up imports this module without computing
+
+    blas = re.search(r"BLAS_INFO=(\w+)", torch.__config__.show())
+    return {"arch": platform.machine(), "vendor": _cpuinfo()[0] or platform.processor() or "unknown",
+            "isa": torch.backends.cpu.get_cpu_capability(), "native_bf16": native_bf16(),
+            "blas": blas.group(1) if blas else "unknown"}
+
+
+def cpu_key(profile: dict | None = None) -> str:
+    """One line naming the profile, e.g. "x86_64 AuthenticAMD AVX512 bf16 mkl": equal keys, equal float bits."""
+    p = profile or cpu_profile()
+    return " ".join([str(p["arch"]), str(p["vendor"]), str(p["isa"])] + (["bf16"] if p["native_bf16"] else [])
+                    + [str(p.get("blas", "unknown"))])
