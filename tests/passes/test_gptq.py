@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 
+import ml_dtypes
+import numpy as np
 import pytest
 import torch
 
 from tfcompile.kernels import formats as F
-from tfcompile.passes.quantize.gptq import gptq_quantize, gptq_values
+from tfcompile.passes.quantize.gptq import gptq_quantize
 
 
 def _rtn(w, fmt):
@@ -48,11 +50,54 @@ def test_gptq_lowers_output_error(fmt):
     g = gptq_quantize(w, h, q)
     err = lambda qq: (x @ (w.float() - F.dequantize(qq)).T).pow(2).sum().item()  # noqa: E731
     assert err(g) < 0.5 * err(q), (err(g), err(q))  # measured here: 0.31-0.37 of RTN
-    # the result is an ordinary encoding under the same scales: it dequantizes to GPTQ's values
-    wq = F.quantizer_of(q)  # the format's fixed-scale view: each element's multiplier, its grid
-    assert torch.equal(F.dequantize(g), gptq_values(w, h, wq.multipliers(q), wq))
+    # the result is an ordinary encoding under the same scales
     assert torch.equal(g.scale.view(torch.uint8) if g.scale.dtype != torch.float32 else g.scale,
                        q.scale.view(torch.uint8) if q.scale.dtype != torch.float32 else q.scale)
+
+
+def _grid_round(x: np.ndarray, fmt: str) -> np.ndarray:
+    """Round to the format's element grid with ml_dtypes (an independent oracle), saturating."""
+    if fmt in ("nvfp4", "mxfp4"):
+        return np.clip(x, -6, 6).astype(ml_dtypes.float4_e2m1fn).astype(np.float64)
+    return np.clip(x, -448, 448).astype(ml_dtypes.float8_e4m3fn).astype(np.float64)
+
+
+def _textbook_gptq(w, h, m, fmt, damp=0.01):
+    """GPTQ as Frantar et al. 2022 (Algorithm 1) state it, in float64 and without the lazy batch
+    updates: columns by decreasing diag(H) (act-order), H += damp * mean(diag H) * I, U = upper
+    Cholesky factor of H^-1; each column rounded under its fixed multipliers m, its error
+    (w_j - q_j) / U_jj pushed onto the later columns through row j of U."""
+    w, h, m = w.double().numpy().copy(), h.double().numpy(), m.double().numpy()
+    perm = np.argsort(-np.diag(h), kind="stable")
+    w, m, h = w[:, perm], m[:, perm], h[np.ix_(perm, perm)]
+    h = h + np.eye(len(h)) * damp * np.mean(np.diag(h))
+    u = np.linalg.cholesky(np.linalg.inv(h)).T  # upper: H^-1 = U^T U
+    q = np.zeros_like(w)
+    for j in range(w.shape[1]):
+        q[:, j] = _grid_round(w[:, j] / m[:, j], fmt) * m[:, j]
+        err = (w[:, j] - q[:, j]) / u[j, j]
+        w[:, j + 1:] -= np.outer(err, u[j, j + 1:])
+    out = np.empty_like(q)
+    out[:, perm] = q
+    return torch.from_numpy(out)
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+def test_gptq_matches_the_textbook_algorithm(fmt):
+    """Against an independent plain implementation (float64, unblocked, ml_dtypes rounding): the
+    codes agree but for the few the float32 blocked sweep rounds across a tie differently, and the
+    output error is the same."""
+    w, x, h = _data()
+    q = _rtn(w, fmt)
+    m = F.quantizer_of(q).multipliers(q)  # each element's dequant multiplier under the RTN scales
+    ours, ref = F.dequantize(gptq_quantize(w, h, q)).double(), _textbook_gptq(w, h, m, fmt)
+    # the same code: values equal but for the multiplication's rounding (float32 vs float64),
+    # far below the finest grid step (2^-9 of the multiplier for E4M3 subnormals)
+    same = ((ours - ref).abs() <= 1e-5 * m.double()).double().mean().item()
+    assert same > 0.95, same  # measured here: 0.98-1.0 (the sweep is chaotic in float rounding)
+    err = lambda v: (x.double() @ (w.double() - v).T).pow(2).sum().item()  # noqa: E731
+    assert abs(err(ours) / err(ref) - 1) < 0.02, (err(ours), err(ref))
+    assert err(ref) < 0.5 * err(F.dequantize(q).double())  # and the reference itself beats RTN
 
 
 def test_quantize_with_gptq(tiny_llama, tmp_path, run_cli):
