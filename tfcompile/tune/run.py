@@ -21,6 +21,7 @@ from tfcompile.artifact.manifest import load_manifest, write_manifest
 from tfcompile.artifact.signing import drop_stale_signature
 from tfcompile.errors import UserError
 from tfcompile.io.jsonfile import dumps, write_bytes
+from tfcompile.io.out_policy import check_in_place
 from tfcompile.schemes import get_scheme
 from tfcompile.tune.compile import FrontendCheck
 from tfcompile.tune.registry import Serving, load_kernels
@@ -81,6 +82,7 @@ def tune_artifact(path: Path, targets: tuple[str, ...], *, buckets: Iterable[int
     With a `measurer`, the problems of its target are timed on the local GPU."""
     t0 = time.perf_counter()
     path = Path(path)
+    check_in_place(path, TABLE)  # never into a Hugging Face cache
     manifest = load_manifest(path)
     kernels, warnings = load_kernels()
     only = tuple(only)
