@@ -2,9 +2,10 @@
 
 What is signed: the exact bytes of `tfcompile/manifest.json` as stored. The
 manifest holds the sha256 of every other file of the artifact (weights,
-config.json, tokenizer, kernels, views), so a valid signature plus matching
-checksums plus no unlisted files (`verify`'s `checksums`, `paths` and `extra
-files` checks) proves every byte is what the key holder signed. Signing the
+config.json, tokenizer, kernels, views; the report page in its integrity entry),
+so a valid signature plus matching checksums plus no unlisted files (`verify`'s
+`checksums`, `paths`, `extra files` and `report` checks) proves every byte is
+what the key holder signed. Signing the
 stored bytes, not a re-serialization, leaves nothing to canonicalize: the
 manifest writer is deterministic, and any edit, even whitespace, breaks it.
 

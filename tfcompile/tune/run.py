@@ -12,6 +12,7 @@ OUT/kernels/tuning.json and its sha256 recorded in the manifest's file list
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,7 @@ from typing import Iterable, Mapping, Protocol
 
 from tfcompile.artifact.manifest import load_manifest, write_manifest
 from tfcompile.artifact.signing import drop_stale_signature
+from tfcompile.artifact.tree import REPORT_HTML
 from tfcompile.errors import UserError
 from tfcompile.io.jsonfile import dumps, write_bytes
 from tfcompile.io.out_policy import check_in_place
@@ -45,6 +47,7 @@ class TuneResult:
     warnings: list[str] = field(default_factory=list)
     seconds: float = 0.0
     sha256: str | None = None  # of the table written
+    report_dropped: bool = False  # the artifact's report.html showed the old manifest: removed
 
 
 def choose(probs: Iterable[Problem], kernels: Mapping, triton: str, *, measurer: Measurer | None = None,
@@ -100,10 +103,13 @@ def tune_artifact(path: Path, targets: tuple[str, ...], *, buckets: Iterable[int
     doc = merge(old, entries)
     digest = write_bytes(table_path, dumps(doc), atomic=True)
     manifest = dict(manifest, files=dict(sorted({**manifest.get("files", {}), TABLE: digest}.items())))
-    write_manifest(path, manifest)
+    write_manifest(path, manifest)  # a report's sha256 is dropped with the old seal: so is the page
+    dropped = os.path.lexists(path / REPORT_HTML)
+    if dropped:
+        (path / REPORT_HTML).unlink()
     warnings += drop_stale_signature(path)
     warnings += _stale_kernels(path, doc, triton)
-    return TuneResult(doc, entries, served, warnings, time.perf_counter() - t0, digest)
+    return TuneResult(doc, entries, served, warnings, time.perf_counter() - t0, digest, dropped)
 
 
 def _stale_kernels(path: Path, table: Mapping, triton: str) -> list[str]:
