@@ -12,6 +12,7 @@ from pathlib import Path
 from tfcompile.artifact.integrity import canonical_digest
 from tfcompile.artifact.manifest import load_manifest
 from tfcompile.errors import UserError
+from tfcompile.io.bounded import parse_json, read_regular
 
 KV_DESCRIPTOR = "tfcompile/kv_cache.json"
 TRITON_INDEX = "kernels/index.json"
@@ -55,14 +56,11 @@ def kv_cache_text(manifest: dict) -> str:
 
 def load_eval_json(path: Path) -> dict:
     """A `tfcompile eval --json` document (for `tfcompile report --eval FILE`)."""
-    try:
-        doc = json.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise UserError(f"--eval {path}: cannot read it as JSON ({e})",
-                        hint="give the file `tfcompile eval ... --json > eval.json` wrote") from None
+    hint = "give the file `tfcompile eval ... --json > eval.json` wrote"
+    doc = parse_json(read_regular(path, "--eval document"), f"--eval {path}", hint=hint)  # bounded, no FIFO
     if not isinstance(doc, dict) or not isinstance(doc.get("metrics"), dict) or "gates" not in doc:
         raise UserError(f"--eval {path}: not a `tfcompile eval --json` document (no metrics / gates)",
-                        hint="give the file `tfcompile eval ... --json > eval.json` wrote")
+                        hint=hint)
     return doc
 
 
@@ -83,7 +81,7 @@ def _inside(rel: str) -> bool:
 def _json(path: Path) -> dict | None:
     try:
         doc = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
         return None
     return doc if isinstance(doc, dict) else None
 
