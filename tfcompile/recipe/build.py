@@ -215,6 +215,9 @@ def _cut(pipeline: list[str], skip: Iterable[str], until: str | None) -> list[st
         if s not in pipeline:
             raise RecipeError(f"pass {s!r} is not in the pipeline",
                               hint="pipeline: " + ", ".join(pipeline))
+    if until and until in skip:  # nothing would say the run stopped short of what was asked
+        raise RecipeError(f"--until {until} names a pass --skip removes", hint=f"drop --skip {until}, or stop "
+                          "at another pass")
     if until:
         pipeline = pipeline[: pipeline.index(until) + 1]
     return [p for p in pipeline if p not in skip]
