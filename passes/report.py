@@ -3,11 +3,12 @@
 Scheduled by `--report` (any `report` setting: `when`), last (`slot`). The page is built from
 the manifest as written, so it is written in the pass's `finish`, after the manifest pass's
 (finish hooks run in schedule order, after the last pass): OUT/tfcompile/report.html, beside
-manifest.json and, like it, outside the manifest's checksums (the page shows the manifest's
-sha256). With `--eval` it plots the per-layer eval figures, so it asks the eval pass to keep
-them (`implies` eval.details). Without --report nothing changes in the artifact. `--sign`
-signs the manifest after every finish hook (tfcompile/api.py), so the signature covers the
-final manifest; the report is not signed (it is derived from the manifest).
+manifest.json; the page quotes the manifest's integrity digest, and its own sha256 is then
+recorded in the manifest's integrity entry (`embed_report`), which verify checks. With `--eval`
+it plots the per-layer eval figures, so it asks the eval pass to keep them (`implies`
+eval.details). Without --report nothing changes in the artifact. `--sign` signs the manifest
+after every finish hook (tfcompile/api.py), so the signature covers the final manifest and,
+through the sha256 it records, the report.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from tfcompile.pipeline.context import Context
 from tfcompile.pipeline.passes import PassResult, Settings, given, register_pass
-from tfcompile.report import IN_ARTIFACT, write_report
+from tfcompile.report import IN_ARTIFACT, embed_report
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,7 @@ def _implies(settings: Settings) -> dict:
 
 def _write(ctx: Context) -> Context:
     """After the manifest is written: OUT/tfcompile/report.html from it (its sha256 in the pass's stats)."""
-    sha = write_report(Path(ctx.out_dir), Path(ctx.out_dir) / IN_ARTIFACT)
+    sha = embed_report(Path(ctx.out_dir))
     stats = dict(ctx.pass_stats)
     stats["report"] = {**stats.get("report", {}), "sha256": sha}
     return ctx.with_(pass_stats=stats)

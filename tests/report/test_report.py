@@ -52,16 +52,19 @@ def test_the_page_has_every_section_and_its_figures(reported):
     assert "default-src 'none'" in html  # and the page forbids fetching anyway
     text = " ".join(t.text)
     assert "sm_100a" in text and "fp8_e4m3" in text and "pass" in text and "--max-kl" in text
-    assert hashlib.sha256((out / "tfcompile/manifest.json").read_bytes()).hexdigest() in text
+    assert manifest["integrity"]["sha256"] in text  # the digest the page quotes: verify checks it
     kl = manifest["eval"]["layer_kl"]
     assert [r["layer"] for r in kl] == [0, 1]
     assert abs(kl[-1]["kl_mean"] - manifest["eval"]["metrics"]["kl_mean"]) <= 1e-5 * kl[-1]["kl_mean"]  # 6 digits
 
 
-def test_report_lives_outside_the_checksums(reported):
+def test_report_is_recorded_beside_the_checksums(reported):
+    """Not in `files` (the page quotes the manifest's digest), but its sha256 in the integrity entry."""
     out, _ = reported
     manifest = json.loads((out / "tfcompile/manifest.json").read_text())
     assert "tfcompile/report.html" not in manifest["files"]
+    page = (out / "tfcompile/report.html").read_bytes()
+    assert manifest["integrity"]["report_sha256"] == hashlib.sha256(page).hexdigest()
     assert run_main(["verify", out])[0] == 0
 
 

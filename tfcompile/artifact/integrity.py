@@ -32,9 +32,22 @@ def canonical_digest(doc: dict) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def seal(doc: dict) -> dict:
-    """`doc` with its integrity digest (any old one replaced)."""
-    return {**{k: v for k, v in doc.items() if k != KEY}, KEY: {"sha256": canonical_digest(doc)}}
+def seal(doc: dict, report_sha256: str | None = None) -> dict:
+    """`doc` with its integrity digest (any old one replaced). `report_sha256`: the sha256 of
+    tfcompile/report.html when the artifact has one; kept beside the digest, outside what it
+    covers, because the page quotes the digest (so the manifest's own bytes, which a signature
+    covers, record the report, and the digest the page shows does not depend on the page)."""
+    entry = {"sha256": canonical_digest(doc)}
+    if report_sha256 is not None:
+        entry["report_sha256"] = report_sha256
+    return {**{k: v for k, v in doc.items() if k != KEY}, KEY: entry}
+
+
+def report_digest(doc: dict) -> str | None:
+    """The sha256 of tfcompile/report.html the manifest records, or None."""
+    entry = doc.get(KEY)
+    value = entry.get("report_sha256") if isinstance(entry, dict) else None
+    return value if isinstance(value, str) else None
 
 
 def check_seal(doc: dict) -> tuple[bool, str]:

@@ -7,7 +7,8 @@ A run writes it once, after its last pass, from the facts the passes returned (t
 `manifest` pass, passes/manifest.py); `tfcompile tune` updates the `files` of a published
 artifact with `write_manifest` (atomic). manifest.json is not in its own `files` list.
 Every write seals it (tfcompile/artifact/integrity.py: its digest of itself, which verify
-checks); a signature (tfcompile/artifact/signing.py) is made over the bytes written here.
+checks, and the sha256 of tfcompile/report.html when there is one); a signature
+(tfcompile/artifact/signing.py) is made over the bytes written here, so it covers every file.
 """
 
 from __future__ import annotations
@@ -47,11 +48,11 @@ def load_manifest(path: Path) -> JsonDict:
     return check_schema(doc, str(mpath))
 
 
-def write_manifest(out_dir: Path, doc: JsonDict) -> str:
-    """Write OUT/tfcompile/manifest.json sealed (its integrity digest added), atomically (temp
-    file + rename), deterministic JSON; returns its sha256. An OSError (disk full, quota,
-    read-only) is a user error naming the file."""
-    return write_json(Path(out_dir) / MANIFEST, seal(doc), atomic=True)
+def write_manifest(out_dir: Path, doc: JsonDict, report_sha256: str | None = None) -> str:
+    """Write OUT/tfcompile/manifest.json sealed (its integrity digest added, and the sha256 of
+    tfcompile/report.html when given), atomically (temp file + rename), deterministic JSON;
+    returns its sha256. An OSError (disk full, quota, read-only) is a user error naming the file."""
+    return write_json(Path(out_dir) / MANIFEST, seal(doc, report_sha256), atomic=True)
 
 
 __all__ = ["MANIFEST", "SCHEMA_VERSION", "SCHEMA_VERSIONS", "has_manifest", "load_manifest", "write_manifest"]

@@ -2,9 +2,10 @@
 
 What is signed: the exact bytes of `tfcompile/manifest.json` as stored. The
 manifest holds the sha256 of every other file of the artifact (weights,
-config.json, tokenizer, kernels, views), so a valid signature plus matching
-checksums plus no unlisted files (`verify`'s `checksums`, `paths` and `extra
-files` checks) proves every byte is what the key holder signed. Signing the
+config.json, tokenizer, kernels, views; the report page in its integrity entry),
+so a valid signature plus matching checksums plus no unlisted files (`verify`'s
+`checksums`, `paths`, `extra files` and `report` checks) proves every byte is
+what the key holder signed. Signing the
 stored bytes, not a re-serialization, leaves nothing to canonicalize: the
 manifest writer is deterministic, and any edit, even whitespace, breaks it.
 
@@ -35,6 +36,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from tfcompile.artifact.manifest import MANIFEST
 from tfcompile.errors import UserError
+from tfcompile.io.bounded import read_regular
 from tfcompile.io.jsonfile import write_json
 from tfcompile.settings import settings
 
@@ -47,15 +49,13 @@ _MAKE_KEY = ("make one with: openssl genpkey -algorithm ed25519 -out release.pem
 
 
 def _read_key_file(path: Path, what: str) -> bytes:
+    """A regular file of at most 64 KiB (a FIFO would block verify forever); UserError naming it."""
     try:
-        with open(path, "rb") as f:
-            data = f.read(_MAX_KEY_BYTES + 1)
-    except OSError as e:
-        raise UserError(f"cannot read {what} {path}: {e.strerror or type(e).__name__}",
-                        hint=f"pass the path of an ed25519 {what}; {_MAKE_KEY}") from None
-    if len(data) > _MAX_KEY_BYTES:
-        raise UserError(f"{path} is not an ed25519 {what} (too large)", hint=_MAKE_KEY)
-    return data
+        return read_regular(path, what, _MAX_KEY_BYTES)
+    except UserError as e:
+        if "limit" in e.message:
+            raise UserError(f"{path} is not an ed25519 {what} (too large)", hint=_MAKE_KEY) from None
+        raise
 
 
 def load_private_key(path: str | os.PathLike):
@@ -149,7 +149,7 @@ def check_signature(path: Path, public_key=None) -> tuple[bool, str]:
         doc = json.loads(sig_path.read_bytes()[:_MAX_KEY_BYTES])
         signature = base64.b64decode(doc["signature"], validate=True)
         kid, algorithm = doc["key_id"], doc["algorithm"]
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return False, f"{SIGNATURE} is damaged"
     if algorithm != ALGORITHM:
         return False, f"{SIGNATURE}: unsupported algorithm {str(algorithm)[:20]!r}"

@@ -20,9 +20,10 @@ from pathlib import Path
 
 from tfcompile.io.hashing import sha256_file
 
-# Files verify accepts without a manifest entry: the manifest itself, its detached signature (over
+# Files verify accepts without a `files` entry: the manifest itself, its detached signature (over
 # the manifest), and the human-readable report page (quantize --report), which quotes the
-# manifest's own sha256 and so cannot be listed in it. No engine reads any of them as weights.
+# manifest's digest and so is recorded beside it, in `integrity.report_sha256` (report_problem),
+# not in `files`. So every file is covered by verify, and through the manifest's bytes by a signature.
 REPORT_HTML = "tfcompile/report.html"
 ALWAYS_ALLOWED = ("tfcompile/manifest.json", "tfcompile/manifest.sig", REPORT_HTML)
 
@@ -75,6 +76,21 @@ def unlisted(root: Path, files: dict[str, str]) -> tuple[list[str], list[str]]:
             elif rel not in listed:
                 extra.append(rel)
     return sorted(extra), sorted(links)
+
+
+def report_problem(root: Path, recorded: str | None) -> str | None:
+    """What is wrong with tfcompile/report.html against the sha256 the manifest records, or None
+    (no report and none recorded, or a regular file with that sha256)."""
+    f = root / REPORT_HTML
+    if not os.path.lexists(f):
+        return f"{REPORT_HTML}: missing (the manifest records one)" if recorded else None
+    if not stat.S_ISREG(os.lstat(f).st_mode):
+        return f"{REPORT_HTML}: not a regular file"
+    if recorded is None:
+        return f"{REPORT_HTML}: not recorded in the manifest (integrity.report_sha256): it was added after the build"
+    if sha256_file(f) != recorded:
+        return f"{REPORT_HTML}: sha256 mismatch (not the page the manifest records: it was replaced or edited)"
+    return None
 
 
 def checksum_problems(root: Path, entries: dict[str, str]) -> list[str]:

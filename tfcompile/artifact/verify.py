@@ -3,7 +3,8 @@
 Checks, each reported by name: manifest schema and its integrity digest; the
 signature (checked with --public-key); every manifest path inside the artifact
 (no `..`, absolute path or symlink: tfcompile/artifact/tree.py); no unlisted
-files or symlinks; sha256 of every file; shards readable; every quantized layer
+files or symlinks; sha256 of every file (tfcompile/report.html against the sha256 the
+manifest's integrity entry records); shards readable; every quantized layer
 present with the dtypes and shapes its scheme implies; config.json values in
 range, packed weights unpacking to the shapes it implies, and every parameter
 of its architecture present (tfcompile/checkpoint_check.py); scales finite and
@@ -20,13 +21,13 @@ from pathlib import Path
 
 import torch
 
-from tfcompile.artifact.integrity import check_seal
+from tfcompile.artifact.integrity import check_seal, report_digest
 from tfcompile.artifact.manifest import load_manifest
 from tfcompile.artifact.mixed_config import config_mismatches
 from tfcompile.artifact.naming import ct_outputs, layer_scheme
 from tfcompile.artifact.shapes import check_against_config
 from tfcompile.artifact.signing import check_signature
-from tfcompile.artifact.tree import checksum_problems, listed_shards, safe_entries, unlisted
+from tfcompile.artifact.tree import checksum_problems, listed_shards, report_problem, safe_entries, unlisted
 from tfcompile.errors import UserError, VerifyError
 from tfcompile.io.dtypes import torch_dtype_of
 from tfcompile.io.jsonfile import JsonDict
@@ -98,6 +99,9 @@ def check_files(path: Path, doc: dict, rep: VerifyReport, *, checksums: bool = T
     if checksums:
         bad = checksum_problems(path, entries)
         rep.add("checksums", not bad, "; ".join(bad[:5]) or f"{len(entries)} files match")
+    bad_report = report_problem(path, report_digest(doc))
+    if bad_report or report_digest(doc):
+        rep.add("report", not bad_report, bad_report or "tfcompile/report.html matches the manifest")
     return entries
 
 

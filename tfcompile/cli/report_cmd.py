@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from tfcompile.cli.output import emit_json, stderr_console
+from tfcompile.io.out_policy import check_output
 from tfcompile.report import build_report, write_report
 from tfcompile.report.data import load_eval_json
 
@@ -28,6 +29,7 @@ def report_cmd(artifact, out, eval_json, as_json, quiet):
         sys.stdout.write(build_report(artifact, eval_doc))
         return
     out = out or Path(artifact).absolute().parent / f"{Path(artifact).absolute().name}-report.html"
+    check_output(out, [("artifact", artifact)], label="-o")  # not into the artifact, cwd or a Hub cache
     sha = write_report(artifact, out, eval_doc)
     if not quiet:
         stderr_console().print(f"wrote [bold]{out}[/] (open it in a browser; it fetches nothing)")

@@ -13,6 +13,7 @@ from tfcompile.artifact.signing import SIGNATURE, key_id, load_private_key, sign
 from tfcompile.artifact.verify import VerifyReport, check_files
 from tfcompile.cli.output import emit_json, stderr_console
 from tfcompile.errors import VerifyError
+from tfcompile.io.out_policy import check_in_place
 
 
 def public_key_option(f):
@@ -33,6 +34,7 @@ def sign_cmd(artifact, key, as_json):
     The artifact is checked first (manifest integrity, paths, no unlisted files, checksums):
     a signature vouches for what is there, so a damaged artifact is refused (exit 1)."""
     private = load_private_key(key)
+    check_in_place(artifact, SIGNATURE)  # never into a Hugging Face cache
     doc = load_manifest(artifact)
     rep = VerifyReport(str(artifact))
     check_files(Path(artifact), doc, rep)

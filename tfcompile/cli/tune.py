@@ -8,6 +8,7 @@ import click
 
 from tfcompile.cli.output import RichReporter, emit_json, stderr_console
 from tfcompile.errors import RecipeError
+from tfcompile.report import embed_report
 from tfcompile.runtime.measure import gpu_measurer
 from tfcompile.tune.hardware import parse_targets
 from tfcompile.tune.registry import load_kernels
@@ -39,6 +40,8 @@ def tune(artifact: Path, targets: str, buckets: str, kernels: tuple[str, ...], m
     result = tune_artifact(artifact, target_list, buckets=bucket_list, only=kernels,
                            measurer=gpu_measurer(target_list, measure), reporter=reporter)
     reporter.task("", None)  # stop the progress bar
+    if result.report_dropped:  # the page showed the old manifest: a new one, recorded in the new manifest
+        embed_report(artifact)
     for w in result.warnings:
         reporter.warn(w)
     if not quiet:

@@ -36,7 +36,7 @@ from tfcompile.io.oserrors import write_error
 def atomic_output_dir(out: str | os.PathLike, overwrite: bool = False, *, protect: tuple = (),
                       warn: Callable[[str], None] | None = None) -> Iterator[Path]:
     """Yield a temp dir to fill; publish it as `out` only if the block succeeds."""
-    publish.check_output_path(Path(out), tuple(Path(p) for p in protect))
+    publish.check_output_path(Path(out), tuple(Path(p) for p in protect), overwrite=overwrite)
     out = Path(out).absolute()
     created = _make_parents(out.parent)
     try:

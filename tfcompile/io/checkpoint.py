@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from tfcompile.io.bounded import MAX_DEPTH, json_depth, read_regular
 from tfcompile.errors import CheckpointError
 from tfcompile.io.aux_files import AUX_FILE_NAMES
 from tfcompile.io.config_check import check_config_values
@@ -202,9 +203,12 @@ def read_config(model_dir: Path) -> dict[str, Any]:
 
 
 def _load_json_object(path: Path) -> dict[str, Any]:
+    text = read_regular(path, "checkpoint file").decode("utf-8", errors="replace")  # bounded, never a FIFO
+    if json_depth(text) > MAX_DEPTH:
+        raise CheckpointError(f"{path}: JSON nested deeper than {MAX_DEPTH} levels", hint="fix or re-download the file")
     try:
-        obj = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as e:
+        obj = json.loads(text)
+    except (OSError, UnicodeDecodeError, RecursionError) as e:
         raise CheckpointError(f"{path}: cannot read: {e}", hint="check the file is readable UTF-8") from e
     except json.JSONDecodeError as e:
         raise CheckpointError(

@@ -1,12 +1,10 @@
 """Where an artifact may go, and the rename that publishes it.
 
 `check_output_path(out, protect)` refuses, before anything is created, an OUT
-that `--overwrite` (or the final rename) could use to destroy data:
-- the current directory (also `-o ''`) or any of its ancestors;
-- a protected directory (MODEL, and the Hugging Face cache's `blobs/` its
-  snapshot links into), through symlinks too, or an ancestor of one;
-- an existing path inside a protected directory (replacing it would delete
-  part of the source); a new directory inside MODEL is allowed.
+that `--overwrite` (or the final rename) could use to destroy data: the output
+policy of tfcompile/io/out_policy.py (the source, inside it or its ancestor, the
+current directory, a Hugging Face cache; by file identity), with `protect`
+(MODEL, and the cache `blobs/` its snapshot links into) as the sources.
 
 `publish(tmp, out, expected)` renames the finished staging dir to OUT with
 `renameat2`: RENAME_NOREPLACE when OUT did not exist at the start, so an OUT
@@ -29,39 +27,17 @@ import shutil
 from pathlib import Path
 
 from tfcompile.errors import UserError
+from tfcompile.io import out_policy
 from tfcompile.io.oserrors import write_error
 
 RENAME_NOREPLACE, RENAME_EXCHANGE = 1, 2
 _AT_FDCWD = -100
-_LOADER_SUFFIXES = (".safetensors", ".json", ".bin", ".pt", ".pth", ".model", ".txt", ".jinja")
 
 
-def check_output_path(out: Path, protect: tuple[Path, ...] = ()) -> None:
-    """UserError when OUT is a directory whose replacement would lose data (see module doc)."""
-    real = Path(os.path.realpath(out))
-    cwd = Path(os.path.realpath(os.getcwd()))
-    if cwd == real or cwd.is_relative_to(real):
-        what = "is the current directory" if cwd == real else "contains the current directory"
-        raise UserError(f"output {str(out) or repr('')} {what} ({real})",
-                        hint="name a new directory for the artifact, e.g. -o ./model-nvfp4")
-    for root in protect:
-        root = Path(os.path.realpath(root))
-        if real == root:
-            raise UserError(f"output {out} is the model directory {root}",
-                            hint="write the artifact to a new directory, e.g. -o <model>-nvfp4")
-        if root.is_relative_to(real):
-            raise UserError(f"output {out} contains the model directory {root}; --overwrite would delete it",
-                            hint="write the artifact to a new directory next to the model")
-        if real.is_relative_to(root) and (os.path.lexists(out) or _loader_name(real, root)):
-            raise UserError(f"output {out} is inside the model directory {root} and "
-                            + ("already exists: replacing it would delete part of the model"
-                               if os.path.lexists(out) else "has a name the checkpoint loader reads"),
-                            hint="write the artifact to a new directory outside the model")
-
-
-def _loader_name(real: Path, root: Path) -> bool:
-    """A new directory directly in MODEL named like a file the loader reads (model.safetensors ...)."""
-    return real.parent == root and real.name.endswith(_LOADER_SUFFIXES)
+def check_output_path(out: Path, protect: tuple[Path, ...] = (), *, overwrite: bool = False) -> None:
+    """UserError when OUT is a directory whose replacement would lose data: the one output policy
+    of tfcompile/io/out_policy.py, with `protect` (MODEL, its cache blobs) as the sources."""
+    out_policy.check_output(out, [("model directory", p) for p in protect], overwrite=overwrite)
 
 
 def identity(path: Path) -> tuple[int, int, int] | None:

@@ -22,6 +22,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
 
+from tfcompile.io.bounded import MAX_DEPTH, json_depth
 from tfcompile.errors import CheckpointError
 from tfcompile.io.dtypes import BITS, byte_size
 
@@ -102,12 +103,16 @@ def _read_raw_header(path: Path) -> tuple[bytes, int, int]:
 
 
 def _parse_json(path: Path, raw: bytes) -> dict[str, Any]:
+    if json_depth(raw) > MAX_DEPTH:  # a tensor table is 3 deep: refuse before the parser recurses
+        raise _fail(path, f"header is JSON nested deeper than {MAX_DEPTH} levels")
     try:
         obj = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicate_keys)
     except UnicodeDecodeError as e:
         raise _fail(path, f"header is not valid UTF-8 (byte {e.start})") from e
     except json.JSONDecodeError as e:
         raise _fail(path, f"header is not valid JSON: {e.msg} at character {e.pos}") from e
+    except RecursionError:
+        raise _fail(path, "header is JSON nested too deep") from None
     except _DuplicateKey as e:
         raise _fail(path, f"header lists {e.args[0]!r} twice") from e
     if not isinstance(obj, dict):

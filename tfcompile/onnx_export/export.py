@@ -26,6 +26,7 @@ from onnx import TensorProto, helper
 from tfcompile import __version__
 from tfcompile.io.checkpoint import open_checkpoint
 from tfcompile.io.oserrors import write_error
+from tfcompile.io.out_policy import check_output
 from tfcompile.onnx_export.config import OnnxExportConfig, OnnxExportError
 from tfcompile.onnx_export.decoder import Decoder
 from tfcompile.onnx_export.graph import Graph
@@ -153,6 +154,7 @@ def export_to_path(view: ArtifactView, out: Path, cfg: OnnxExportConfig, *, over
     out = Path(out).absolute()
     targets = [out, out.with_name(data_name(out.name))]
     for t in targets:
+        check_output(t, [("input", view.path)], label="-o")  # never into the input, cwd or a Hub cache
         if t.is_dir():
             raise OnnxExportError(f"{t} is a directory", hint="-o names the .onnx file to write")
         if os.path.lexists(t) and not overwrite:

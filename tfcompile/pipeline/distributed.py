@@ -15,6 +15,7 @@ from pathlib import Path
 
 from tfcompile.dist.failure import supervise
 from tfcompile.dist.world import World
+from tfcompile.errors import UserError
 from tfcompile.pipeline import manager
 from tfcompile.pipeline.context import Context
 from tfcompile.pipeline.recipe import Recipe
@@ -41,7 +42,7 @@ def run_distributed(world: World, model_dir: Path, out_dir: Path | None, recipe:
                     if finish is not None:
                         finish(staging)
             else:
-                staging = Path(world.fetch("staging"))
+                staging = _peer_staging(world.fetch("staging"), out_dir)
                 ctx = _run(world, model_dir, staging, recipe, reporter)
             world.barrier("published")  # nobody reports success before OUT exists
         except BaseException:
@@ -49,6 +50,16 @@ def run_distributed(world: World, model_dir: Path, out_dir: Path | None, recipe:
                 shutil.rmtree(staging, ignore_errors=True)
             raise
     return ctx.with_(out_dir=Path(out_dir))
+
+
+def _peer_staging(shared: str, out_dir: Path) -> Path:
+    """Rank 0's staging dir as another rank receives it: only ever a `.OUT.tmp-*` sibling of OUT
+    (tfcompile/io/atomic.py names it so), since this rank writes into it and deletes it on failure."""
+    staging, out = Path(shared), Path(out_dir).absolute()
+    if staging.parent != out.parent or not staging.name.startswith(f".{out.name}.tmp-"):
+        raise UserError(f"rank 0 shared the staging dir {staging}, which is not a temp dir beside {out}",
+                        hint="run every rank with the same -o and working directory")
+    return staging
 
 
 def _run(world: World, model_dir: Path, staging: Path, recipe: Recipe, reporter: Reporter | None) -> Context:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from tfcompile.errors import RecipeError
+from tfcompile.io.bounded import MAX_DEPTH, json_depth, read_regular
 from tfcompile.pipeline.passes import REGISTRY, Selection, Settings, get_pass
 from tfcompile.pipeline.recipe import RECIPE_VERSION, PassEntry, Recipe, build_config
 from tfcompile.schemes import get_scheme
@@ -43,10 +44,11 @@ def preset_pipeline(fmt: str, settings: Settings | None = None) -> list[str]:
 
 def load_recipe_file(path: Path) -> dict:
     """Parse a TOML or JSON recipe file into a plain mapping (no code is run)."""
+    raw = read_regular(path, "recipe")  # a regular file under 16 MiB: never /dev/zero or a FIFO
+    if json_depth(raw) > MAX_DEPTH:
+        raise RecipeError(f"recipe {path} is nested deeper than {MAX_DEPTH} levels", hint="see docs/cli.md")
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise RecipeError(f"cannot read recipe {path}: {e.strerror}", hint="check the path") from None
+        text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise RecipeError(f"recipe {path} is not UTF-8 text", hint="recipes are TOML (.toml) or JSON (.json)") from None
     try:
@@ -205,6 +207,9 @@ def _parse_set(item: str) -> tuple[str, str, str]:
 
 def _parse_value(raw: str) -> Any:
     """CLI values: JSON when it parses (numbers, true, lists), else the plain string."""
+    if json_depth(raw) > MAX_DEPTH:
+        raise RecipeError(f"--set value {raw[:40]!r}... is nested deeper than {MAX_DEPTH} levels",
+                          hint="e.g. --set pack.max_shard_mb=2000")
     try:
         return json.loads(raw)
     except json.JSONDecodeError:
@@ -217,6 +222,9 @@ def _cut(pipeline: list[str], skip: Iterable[str], until: str | None) -> list[st
         if s not in pipeline:
             raise RecipeError(f"pass {s!r} is not in the pipeline",
                               hint="pipeline: " + ", ".join(pipeline))
+    if until and until in skip:  # nothing would say the run stopped short of what was asked
+        raise RecipeError(f"--until {until} names a pass --skip removes", hint=f"drop --skip {until}, or stop "
+                          "at another pass")
     if until:
         pipeline = pipeline[: pipeline.index(until) + 1]
     return [p for p in pipeline if p not in skip]

@@ -3,15 +3,16 @@ descriptor, and the evaluation (the manifest's `eval` section, or a `tfcompile e
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from tfcompile.artifact.manifest import MANIFEST, load_manifest
+from tfcompile.artifact.integrity import canonical_digest
+from tfcompile.artifact.manifest import load_manifest
 from tfcompile.errors import UserError
+from tfcompile.io.bounded import parse_json, read_regular
 
 KV_DESCRIPTOR = "tfcompile/kv_cache.json"
 TRITON_INDEX = "kernels/index.json"
@@ -21,7 +22,7 @@ TRITON_INDEX = "kernels/index.json"
 class ReportData:
     name: str  # what the report is about (the source model's name or Hub id)
     manifest: dict
-    manifest_sha256: str
+    manifest_digest: str  # the manifest's integrity digest (integrity.sha256), not its file's sha256
     sizes: dict[str, int]  # manifest file (relative path) -> bytes on disk
     kv: dict | None  # tfcompile/kv_cache.json
     triton: dict | None  # kernels/index.json
@@ -31,12 +32,11 @@ class ReportData:
 def load(artifact: Path, eval_doc: dict | None = None) -> ReportData:
     artifact = Path(artifact)
     manifest = load_manifest(artifact)
-    raw = (artifact / MANIFEST).read_bytes()
     sizes = {rel: (artifact / rel).stat().st_size for rel in sorted(manifest.get("files", {}))
              if _inside(rel) and (artifact / rel).is_file()}
     evaluation = _merge_eval(manifest.get("eval"), eval_doc)
     return ReportData(manifest.get("source", {}).get("name") or artifact.name, manifest,
-                      hashlib.sha256(raw).hexdigest(), sizes, _json(artifact / KV_DESCRIPTOR),
+                      canonical_digest(manifest), sizes, _json(artifact / KV_DESCRIPTOR),
                       _json(artifact / TRITON_INDEX), evaluation)
 
 
@@ -56,14 +56,11 @@ def kv_cache_text(manifest: dict) -> str:
 
 def load_eval_json(path: Path) -> dict:
     """A `tfcompile eval --json` document (for `tfcompile report --eval FILE`)."""
-    try:
-        doc = json.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise UserError(f"--eval {path}: cannot read it as JSON ({e})",
-                        hint="give the file `tfcompile eval ... --json > eval.json` wrote") from None
+    hint = "give the file `tfcompile eval ... --json > eval.json` wrote"
+    doc = parse_json(read_regular(path, "--eval document"), f"--eval {path}", hint=hint)  # bounded, no FIFO
     if not isinstance(doc, dict) or not isinstance(doc.get("metrics"), dict) or "gates" not in doc:
         raise UserError(f"--eval {path}: not a `tfcompile eval --json` document (no metrics / gates)",
-                        hint="give the file `tfcompile eval ... --json > eval.json` wrote")
+                        hint=hint)
     return doc
 
 
@@ -84,7 +81,7 @@ def _inside(rel: str) -> bool:
 def _json(path: Path) -> dict | None:
     try:
         doc = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
         return None
     return doc if isinstance(doc, dict) else None
 

@@ -34,8 +34,8 @@ details{background:#fff;border:1px solid #d8dbe2;border-radius:8px;padding:6px 1
 def render(d: ReportData) -> str:
     m = d.manifest
     body = [f"<h1>{escape(d.name)}: {escape(m['scheme']['name'])}</h1>",
-            f'<p class="sub">tfcompile {escape(str(m["tool"]["version"]))} artifact; manifest sha256 '
-            f"<code>{d.manifest_sha256}</code></p>",
+            f'<p class="sub">tfcompile {escape(str(m["tool"]["version"]))} artifact; manifest digest '
+            f"<code>{d.manifest_digest}</code></p>",
             summary(d), evaluation(d), layer_plots(d), formats(d), kernels(d), provenance(d)]
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
@@ -192,11 +192,10 @@ def kernels(d: ReportData) -> str:
         state = "compiled with nvcc" if cut.get("compiled") else f"sources only ({cut.get('why_not')})"
         out.append(f'<p class="note">CUTLASS {escape(str(cut.get("version")))}: {escape(state)}.</p>'
                    + _table(["target", "CUTLASS sources", "note"], rows, {1}))
-    if d.kv:
-        kv = d.kv
-        out.append(f'<p class="note">KV cache for {escape(str(kv.get("engine")))}: {escape(str(kv.get("dtype")))}, '
-                   f'{escape(str(kv.get("layout")))} pages of {kv.get("block_size")} tokens, TP {kv.get("tp")}, '
-                   f'RoPE {escape(str(kv.get("rope")))} (tfcompile/kv_cache.json).</p>')
+    if d.kv:  # every field escaped: kv_cache.json is a file of the artifact, input like the manifest
+        kv = {k: escape(str(d.kv.get(k))) for k in ("engine", "dtype", "layout", "block_size", "tp", "rope")}
+        out.append(f'<p class="note">KV cache for {kv["engine"]}: {kv["dtype"]}, {kv["layout"]} pages of '
+                   f'{kv["block_size"]} tokens, TP {kv["tp"]}, RoPE {kv["rope"]} (tfcompile/kv_cache.json).</p>')
     if len(out) == 1:
         out.append('<p class="note">No GPU kernels in this artifact (quantize --target sm_90a,sm_100a adds them).</p>')
     return "".join(out)

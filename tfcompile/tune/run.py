@@ -12,6 +12,7 @@ OUT/kernels/tuning.json and its sha256 recorded in the manifest's file list
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,8 +20,10 @@ from typing import Iterable, Mapping, Protocol
 
 from tfcompile.artifact.manifest import load_manifest, write_manifest
 from tfcompile.artifact.signing import drop_stale_signature
+from tfcompile.artifact.tree import REPORT_HTML
 from tfcompile.errors import UserError
 from tfcompile.io.jsonfile import dumps, write_bytes
+from tfcompile.io.out_policy import check_in_place
 from tfcompile.schemes import get_scheme
 from tfcompile.tune.compile import FrontendCheck
 from tfcompile.tune.registry import Serving, load_kernels
@@ -44,6 +47,7 @@ class TuneResult:
     warnings: list[str] = field(default_factory=list)
     seconds: float = 0.0
     sha256: str | None = None  # of the table written
+    report_dropped: bool = False  # the artifact's report.html showed the old manifest: removed
 
 
 def choose(probs: Iterable[Problem], kernels: Mapping, triton: str, *, measurer: Measurer | None = None,
@@ -81,6 +85,7 @@ def tune_artifact(path: Path, targets: tuple[str, ...], *, buckets: Iterable[int
     With a `measurer`, the problems of its target are timed on the local GPU."""
     t0 = time.perf_counter()
     path = Path(path)
+    check_in_place(path, TABLE)  # never into a Hugging Face cache
     manifest = load_manifest(path)
     kernels, warnings = load_kernels()
     only = tuple(only)
@@ -98,10 +103,13 @@ def tune_artifact(path: Path, targets: tuple[str, ...], *, buckets: Iterable[int
     doc = merge(old, entries)
     digest = write_bytes(table_path, dumps(doc), atomic=True)
     manifest = dict(manifest, files=dict(sorted({**manifest.get("files", {}), TABLE: digest}.items())))
-    write_manifest(path, manifest)
+    write_manifest(path, manifest)  # a report's sha256 is dropped with the old seal: so is the page
+    dropped = os.path.lexists(path / REPORT_HTML)
+    if dropped:
+        (path / REPORT_HTML).unlink()
     warnings += drop_stale_signature(path)
     warnings += _stale_kernels(path, doc, triton)
-    return TuneResult(doc, entries, served, warnings, time.perf_counter() - t0, digest)
+    return TuneResult(doc, entries, served, warnings, time.perf_counter() - t0, digest, dropped)
 
 
 def _stale_kernels(path: Path, table: Mapping, triton: str) -> list[str]:

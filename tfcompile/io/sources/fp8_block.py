@@ -14,15 +14,24 @@ import torch
 
 from tfcompile.errors import CheckpointError
 from tfcompile.io.sources.base import DequantizedSource
+from tfcompile.io.sources.scales import FLOAT_CODES, cdiv, check_header, check_values
 from tfcompile.kernels.formats import dequantize, weight_quantizer
 
 SUFFIX = ".weight_scale_inv"
 
 
+def _block(qc: dict) -> tuple:
+    """weight_block_size as two positive ints, or () (refused by the caller)."""
+    block = qc.get("weight_block_size")
+    ok = isinstance(block, list) and len(block) == 2 and all(type(b) is int and 0 < b <= 1 << 16 for b in block)
+    return tuple(block) if ok else ()
+
+
 def open_fp8_block(ckpt, qc: dict) -> DequantizedSource:
-    block = tuple(qc.get("weight_block_size") or ())
+    block = _block(qc)
     if len(block) != 2 or qc.get("fmt", "e4m3") != "e4m3":
-        raise CheckpointError(f"{ckpt.path}/config.json: quant_method fp8 with weight_block_size {list(block)} "
+        raise CheckpointError(f"{ckpt.path}/config.json: quant_method fp8 with weight_block_size "
+                              f"{str(qc.get('weight_block_size'))[:60]} "
                               f"and fmt {qc.get('fmt')!r} is not a format tfcompile reads",
                               hint="tfcompile reads FP8 E4M3 checkpoints with 2-D weight blocks (DeepSeek-V3 "
                                    "style); dequantize it to bf16 first")
@@ -33,6 +42,8 @@ def open_fp8_block(ckpt, qc: dict) -> DequantizedSource:
         if info.dtype != "F8_E4M3" or len(info.shape) != 2:
             raise CheckpointError(f"{ckpt.path}: {w} is {info.dtype} {list(info.shape)} beside {scale_name}; "
                                   f"expected a 2-D F8_E4M3 weight", hint="the checkpoint is not DeepSeek FP8-block")
+        n, k = info.shape
+        check_header(ckpt, scale_name, w, FLOAT_CODES, [(cdiv(n, block[0]), cdiv(k, block[1]))])
         decoders[w] = (tuple(info.shape), w, _decoder(ckpt, w, scale_name, tuple(info.shape), block))
         hidden.add(scale_name)
     return DequantizedSource(ckpt, decoders, hidden, {"format": "fp8-block", "quant_method": "fp8",
@@ -42,7 +53,8 @@ def open_fp8_block(ckpt, qc: dict) -> DequantizedSource:
 
 def _decoder(ckpt, w: str, s: str, shape: tuple[int, int], block: tuple[int, int]):
     def decode() -> torch.Tensor:
-        q = weight_quantizer("fp8", "block", block).from_stored(ckpt.get(w), ckpt.get(s), None, shape)
+        scale = check_values(ckpt.path, s, ckpt.get(s), per_block=True)
+        q = weight_quantizer("fp8", "block", block).from_stored(ckpt.get(w), scale, None, shape)
         return dequantize(q, torch.bfloat16)
 
     return decode
