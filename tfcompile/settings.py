@@ -22,6 +22,8 @@ ENV = {
                        "format kernels, CUTLASS builds",
     "TFCOMPILE_NO_NATIVE": "1: never build or load the fused C format kernels (the plain-torch "
                            "reference runs instead, bit-identical and slower)",
+    "TFCOMPILE_NATIVE_ISA": "vector path the fused C format kernels are built for: native (default: "
+                            "-march=native), avx512, avx2, neon or scalar; one this CPU lacks is an error",
     "TFCOMPILE_NVCC": "the nvcc used for CUTLASS kernels (default: nvcc on PATH, else "
                       "/usr/local/cuda/bin/nvcc)",
     "TFCOMPILE_PROGRESS_INTERVAL": "seconds between plain progress lines off a TTY (default 10; 0: "
@@ -55,6 +57,7 @@ class Settings:
     cache_dir: Path  # TFCOMPILE_CACHE
     no_native: bool  # TFCOMPILE_NO_NATIVE
     nvcc: str | None  # TFCOMPILE_NVCC
+    native_isa: str = "native"  # TFCOMPILE_NATIVE_ISA (checked by kernels/formats/_native.py)
     progress_interval: float = DEFAULT_PROGRESS_INTERVAL_S  # TFCOMPILE_PROGRESS_INTERVAL, seconds >= 0
     python_doc: Path = DEFAULT_PYTHON_DOC  # TFCOMPILE_PYTHON_DOC
     key_passphrase: str | None = field(default=None, repr=False)  # TFCOMPILE_KEY_PASSPHRASE (a secret)
@@ -84,6 +87,7 @@ def settings(environ: Mapping[str, str] | None = None) -> Settings:
     env = os.environ if environ is None else environ
     cache = env.get("TFCOMPILE_CACHE") or Path.home() / ".cache" / "tfcompile"
     return Settings(cache_dir=Path(cache), no_native=bool(env.get("TFCOMPILE_NO_NATIVE")),
+                    native_isa=(env.get("TFCOMPILE_NATIVE_ISA") or "native").strip().lower(),
                     nvcc=env.get("TFCOMPILE_NVCC") or None,
                     progress_interval=_seconds(env.get("TFCOMPILE_PROGRESS_INTERVAL"), DEFAULT_PROGRESS_INTERVAL_S),
                     python_doc=Path(env.get("TFCOMPILE_PYTHON_DOC") or DEFAULT_PYTHON_DOC),

@@ -1,21 +1,31 @@
 """C source of the fused CPU kernels (compiled on first use by `_native`).
 
-Kept as a Python string so it installs with the package without package-data
+Kept as Python strings so it installs with the package without package-data
 rules. Every kernel is a fused, single-pass, cache-friendly version of a
 function in the plain-torch reference; `tests/kernels/test_fast.py` proves the
-two bit-exact. Rules the C code relies on:
+two bit-exact (for every ISA path this CPU runs) and
+`tests/kernels/test_aarch64.py` does so for the AArch64 build under qemu.
+Rules the C code relies on:
 - compiled WITHOUT -ffast-math: IEEE fp32 division/compare, no FTZ/DAZ,
   no reassociation, so `x / s` here is the same float as torch's `x / s`;
 - |x| maxima are taken on integer bit patterns: for non-negative floats the
   integer order is the float order, and NaN/Inf patterns sort above every
   finite value, so the block maximum doubles as the NaN/Inf detector;
-- one always-inline body per kernel, exported per input dtype (f32/bf16/f16);
-  with AVX-512 the hot loops use 16-lane intrinsics of the same arithmetic.
-Every exported kernel returns 1 if it saw a NaN/Inf input, else 0.
+- one always-inline body per kernel, exported per input dtype (f32/bf16/f16).
+  The hot loops are written once against a 16-lane vector API (`V` fp32,
+  `VI` u32 lanes: v_bf16 loads, v_div, v_e2m1, v_e2m1_pack32, v_e4m3, v_max16x16...)
+  that `_csrc_x86` implements for AVX-512 and AVX2 and `_csrc_arm` for NEON;
+  the -march of the build picks one (`VEC16` names it). Without one (or with
+  -DTFC_SCALAR) only the scalar loops, which also do every tail, compile.
+Every exported kernel returns 1 if it saw a NaN/Inf input, else 0;
+`tfc_isa()` returns the vector path compiled in ("avx512", "avx2", "neon",
+"scalar").
 """
 
-C_SOURCE = r"""
-#include <stdint.h>
+from ._csrc_arm import NEON
+from ._csrc_x86 import AVX2, AVX512
+
+COMMON = r"""#include <stdint.h>
 #include <string.h>
 
 typedef uint32_t u32;
@@ -61,107 +71,9 @@ static inline float pow2f(int e) {                    /* 2^e, e in [-127, 127] *
 }
 
 
-/* ---- AVX-512 versions of the hot loops (same arithmetic, 16 lanes) ------- */
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VL__)
-#include <immintrin.h>
-#define HAVE_AVX512 1
-static inline __m512 v_f32(const void* p, i64 i) { return _mm512_loadu_ps((const float*)p + i); }
-static inline __m512 v_bf16(const void* p, i64 i) {
-    __m256i h = _mm256_loadu_si256((const __m256i*)((const u16*)p + i));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-static inline __m512 v_f16(const void* p, i64 i) {
-    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)((const u16*)p + i)));
-}
-/* |v| as monotone fp32 bit patterns (NaN/Inf >= 0x7f800000 after conversion) */
-static inline __m512i v_absbits(__m512 v) {
-    return _mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(0x7fffffff));
-}
-static inline __m512i v_e2m1(__m512 y) {               /* = e2m1_code, 16 lanes */
-    __m512 a = _mm512_abs_ps(y);
-    __m512i one = _mm512_set1_epi32(1);
-    __m512i c0 = _mm512_maskz_mov_epi32(_mm512_cmp_ps_mask(a, _mm512_set1_ps(0.25f), _CMP_GT_OQ), one);
-    __m512i c1 = _mm512_maskz_mov_epi32(_mm512_cmp_ps_mask(a, _mm512_set1_ps(0.75f), _CMP_GE_OQ), one);
-    __m512i c2 = _mm512_maskz_mov_epi32(_mm512_cmp_ps_mask(a, _mm512_set1_ps(1.25f), _CMP_GT_OQ), one);
-    __m512i c3 = _mm512_maskz_mov_epi32(_mm512_cmp_ps_mask(a, _mm512_set1_ps(1.75f), _CMP_GE_OQ), one);
-    __m512i c4 = _mm512_maskz_mov_epi32(_mm512_cmp_ps_mask(a, _mm512_set1_ps(2.5f), _CMP_GT_OQ), one);
-    __m512i c5 = _mm512_maskz_mov_epi32(_mm512_cmp_ps_mask(a, _mm512_set1_ps(3.5f), _CMP_GE_OQ), one);
-    __m512i c6 = _mm512_maskz_mov_epi32(_mm512_cmp_ps_mask(a, _mm512_set1_ps(5.0f), _CMP_GT_OQ), one);
-    __m512i m = _mm512_add_epi32(_mm512_add_epi32(_mm512_add_epi32(c0, c1), _mm512_add_epi32(c2, c3)),
-                                 _mm512_add_epi32(_mm512_add_epi32(c4, c5), c6));
-    __m512i s = _mm512_and_si512(_mm512_srli_epi32(_mm512_castps_si512(y), 28), _mm512_set1_epi32(8));
-    return _mm512_or_si512(m, s);
-}
-/* 16 codes (u32 lanes) -> 8 bytes, low nibble = even element */
-static inline void v_pack_store(__m512i c, u8* out) {
-    __m512i q = _mm512_or_si512(c, _mm512_srli_epi64(c, 28));
-    _mm_storel_epi64((__m128i*)out, _mm512_cvtepi64_epi8(q));
-}
-static inline __m512i v_e4m3(__m512 y) {               /* = e4m3_code, 16 lanes */
-    __m512i sign = _mm512_and_si512(_mm512_srli_epi32(_mm512_castps_si512(y), 24), _mm512_set1_epi32(0x80));
-    __m512 a = _mm512_min_ps(_mm512_abs_ps(y), _mm512_set1_ps(448.0f));
-    __m512i ab = _mm512_castps_si512(a);
-    __m512i rn = _mm512_add_epi32(ab, _mm512_add_epi32(_mm512_set1_epi32(0x7ffff),
-                     _mm512_and_si512(_mm512_srli_epi32(ab, 20), _mm512_set1_epi32(1))));
-    __m512i cn = _mm512_sub_epi32(_mm512_srli_epi32(rn, 20), _mm512_set1_epi32(960));
-    __m512 q = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(a, _mm512_set1_ps(512.0f)),
-                   _mm512_set1_ps(8388608.0f)), _mm512_set1_ps(8388608.0f));
-    __m512i cs = _mm512_cvttps_epi32(q);
-    __mmask16 sub = _mm512_cmp_ps_mask(a, _mm512_set1_ps(0.015625f), _CMP_LT_OQ);
-    return _mm512_or_si512(_mm512_mask_blend_epi32(sub, cn, cs), sign);
-}
+"""
 
-/* E2M1 by table: after clamping |y| to [0.125, 6], bits >> 21 (exponent and the
-   top 2 mantissa bits, a quarter-binade bucket t in 496..518) decides the code,
-   because every E2M1 rounding boundary (0.25 0.75 1.25 1.75 2.5 3.5 5) is a
-   bucket start. Lane table entry = code inside the bucket | code exactly at
-   its start << 8 (ties). Built from the scalar e2m1_code, indexed by t & 31. */
-typedef struct { __m512i lo, hi; } e2m1_lut;
-static inline e2m1_lut e2m1_table(void) {
-    u32 tab[32];
-    for (u32 t = 496; t <= 518; t++)
-        tab[t & 31] = e2m1_code(u2f((t << 21) | 1u)) | (e2m1_code(u2f(t << 21)) << 8);
-    for (u32 t = 519; t < 528; t++) tab[t & 31] = 0;   /* unused slots */
-    e2m1_lut L = {_mm512_loadu_si512(tab), _mm512_loadu_si512(tab + 16)};
-    return L;
-}
-static inline __m512i v_e2m1_lut(__m512 y, e2m1_lut L) {
-    __m512 a = _mm512_abs_ps(y);
-    a = _mm512_max_ps(_mm512_min_ps(a, _mm512_set1_ps(6.0f)), _mm512_set1_ps(0.125f));
-    __m512i ab = _mm512_castps_si512(a);
-    __m512i ent = _mm512_permutex2var_epi32(L.lo, _mm512_srli_epi32(ab, 21), L.hi);
-    __mmask16 exact = _mm512_testn_epi32_mask(ab, _mm512_set1_epi32(0x1fffff));
-    ent = _mm512_mask_srli_epi32(ent, exact, ent, 8);
-    __m512i sign = _mm512_srli_epi32(_mm512_castps_si512(y), 28);
-    /* (ent & 7) | (sign & 8): ternary-logic on (ent, sign, mask 7) */
-    return _mm512_ternarylogic_epi32(ent, sign, _mm512_set1_epi32(7), 0xE4);  /* C ? A : B */
-}
-/* Lane i of the result = max over the 16 lanes of a[i] (unsigned). */
-static inline __m512i v_max16x16(const __m512i* a) {
-    __m512i b[8], c[4], d[2];
-    for (int k = 0; k < 8; k++)
-        b[k] = _mm512_max_epu32(_mm512_shuffle_i32x4(a[2 * k], a[2 * k + 1], 0x44),
-                                _mm512_shuffle_i32x4(a[2 * k], a[2 * k + 1], 0xEE));
-    for (int k = 0; k < 4; k++)
-        c[k] = _mm512_max_epu32(_mm512_shuffle_i32x4(b[2 * k], b[2 * k + 1], 0x88),
-                                _mm512_shuffle_i32x4(b[2 * k], b[2 * k + 1], 0xDD));
-    for (int k = 0; k < 2; k++)
-        d[k] = _mm512_max_epu32(_mm512_unpacklo_epi64(c[2 * k], c[2 * k + 1]),
-                                _mm512_unpackhi_epi64(c[2 * k], c[2 * k + 1]));
-    __m512 d0 = _mm512_castsi512_ps(d[0]), d1 = _mm512_castsi512_ps(d[1]);
-    __m512i r = _mm512_max_epu32(_mm512_castps_si512(_mm512_shuffle_ps(d0, d1, 0x88)),
-                                 _mm512_castps_si512(_mm512_shuffle_ps(d0, d1, 0xDD)));
-    /* lane 4q+t now holds block 4t+q: transpose back */
-    const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-    return _mm512_permutexvar_epi32(idx, r);
-}
-static inline __m512 v_e4m3_value(__m512i c) {         /* codes 0..0x7e -> fp32 */
-    __m512 nrm = _mm512_castsi512_ps(_mm512_add_epi32(_mm512_slli_epi32(c, 20), _mm512_set1_epi32(120 << 23)));
-    __m512 sub = _mm512_mul_ps(_mm512_cvtepi32_ps(c), _mm512_set1_ps(0.001953125f));
-    return _mm512_mask_blend_ps(_mm512_cmplt_epu32_mask(c, _mm512_set1_epi32(8)), nrm, sub);
-}
-#endif
-
+KERNELS = r"""
 /* ---- kernels: one always-inline body, instantiated per input dtype ------ */
 /* Scalar loaders (exact conversion to fp32). |x| maxima use the fp32 bit
    pattern of the converted value, so NaN/Inf is always >= BAD. */
@@ -175,12 +87,17 @@ static inline float ld_f16(const void* p, i64 i) {
 static inline u32 absbits(float f) { return f2u(f) & 0x7fffffffu; }
 #define INLINE static inline __attribute__((always_inline))
 
-#ifdef HAVE_AVX512
-typedef __m512 (*vld_fn)(const void*, i64);
+#ifdef VEC16
+typedef V (*vld_fn)(const void*, i64);
 #define VEC_ARG , vld_fn VLD
+#define VEC(SFX) , v_##SFX
 #else
+#define VEC16 "scalar"
 #define VEC_ARG
+#define VEC(SFX)
+#define SCALAR_ONLY 1
 #endif
+const char* tfc_isa(void) { return VEC16; }
 
 /* out[r, kb] = max |x[r, kb*bk : (kb+1)*bk]| (NaN/Inf kept) for rows x K. */
 INLINE int amax_grid(const void* x, i64 rows, i64 K, i64 bk, float* out, ld_fn LD VEC_ARG) {
@@ -189,10 +106,10 @@ INLINE int amax_grid(const void* x, i64 rows, i64 K, i64 bk, float* out, ld_fn L
         for (i64 kb = 0; kb < nkb; kb++) {
             i64 k = r * K + kb * bk, k1 = r * K + (kb * bk + bk < K ? kb * bk + bk : K);
             u32 m = 0;
-#ifdef HAVE_AVX512
-            __m512i vm = _mm512_setzero_si512();
-            for (; k + 16 <= k1; k += 16) vm = _mm512_max_epu32(vm, v_absbits(VLD(x, k)));
-            m = _mm512_reduce_max_epu32(vm);
+#ifndef SCALAR_ONLY
+            VI vm = v_zero();
+            for (; k + 16 <= k1; k += 16) vm = v_maxu(vm, v_absbits(VLD(x, k)));
+            m = v_hmax(vm);
 #endif
             for (; k < k1; k++) { u32 a = absbits(LD(x, k)); m = a > m ? a : m; }
             out[r * nkb + kb] = u2f(m); worst = m > worst ? m : worst;
@@ -208,14 +125,14 @@ INLINE int fp8_quant(const void* x, i64 rows, i64 K, const float* s, i64 srs, i6
         for (i64 kb = 0; kb < nkb; kb++) {
             i64 k = r * K + kb * bk, k1 = r * K + (kb * bk + bk < K ? kb * bk + bk : K);
             float sc = s[r * srs + kb]; u32 m = 0;
-#ifdef HAVE_AVX512
-            __m512i vm = _mm512_setzero_si512(); __m512 vs = _mm512_set1_ps(sc);
+#ifndef SCALAR_ONLY
+            VI vm = v_zero(); V vs = v_set1(sc);
             for (; k + 16 <= k1; k += 16) {
-                __m512 v = VLD(x, k);
-                vm = _mm512_max_epu32(vm, v_absbits(v));
-                _mm_storeu_si128((__m128i*)(out + k), _mm512_cvtepi32_epi8(v_e4m3(_mm512_div_ps(v, vs))));
+                V v = VLD(x, k);
+                vm = v_maxu(vm, v_absbits(v));
+                v_bytes(v_e4m3(v_div(v, vs)), out + k);
             }
-            m = _mm512_reduce_max_epu32(vm);
+            m = v_hmax(vm);
 #endif
             for (; k < k1; k++) {
                 float v = LD(x, k); u32 a = absbits(v); m = a > m ? a : m;
@@ -232,7 +149,7 @@ static inline u32 nvfp4_scale_code(u32 m, float g) {
     return sc == 0 ? 0x38u : sc;
 }
 
-/* NVFP4, one block of 16 (scalar; also the tail of the AVX-512 path). */
+/* NVFP4, one block of 16 (scalar; also the tail of the vector path). */
 static inline u32 nvfp4_block(const void* x, i64 b, float g, u8* packed, u8* scales, ld_fn LD) {
     i64 o = b * 16; u32 m = 0, c[16];
     for (int j = 0; j < 16; j++) { u32 a = absbits(LD(x, o + j)); m = a > m ? a : m; }
@@ -248,25 +165,26 @@ static inline u32 nvfp4_block(const void* x, i64 b, float g, u8* packed, u8* sca
 INLINE int nvfp4_quant(const void* x, i64 nblocks, float g, u8* packed, u8* scales,
                        ld_fn LD VEC_ARG) {
     u32 worst = 0; i64 b = 0;
-#ifdef HAVE_AVX512
-    /* tiles of 16 blocks: 16 block maxima in one vector, scales computed 16-wide */
-    e2m1_lut L = e2m1_table();
-    __m512i vworst = _mm512_setzero_si512();
-    const __m512 vg = _mm512_set1_ps(g);
+#ifndef SCALAR_ONLY
+    /* tiles of 16 blocks: the 16 block maxima in one vector, scales 16-wide;
+       the second pass reloads x (512 B of bf16, still in L1) instead of
+       keeping 16 vectors live (AVX2 has 16 registers, a vector takes 2) */
+    LUT L = v_lut();
+    VI vworst = v_zero();
+    const V vg = v_set1(g);
     for (; b + 16 <= nblocks; b += 16) {
-        __m512 v[16]; __m512i ab[16]; float eff[16];
-        for (int i = 0; i < 16; i++) { v[i] = VLD(x, (b + i) * 16); ab[i] = v_absbits(v[i]); }
-        __m512i m = v_max16x16(ab);
-        vworst = _mm512_max_epu32(vworst, m);
-        __m512i sc = v_e4m3(_mm512_mul_ps(_mm512_div_ps(_mm512_castsi512_ps(m), _mm512_set1_ps(6.0f)), vg));
-        sc = _mm512_mask_mov_epi32(sc, _mm512_cmpeq_epi32_mask(sc, _mm512_setzero_si512()),
-                                   _mm512_set1_epi32(0x38));          /* zero -> 1.0 */
-        _mm512_storeu_ps(eff, _mm512_div_ps(v_e4m3_value(sc), vg));
-        _mm_storeu_si128((__m128i*)(scales + b), _mm512_cvtepi32_epi8(sc));
-        for (int i = 0; i < 16; i++)
-            v_pack_store(v_e2m1_lut(_mm512_div_ps(v[i], _mm512_set1_ps(eff[i])), L), packed + (b + i) * 8);
+        VI ab[16]; float eff[16];
+        for (int i = 0; i < 16; i++) ab[i] = v_absbits(VLD(x, (b + i) * 16));
+        VI m = v_max16x16(ab);
+        vworst = v_maxu(vworst, m);
+        VI sc = v_zero_to(v_e4m3(v_mul(v_div(v_asf(m), v_set1(6.0f)), vg)), 0x38);  /* zero -> 1.0 */
+        v_store_f32(eff, v_div(v_e4m3_value(sc), vg));
+        v_bytes(sc, scales + b);
+        for (int i = 0; i < 16; i += 2)      /* two blocks = 32 codes = 16 bytes per step */
+            v_e2m1_pack32(v_div(VLD(x, (b + i) * 16), v_set1(eff[i])),
+                          v_div(VLD(x, (b + i + 1) * 16), v_set1(eff[i + 1])), &L, packed + (b + i) * 8);
     }
-    worst = _mm512_reduce_max_epu32(vworst);
+    worst = v_hmax(vworst);
 #endif
     for (; b < nblocks; b++) { u32 m = nvfp4_block(x, b, g, packed, scales, LD); worst = m > worst ? m : worst; }
     return worst >= BAD;
@@ -282,7 +200,7 @@ static inline int mx_exponent(u32 m, int emax, u32 fracmax, int ceil_rule) {
     return e < -127 ? -127 : (e > 127 ? 127 : e);
 }
 
-/* MX, one block of 32 (scalar; also the tail of the AVX-512 path). */
+/* MX, one block of 32 (scalar; also the tail of the vector path). */
 static inline u32 mx_block(const void* x, i64 b, int elem, int ceil_rule, u8* data, u8* scales, ld_fn LD) {
     int emax = elem == 4 ? 2 : 8;
     u32 fracmax = elem == 4 ? 0x400000u : 0x600000u;        /* 6 = 1.5*2^2, 448 = 1.75*2^8 */
@@ -304,15 +222,15 @@ static inline u32 mx_block(const void* x, i64 b, int elem, int ceil_rule, u8* da
 INLINE int mx_quant(const void* x, i64 nblocks, int elem, int ceil_rule, u8* data,
                     u8* scales, ld_fn LD VEC_ARG) {
     u32 worst = 0; i64 b = 0;
-#ifdef HAVE_AVX512
+#ifndef SCALAR_ONLY
     int emax = elem == 4 ? 2 : 8;
     u32 fracmax = elem == 4 ? 0x400000u : 0x600000u;
-    e2m1_lut L = e2m1_table();
-    for (; b + 16 <= nblocks; b += 16) {
-        __m512i ab[16]; u32 m[16]; float inv[16];
+    LUT L = v_lut();
+    for (; b + 16 <= nblocks; b += 16) {     /* tiles of 16 blocks (512 elements) */
+        VI ab[16]; u32 m[16]; float inv[16];
         for (int i = 0; i < 16; i++)
-            ab[i] = _mm512_max_epu32(v_absbits(VLD(x, (b + i) * 32)), v_absbits(VLD(x, (b + i) * 32 + 16)));
-        _mm512_storeu_si512(m, v_max16x16(ab));
+            ab[i] = v_maxu(v_absbits(VLD(x, (b + i) * 32)), v_absbits(VLD(x, (b + i) * 32 + 16)));
+        v_store_u32(m, v_max16x16(ab));
         for (int i = 0; i < 16; i++) {
             int e = mx_exponent(m[i], emax, fracmax, ceil_rule);
             inv[i] = pow2f(-e);
@@ -320,14 +238,13 @@ INLINE int mx_quant(const void* x, i64 nblocks, int elem, int ceil_rule, u8* dat
             worst = m[i] > worst ? m[i] : worst;
         }
         for (int i = 0; i < 16; i++) {
-            i64 o = (b + i) * 32; __m512 vi = _mm512_set1_ps(inv[i]);
-            __m512 v0 = _mm512_mul_ps(VLD(x, o), vi), v1 = _mm512_mul_ps(VLD(x, o + 16), vi);
+            i64 o = (b + i) * 32; V vi = v_set1(inv[i]);
+            V v0 = v_mul(VLD(x, o), vi), v1 = v_mul(VLD(x, o + 16), vi);
             if (elem == 4) {
-                v_pack_store(v_e2m1_lut(v0, L), data + (b + i) * 16);
-                v_pack_store(v_e2m1_lut(v1, L), data + (b + i) * 16 + 8);
+                v_e2m1_pack32(v0, v1, &L, data + (b + i) * 16);
             } else {
-                _mm_storeu_si128((__m128i*)(data + o), _mm512_cvtepi32_epi8(v_e4m3(v0)));
-                _mm_storeu_si128((__m128i*)(data + o + 16), _mm512_cvtepi32_epi8(v_e4m3(v1)));
+                v_bytes(v_e4m3(v0), data + o);
+                v_bytes(v_e4m3(v1), data + o + 16);
             }
         }
     }
@@ -336,11 +253,6 @@ INLINE int mx_quant(const void* x, i64 nblocks, int elem, int ceil_rule, u8* dat
     return worst >= BAD;
 }
 
-#ifdef HAVE_AVX512
-#define VEC(SFX) , v_##SFX
-#else
-#define VEC(SFX)
-#endif
 #define EXPORT(SFX)                                                                         \
 int amax_grid_##SFX(const void* x, i64 rows, i64 K, i64 bk, float* out) {                   \
     return amax_grid(x, rows, K, bk, out, ld_##SFX VEC(SFX)); }                             \
@@ -355,3 +267,6 @@ EXPORT(f32)
 EXPORT(bf16)
 EXPORT(f16)
 """
+
+# Order matters: the first ISA block whose -march macros hold defines VEC16.
+C_SOURCE = COMMON + AVX512 + AVX2 + NEON + KERNELS

@@ -109,10 +109,11 @@ def test_activation_quantizers():
 def test_fallback_without_native(monkeypatch):
     """No compiler: impl='auto' still works (reference) after one warning."""
     from tfcompile.kernels.formats import _native
-    monkeypatch.setattr(_native, "_state", {"lib": None, "tried": False})
+    monkeypatch.setattr(_native, "_state", {"isa": None})
+    monkeypatch.setattr(_native, "_libs", {})
     monkeypatch.setenv("CC", "/nonexistent/cc")
     monkeypatch.setenv("TFCOMPILE_CACHE", "/tmp/tfcompile-test-nocc")
-    monkeypatch.setattr(_native, "_cpu_tag", lambda: "no-such-cpu-for-test")
+    monkeypatch.setattr(_native, "cpu_tag", lambda: "no-such-cpu-for-test")
     with pytest.warns(RuntimeWarning, match="reference"):
         q = quantize_nvfp4(torch.randn(4, 32))
     with warnings.catch_warnings():

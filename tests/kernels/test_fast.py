@@ -8,11 +8,33 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tfcompile.errors import FormatError
-from tfcompile.kernels.formats import fast, quantize_fp8, quantize_mxfp4, quantize_mxfp8, quantize_nvfp4
+from tfcompile.kernels.formats import _native, fast, quantize_fp8, quantize_mxfp4, quantize_mxfp8, quantize_nvfp4
 
 from fmt_oracles import DTYPES
 
 pytestmark = pytest.mark.skipif(not fast.available(torch.zeros(1)), reason="no C compiler: fast path off")
+
+
+def _paths() -> list[str]:
+    """`native` plus each forced vector path this CPU runs that compiles to another one.
+
+    Here (AVX-512): native (= avx512), avx2 (x86-64-v3) and scalar; on an AVX2-only CPU: native
+    (= avx2) and scalar. The aarch64 build is tested under qemu (test_aarch64.py)."""
+    seen, out = set(), []
+    for isa in _native.runnable():
+        with _native.use(isa) as handle:
+            got = _native.compiled_isa(handle) if handle is not None else None
+        if got is not None and got not in seen:
+            seen.add(got)
+            out.append(isa)
+    return out
+
+
+@pytest.fixture(scope="module", autouse=True, params=_paths() if fast.available(torch.zeros(1)) else ["native"])
+def isa_path(request):
+    """Every test of this module runs once per vector path (module scope: hypothesis-safe)."""
+    with _native.use(request.param) as handle:
+        yield _native.compiled_isa(handle)
 
 QUANTIZERS = [
     ("nvfp4", lambda w, impl: quantize_nvfp4(w, impl=impl), 16),
