@@ -3,6 +3,13 @@
     python scripts/train_demo_lm.py examples/demo-lm --overwrite --steps 1000   # the committed model
     python scripts/train_demo_lm.py OUT --minutes 25                            # cosine over 25 minutes
     python scripts/train_demo_lm.py /tmp/smoke --smoke                      # a few seconds (tests)
+    python scripts/train_demo_lm.py examples/demo-gemma --family gemma3 --overwrite --steps 1000
+
+`--family gemma3` trains the same size of model with Gemma 3's structure instead
+(Gemma3ForCausalLM: (1 + w) RMSNorm, pre- and post-norms around attention and MLP,
+q/k norms, GeGLU (gelu-tanh gate), tied embeddings scaled by sqrt(hidden), sliding-window
+layers with every fourth global) on the same text and recipe: a second trained family
+whose quantization is known to be more sensitive than Llama's (issue 33).
 
 A small LlamaForCausalLM (hidden 256, intermediate 768, 4 layers, 4 heads of
 64, 2 KV heads, vocab 4096, untied lm_head; every Linear's in_features is a
@@ -39,6 +46,7 @@ import shutil
 import subprocess
 import sys
 import time
+import dataclasses
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -62,6 +70,7 @@ class Setup:
     warmup: int = 30
     weight_decay: float = 0.1
     eval_tokens: int = 65536  # held-out tokens fed to the model (blocks of seq_len)
+    family: str = "llama"  # "llama" | "gemma3" (--family)
     train_files: int | None = None  # None: the whole train split
 
 
@@ -107,20 +116,27 @@ def corpus_package() -> str | None:
 
 
 def build_model(s: Setup):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        vocab_size=s.vocab, hidden_size=s.hidden, intermediate_size=s.intermediate,
-        num_hidden_layers=s.layers, num_attention_heads=s.heads, num_key_value_heads=s.kv_heads,
-        head_dim=s.hidden // s.heads, max_position_embeddings=s.seq_len, tie_word_embeddings=False,
-        bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID,
-        rms_norm_eps=1e-5, rope_theta=10000.0, initializer_range=0.02,
-    )
     for lin_in in (s.hidden, s.intermediate):
         if lin_in % 128 and s.train_files is None:  # the real model: every block format must divide
             raise SystemExit(f"error: Linear in_features {lin_in} is not a multiple of 128")
-    model = LlamaForCausalLM(config)
-    return model
+    common = dict(vocab_size=s.vocab, hidden_size=s.hidden, intermediate_size=s.intermediate,
+                  num_hidden_layers=s.layers, num_attention_heads=s.heads, num_key_value_heads=s.kv_heads,
+                  head_dim=s.hidden // s.heads, max_position_embeddings=s.seq_len,
+                  bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID, initializer_range=0.02)
+    if s.family == "gemma3":
+        from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+        # Gemma 3's pattern at this depth: sliding-window layers (half the context) and every fourth
+        # global; the query scale is head_dim^-1/2 as in the 1B-4B models; tied, scaled embeddings
+        layer_types = ["full_attention" if (i + 1) % 4 == 0 else "sliding_attention" for i in range(s.layers)]
+        config = Gemma3TextConfig(**common, tie_word_embeddings=True, rms_norm_eps=1e-6,
+                                  query_pre_attn_scalar=s.hidden // s.heads, sliding_window=s.seq_len // 2,
+                                  layer_types=layer_types)
+        return Gemma3ForCausalLM(config)
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(**common, tie_word_embeddings=False, rms_norm_eps=1e-5, rope_theta=10000.0)
+    return LlamaForCausalLM(config)
 
 
 @torch.no_grad()
@@ -155,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=None, help="exact number of optimizer steps (no timing probe)")
     parser.add_argument("--smoke", action="store_true", help="tiny model, few files, few steps (tests)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--family", choices=("llama", "gemma3"), default="llama",
+                        help="model structure (default llama: examples/demo-lm; gemma3: examples/demo-gemma)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     parser.add_argument("--corpus-root", type=Path, default=None, help="python3.11-doc _sources directory")
     args = parser.parse_args(argv)
@@ -162,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     from tfcompile.calibration.corpus import PYTHON_DOC_DIR, iter_token_blocks, python_doc_texts
     from tfcompile.errors import UserError
 
-    s = SMOKE if args.smoke else Setup()
+    s = dataclasses.replace(SMOKE if args.smoke else Setup(), family=args.family)
     if args.eval:
         torch.set_num_threads(args.threads)
         return evaluate(args.eval, s, args.corpus_root)
@@ -274,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
         "heldout_tokens": heldout.numel(), "heldout_predicted_tokens": heldout[:, 1:].numel(),
         "ppl_before": round(ppl_before, 3), "ppl_after_fp32": round(ppl_after_fp32, 3),
         "ppl_after_bf16": round(ppl_after, 3), "final_train_loss_50": round(sum(loss_log[-50:]) / max(1, len(loss_log[-50:])), 4),
-        "torch": torch.__version__, "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+        "architecture": type(model).__name__, "torch": torch.__version__, "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
         "train_sha256": texts_sha256(train_texts), "corpus_package": corpus_package(),
         "tokenizers": importlib.metadata.version("tokenizers"),
     }
@@ -344,7 +362,9 @@ def evaluate(dirs: list[Path], s: Setup, corpus_root: Path | None) -> int:
 
 def training_md(f: dict, args) -> str:
     s = f["setup"]
-    cmd = "python scripts/train_demo_lm.py examples/demo-lm --overwrite" + (
+    name = "demo-gemma" if s["family"] == "gemma3" else "demo-lm"
+    cmd = f"python scripts/train_demo_lm.py examples/{name} --overwrite" + (
+        " --family gemma3" if s["family"] == "gemma3" else "") + (
         f" --minutes {args.minutes:g}" if args.minutes != 25.0 else "") + (
         f" --steps {args.steps}" if args.steps is not None else "") + (" --smoke" if args.smoke else "")
     if args.steps is not None or args.smoke:
@@ -355,9 +375,11 @@ def training_md(f: dict, args) -> str:
     else:
         reproduce = ("The cosine schedule followed wall time (`--minutes`), so the step count depends on the\n"
                      f"machine's speed; `--steps {f['steps']}` gives a fixed schedule of the same length.")
-    return f"""# demo-lm: how it was trained
+    arch = f.get("architecture", "LlamaForCausalLM")
+    head = "tied (scaled) embeddings" if s["family"] == "gemma3" else "untied lm_head"
+    return f"""# {name}: how it was trained
 
-A {f['parameters'] / 1e6:.2f}M-parameter LlamaForCausalLM trained from scratch by this
+A {f['parameters'] / 1e6:.2f}M-parameter {arch} trained from scratch by this
 repository's `scripts/train_demo_lm.py`, to give tfcompile a real (trained, not
 random) causal LM to quantize and evaluate.
 
@@ -371,7 +393,7 @@ random) causal LM to quantize and evaluate.
   trained with `tokenizers` on the train split; it prepends `<s>`, and every
   document ends with `</s>` in the training stream.
 - **Model**: hidden {s['hidden']}, intermediate {s['intermediate']}, {s['layers']} layers,
-  {s['heads']} heads of {s['hidden'] // s['heads']}, {s['kv_heads']} KV heads, untied lm_head,
+  {s['heads']} heads of {s['hidden'] // s['heads']}, {s['kv_heads']} KV heads, {head},
   max positions {s['seq_len']}; {f['parameters']} parameters; weights saved in bf16.
 - **Training**: fp32 on CPU ({f['threads']} threads, {f['machine']}, torch {f['torch']}), seed {f['seed']},
   AdamW (lr {s['lr']:g}, betas 0.9/0.95, weight decay {s['weight_decay']:g} on matrices), {s['warmup']} warmup

@@ -102,13 +102,14 @@ def _load_script():
     return module
 
 
-def test_smoke_training_run_writes_a_loadable_checkpoint(tmp_path, capsys):
+@pytest.mark.parametrize("family,arch", [("llama", "LlamaForCausalLM"), ("gemma3", "Gemma3ForCausalLM")])
+def test_smoke_training_run_writes_a_loadable_checkpoint(tmp_path, capsys, family, arch):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     out = tmp_path / "smoke-lm"
     threads = torch.get_num_threads()
     try:
-        assert _load_script().main([str(out), "--smoke"]) == 0
+        assert _load_script().main([str(out), "--smoke", "--family", family]) == 0
     finally:
         torch.set_num_threads(threads)
     figures = json.loads(capsys.readouterr().out)
@@ -118,7 +119,13 @@ def test_smoke_training_run_writes_a_loadable_checkpoint(tmp_path, capsys):
                  "tokenizer_config.json", "TRAINING.md", "training.json"):
         assert (out / name).is_file(), name
     model = AutoModelForCausalLM.from_pretrained(out)
-    assert model.dtype == torch.bfloat16 and type(model).__name__ == "LlamaForCausalLM"
+    assert model.dtype == torch.bfloat16 and type(model).__name__ == arch == figures["architecture"]
+    assert f"{arch} trained from scratch" in (out / "TRAINING.md").read_text()
+    if family == "gemma3":  # Gemma 3's structure: tied embeddings, sandwich and q/k norms, GeGLU
+        layer = model.model.layers[0]
+        assert model.config.tie_word_embeddings and model.lm_head.weight is model.model.embed_tokens.weight
+        assert hasattr(layer, "pre_feedforward_layernorm") and hasattr(layer.self_attn, "q_norm")
+        assert model.config.hidden_activation == "gelu_pytorch_tanh"
     tok = AutoTokenizer.from_pretrained(out)
     ids = tok("Python is a programming language.", return_tensors="pt").input_ids
     assert ids[0, 0].item() == tok.bos_token_id == 1
