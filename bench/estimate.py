@@ -28,7 +28,6 @@ import json
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -55,7 +54,6 @@ def measure() -> dict:
 
     import torch
 
-    from tfcompile.passes.quantize.gptq import gptq_values
 
     from formats import median_s
 

@@ -23,7 +23,6 @@ venv (`--llmc-python`, default /work/venvs/t19-peers/bin/python; create it with
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import tempfile

@@ -29,7 +29,7 @@ from tfcompile.calibration.awq_stats import AWQRecorder
 from tfcompile.calibration.kv import KVObserver, install
 from tfcompile.calibration.moe import MoERecorder
 from tfcompile.calibration.moe_policy import resolve_amax
-from tfcompile.calibration.observers import Observer, make_observer
+from tfcompile.calibration.observers import make_observer
 from tfcompile.dist import LOCAL
 from tfcompile.dist.collect import OrderedReplay, max_tensors, max_values
 from tfcompile.ir import CalibStats

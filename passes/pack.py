@@ -66,7 +66,7 @@ def _supports(recipe: Recipe, cfg: PackConfig) -> list[Unsupported]:
                produces=("artifact",), supports=_supports, slot=60)
 def pack(ctx, cfg: PackConfig, reporter) -> PassResult:
     """Quantize job by job and stream the safetensors shards of every view."""
-    out, program, plan = Path(ctx.out_dir), ctx.program, ctx.plan
+    out, program = Path(ctx.out_dir), ctx.program
     world = ctx.world or LOCAL  # under torchrun: each rank writes its shards (tfcompile/dist/stream.py)
     owned = (lambda i: shard_owner(i, world.size) == world.rank) if world.distributed else None
     hasher = _SourceHasher([f for i, f in enumerate(ctx.source.files) if i % world.size == world.rank],

@@ -78,7 +78,7 @@ def test_hf_home_locates_the_cache(tiny_llama_src, tmp_path, monkeypatch, run_cl
 def test_hub_errors_name_the_repo_and_say_what_to_do(hub, tmp_path, run_cli):
     res = run_cli("quantize", REPO, "--revision", "v9", "-o", tmp_path / "a", "--format", "mxfp8")
     assert res.code == 1 and f"MODEL {REPO} is not a local directory" in res.err
-    assert "'v9'" in res.err and "HF_HUB_OFFLINE" in res.err and f"hint: download it once" in res.err
+    assert "'v9'" in res.err and "HF_HUB_OFFLINE" in res.err and "hint: download it once" in res.err
     res = run_cli("quantize", "nobody/nothing", "-o", tmp_path / "b", "--format", "mxfp8")
     assert res.code == 1 and "hint:" in res.err
     res = run_cli("quantize", "no/such/dir", "-o", tmp_path / "c", "--format", "mxfp8")  # not an id: a path

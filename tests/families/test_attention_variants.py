@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 
-from families_util import CALIB, ids, model_class, quantize
+from families_util import CALIB, ids, model_class
 
 KV = ("--kv-cache", "fp8", "--layout", "vllm")
 

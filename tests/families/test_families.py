@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from families_util import CALIB, manifest, model_class, quantize, run_cli
+from families_util import CALIB, manifest, quantize, run_cli
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "models.md"
 

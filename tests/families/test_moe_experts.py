@@ -13,7 +13,7 @@ import re
 import pytest
 import torch
 
-from families_util import CALIB, ids, manifest, model_class, quantize, run_cli, tensors
+from families_util import ids, manifest, model_class, quantize, run_cli, tensors
 
 MOE = ("deepseek_v3", "kimi_k2", "gpt_oss", "glm4_moe", "qwen3_moe", "qwen3_next")
 ONE_SAMPLE = ("--calib", "random", "--calib-samples", "1", "--calib-seq-len", "8")

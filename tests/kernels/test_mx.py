@@ -3,8 +3,6 @@ math.frexp (the OCP formula written out), elements cast by ml_dtypes."""
 
 import math
 
-import ml_dtypes
-import numpy as np
 import pytest
 import torch
 

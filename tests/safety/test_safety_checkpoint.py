@@ -93,7 +93,7 @@ def test_checkpoint_errors_name_every_problem_briefly(tiny_llama, tmp_path, run_
 def test_absurd_config_fails_fast_without_allocating(tiny_llama, tmp_path):
     """num_hidden_layers = 1e9 once grew verify to 11.5 GB: now both commands fail in bounded memory."""
     _edit_config(tiny_llama, num_hidden_layers=1_000_000_000)
-    script = textwrap.dedent(f"""
+    script = textwrap.dedent("""
         import resource, sys
         resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))
         from tfcompile.cli.main import main

@@ -89,7 +89,7 @@ class PagedKV:
 
     def read(self, seq: int) -> torch.Tensor:
         """All cached tokens of `seq` as float32 [S, kv_heads, Dp] (dequantized; zero padding kept)."""
-        n, bs = self.lens.get(seq, 0), self.fmt.block_size
+        n = self.lens.get(seq, 0)
         pages = torch.tensor(self.tables.get(seq, []), dtype=torch.long)
         parts = {}
         for name in (("data", "block_scale") if self.fmt.dtype == "nvfp4" else ("data",)):

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Mapping
 
 from tfcompile.artifact.verify import VerifyReport
+from tfcompile.dist.world import World
 from tfcompile.io.checkpoint import Checkpoint
 from tfcompile.io.jsonfile import JsonDict, JsonValue
 from tfcompile.ir import ArtifactInfo, CalibStats, ModelInfo, Program, QuantPlan

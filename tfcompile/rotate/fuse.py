@@ -109,7 +109,7 @@ def rotated(name: str, get: Callable[[str], torch.Tensor], rot: Rotations) -> to
         return torch.ones_like(w)  # folded into the Linears that read it (q_norm/k_norm are not)
     if len(parts) < 6 or parts[1] != "layers":
         return w
-    prefix, block, proj, kind = ".".join(parts[:3]), parts[3], parts[4], parts[5]
+    prefix, proj, kind = ".".join(parts[:3]), parts[4], parts[5]
     if proj in ATTN_IN + MLP_IN and kind == "weight":
         norm = "input_layernorm" if proj in ATTN_IN else "post_attention_layernorm"
         w = (w * get(f"{prefix}.{norm}.weight").float()[None, :]) @ q
