@@ -6,6 +6,8 @@ from pathlib import Path
 
 import click
 
+from tfcompile.artifact.engines import ENGINES, TARGETS, engine_problems
+from tfcompile.artifact.manifest import load_manifest
 from tfcompile.artifact.signing import load_public_key
 from tfcompile.artifact.verify import verify_artifact
 from tfcompile.cli.output import emit_json, stderr_console
@@ -16,13 +18,32 @@ from tfcompile.cli.tables import verify_table
 @click.command()
 @click.argument("artifact", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the report on stdout.")
+@click.option("--engine", "engines", multiple=True, type=click.Choice(ENGINES),
+              help="Also check that this serving engine can serve the artifact as written (repeatable).")
+@click.option("--target", type=click.Choice(TARGETS), default=None, help="GPU the engine serves it on.")
+@click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Tensor-parallel size the engine splits the Linears by.")
 @public_key_option
-def verify(artifact: Path, as_json: bool, public_key: Path | None) -> None:
+def verify(artifact: Path, as_json: bool, engines: tuple[str, ...], target: str | None, tp: int,
+           public_key: Path | None) -> None:
     """Check paths, files, checksums, signature, layers, shapes, scales and shared global scales (exit 1 on failure)."""
     report = verify_artifact(artifact, public_key=load_public_key(public_key) if public_key else None)
+    if engines:
+        add_engine_checks(report, load_manifest(artifact), engines, target=target, tp=tp)
     if as_json:
         emit_json({"ok": report.ok, "path": report.path, "checks": report.checks})
     else:
         stderr_console().print(verify_table(report))
     if not report.ok:
         raise SystemExit(1)
+
+
+def add_engine_checks(report, doc, engines, *, target, tp) -> None:
+    """One check per engine (tfcompile/artifact/engines.py): fails on what the engine refuses to load;
+    what it loads but serves otherwise than written passes with a warning in the detail."""
+    for engine in engines:
+        problems = engine_problems(doc, engine, target=target, tp=tp)
+        errors = [p for p in problems if p.error]
+        detail = "; ".join(f"{'' if p.error else 'warning: '}{p.message}\nhint: {p.hint}" for p in problems)
+        where = f" ({target}, tp {tp})" if target else f" (tp {tp})"
+        report.add(f"engine {engine}{where}", not errors, detail or "serves it as written")

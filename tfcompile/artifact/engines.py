@@ -1,0 +1,143 @@
+"""What a serving engine can serve: `tfcompile verify --engine`, and quantize's engine checks.
+
+Rules read from the engines' own code (vLLM 0.32, site-packages/vllm; tests/engines runs vLLM on
+the artifacts and checks that it refuses exactly what these rules refuse):
+
+- fp8-block (vLLM `fp8_utils.validate_fp8_block_shape`): with tensor parallelism, a row-parallel
+  Linear's K / tp and each column-parallel output N / tp must divide the block (128); without it,
+  every member of a fused layer (q/k/v, gate/up, ...) but the last must divide it ("Weight
+  output_partition_size = 576 is not divisible by weight quantization block_n = 128"); fused-MoE
+  experts' intermediate size per partition always (`validate_fp8_block_shape_moe`).
+- fp8 static (per-tensor weights): vLLM requantizes every fused group to the group's largest weight
+  scale (`w8a8_utils.requantize_with_max_scale`); unequal scales are served coarser than written.
+- NVFP4: a fused layer takes one global scale (the largest, with a warning:
+  `CompressedTensorsW4A4Fp4.process_weights_after_loading`).
+- KV cache: vLLM's compressed-tensors loader takes only 8-bit float KV schemes
+  (`CompressedTensorsKVCacheMethod.validate_kv_cache_scheme`); SGLang has no NVFP4 KV cache;
+  TensorRT-LLM serves it (modelopt view) on Blackwell.
+- MXFP4 weight-only: vLLM 0.32 builds `CompressedTensorsW4A4Mxfp4` whatever `input_activations`
+  says, and runs W4A4 where a W4A4 kernel exists (sm_100 with FlashInfer; vLLM #56770).
+- Targets: NVFP4 / MXFP4 / MXFP8 W4A4 / W8A8 GEMMs need sm_100; on sm_90 vLLM serves them
+  weight-only (Marlin), activations unquantized.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+ENGINES = ("vllm", "sglang", "trtllm")
+DEFAULT_ENGINES = ("vllm", "sglang")  # quantize checks these and warns; naming --engine makes it an error
+TARGETS = ("sm_90a", "sm_100a")
+BLOCK = 128
+# fused layers as the engines pack them (vLLM packed_modules_mapping), members in the engine's order
+FUSED_ORDER = {"q_proj": 0, "k_proj": 1, "v_proj": 2, "gate_proj": 0, "up_proj": 1, "q_a_proj": 0,
+               "kv_a_proj_with_mqa": 1, "in_proj_qkv": 0, "in_proj_z": 1, "in_proj_b": 0, "in_proj_a": 1}
+ROW_PARALLEL = {"o_proj", "down_proj", "out_proj"}
+_EXPERT = re.compile(r"\.experts\.\d+\.(gate_proj|up_proj|down_proj)$")
+_A4_NEEDS_SM100 = {"nvfp4", "mxfp4", "mxfp8"}
+
+
+@dataclass(frozen=True)
+class EngineProblem:
+    engine: str
+    error: bool  # True: the engine refuses to load it; False: it loads but serves something else
+    message: str
+    hint: str
+
+
+def engine_problems(doc: Mapping, engine: str, *, target: str | None = None, tp: int = 1) -> list[EngineProblem]:
+    """Everything `engine` cannot serve as written in the artifact whose manifest is `doc`."""
+    out: list[EngineProblem] = []
+    out += _fp8_block(doc, engine, tp)
+    out += _kv_cache(doc, engine)
+    out += _weight_only_mxfp4(doc, engine, target)
+    out += _target(doc, engine, target)
+    return out
+
+
+def _fmt(layer: Mapping, doc: Mapping) -> str:
+    return layer.get("format") or doc["scheme"]["name"]
+
+
+def _fused(doc: Mapping) -> list[list[Mapping]]:
+    """Fused groups as the engine packs them (manifest groups, members in the engine's order)."""
+    by_module = {la["module"]: la for la in doc.get("layers", [])}
+    groups = []
+    for g in doc.get("groups", []):
+        members = [by_module[m] for m in g if m in by_module and not _EXPERT.search(m)]
+        if len(members) > 1:
+            groups.append(sorted(members, key=lambda la: FUSED_ORDER.get(la["module"].rsplit(".", 1)[-1], 9)))
+    return groups
+
+
+def _fp8_block(doc: Mapping, engine: str, tp: int) -> list[EngineProblem]:
+    if engine == "trtllm":
+        return []
+    bad: list[str] = []
+    layers = [la for la in doc.get("layers", []) if _fmt(la, doc) == "fp8-block"]
+    grouped = {la["module"] for g in _fused(doc) for la in g}
+    for g in _fused(doc):
+        if _fmt(g[0], doc) != "fp8-block":
+            continue
+        members = g if tp > 1 else g[:-1]  # merged weights: the last member may end in a partial block
+        bad += [_msg(la["module"], la["shape"][0] // tp, "output_partition_size", "block_n")
+                for la in members if (la["shape"][0] // tp) % BLOCK]
+    for la in layers:
+        n, k = la["shape"]
+        leaf = la["module"].rsplit(".", 1)[-1]
+        if _EXPERT.search(la["module"]):
+            inter = k if leaf == "down_proj" else n
+            if (inter // tp) % BLOCK:
+                bad.append(_msg(la["module"], inter // tp, "expert intermediate size per partition", "block_n"))
+        elif tp > 1 and leaf in ROW_PARALLEL and (k // tp) % BLOCK:
+            bad.append(_msg(la["module"], k // tp, "input_size_per_partition", "block_k"))
+        elif tp > 1 and la["module"] not in grouped and leaf not in ROW_PARALLEL and (n // tp) % BLOCK:
+            bad.append(_msg(la["module"], n // tp, "output_partition_size", "block_n"))
+    if not bad:
+        return []
+    more = f" (and {len(bad) - 3} more)" if len(bad) > 3 else ""
+    return [EngineProblem(engine, True, f"{engine} refuses fp8-block at --tp {tp}: " + "; ".join(sorted(set(bad))[:3])
+                          + more, "use --format fp8-dynamic (per-channel: no block constraint), or keep those "
+                          "modules in bf16 with --ignore PATTERN; --tp must split every partition into whole "
+                          "128-blocks")]
+
+
+def _msg(module: str, size: int, what: str, block: str) -> str:
+    return f"{module}: Weight {what} = {size} is not divisible by weight quantization {block} = {BLOCK}"
+
+
+def _kv_cache(doc: Mapping, engine: str) -> list[EngineProblem]:
+    kv = doc["scheme"].get("kv_cache")
+    if not kv or kv.get("dtype") != "nvfp4" or engine == "trtllm":
+        return []
+    return [EngineProblem(engine, True, f"{engine} does not serve an NVFP4 KV cache (vLLM 0.32: 'Currently "
+                          "supported kv cache quantization is num_bits=8, type=float')",
+                          "use --kv-cache fp8 for vllm/sglang; --kv-cache nvfp4 is for --engine trtllm "
+                          "(--export modelopt)")]
+
+
+def _weight_only_mxfp4(doc: Mapping, engine: str, target: str | None) -> list[EngineProblem]:
+    if engine != "vllm" or not any(_fmt(la, doc) == "mxfp4a16" for la in doc.get("layers", [])):
+        return []
+    where = "on sm_100a" if target == "sm_100a" else "where a W4A4 kernel exists (sm_100 + FlashInfer)"
+    return [EngineProblem(engine, False, f"vllm 0.32 reads mxfp4a16 as W4A4 MXFP4 {where}: activations get "
+                          "quantized although the artifact says weight-only (vLLM #56770)",
+                          "eval with --format mxfp4 to see what vLLM serves there; on sm_90a it runs weight-only "
+                          "(Marlin)")]
+
+
+def _target(doc: Mapping, engine: str, target: str | None) -> list[EngineProblem]:
+    if target != "sm_90a":
+        return []
+    fmts = sorted({_fmt(la, doc) for la in doc.get("layers", [])} & _A4_NEEDS_SM100)
+    if not fmts:
+        return []
+    return [EngineProblem(engine, False, f"{', '.join(fmts)}: sm_90a has no FP4/MX tensor cores; {engine} serves "
+                          "them weight-only (Marlin), activations unquantized", "--target sm_100a, or --format "
+                          "nvfp4a16 / fp8-dynamic for Hopper")]
+
+
+def check_engines(doc: Mapping, engines: Iterable[str], **kw) -> list[EngineProblem]:
+    return [p for e in engines for p in engine_problems(doc, e, **kw)]
