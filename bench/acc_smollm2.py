@@ -86,6 +86,13 @@ for _kv in ("fp8", "nvfp4"):
     row("nvfp4a16", f"kv-{_kv}", "--ignore", "re:.*", "--kv-cache", _kv, label=f"{_kv} KV cache", shown="bf16")
 for _kv in ("fp8", "nvfp4"):
     row("nvfp4a16", f"rtn+kv-{_kv}", "--kv-cache", _kv, label=f"rtn, {_kv} KV cache")
+# the calibration forwards' compute dtype (calibrate.dtype; auto: float32 where the CPU emulates bf16), forced
+# both ways so the rows mean the same on every CPU
+DTYPE_ROWS = {}
+for _f, _m, _args in (("nvfp4", "rtn", []), ("nvfp4a16", "gptq", GPTQ)):
+    for _d, _short in (("bfloat16", "bf16"), ("float32", "fp32")):
+        row(_f, f"{_m}-{_short}", *_args, "--set", f"calibrate.dtype={_d}", label=f"{_m}, {_d} forwards")
+        DTYPE_ROWS[f"{_f}/{_m}-{_short}"] = (_f, _m, _d)
 # calibration data: auto's fallbacks when python3.11-doc is missing (calibration/datasets.py), same samples x length
 for _f in ("nvfp4", "fp8"):
     for _data in ("stdlib-docstrings", "self"):
@@ -191,6 +198,26 @@ def body(results: dict, tokens: int) -> str:
             + table(results) + "\n\n" + recovery(results) + calib_data(results) + missing(results) + "\n")
 
 
+DTYPE_HEADING = "## SmolLM2-135M-Instruct: calibration forwards in float32 or bfloat16"
+
+
+def dtype_body(results: dict, tokens: int) -> str:
+    """The DTYPE_ROWS side by side: the same run with its calibration forwards in bf16 and in float32."""
+    lines = [f"Command: `python bench/acc_smollm2.py --max-tokens {tokens} --only {' '.join(DTYPE_ROWS)} "
+             f"--dtype-section` (rows kept with the table's; each forces `--set calibrate.dtype=D`). Model, "
+             f"held-out text, scoring and calibration ({SAMPLES} x {SEQ} python-doc calib tokens) as in the table "
+             f"above; `auto` (the default) computes in float32 where the CPU emulates bf16 and in the checkpoint's "
+             f"bf16 where it is native (docs/cli.md \"Reproducibility\").\n",
+             "| format | method | forwards | KL (nats/token) | perplexity | change | top-1 agreement | quantize s |",
+             "|---|---|---|---:|---:|---:|---:|---:|"]
+    for name, (fmt, method, dtype) in DTYPE_ROWS.items():
+        r = results.get(name)
+        if r:
+            lines.append(f"| {fmt} | {method} | {dtype} | {r['kl_mean']:.4f} | {r['perplexity']:.3f} | "
+                         f"{100 * r['ppl_increase']:+.2f}% | {r['top1_agreement']:.4f} | {r['quantize_s']:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
 def missing(results: dict) -> str:
     """The rows this bench defines that the saved results do not hold (not measured yet)."""
     left = [n for n in ROWS if n not in results]
@@ -200,6 +227,8 @@ def missing(results: dict) -> str:
 def main() -> int:
     ap = bench_parser(__doc__)
     ap.add_argument("--list", action="store_true", help="print the row names and exit")
+    ap.add_argument("--dtype-section", action="store_true",
+                    help="write only the compute-dtype section (DTYPE_ROWS) into docs/accuracy.md")
     args = ap.parse_args()
     if args.list:
         print("\n".join(ROWS))
@@ -224,6 +253,8 @@ def main() -> int:
     print(table(results))
     if args.write_docs:
         replace_doc_section(HEADING, body(results, held.tokens), DOC)
+    if args.write_docs or args.dtype_section:
+        replace_doc_section(DTYPE_HEADING, dtype_body(results, held.tokens), DOC)
     return 0
 
 

@@ -27,6 +27,13 @@ CALIB = ("--calib", "random", "--calib-samples", str(SAMPLES), "--calib-seq-len"
          "--calib-seed", str(SEED))
 
 
+@pytest.fixture(autouse=True)
+def _no_onednn_cap(monkeypatch):
+    """The rule reads ONEDNN_MAX_CPU_ISA; a developer's shell must not decide these tests."""
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
+
+
 @pytest.mark.parametrize("native, model, device, want", [
     (False, "BF16", "cpu", "float32"),  # bf16 emulated (AVX2): float32 is ~9x faster
     (True, "BF16", "cpu", "bfloat16"),  # AVX512-BF16 / AMX / Arm BF16: the checkpoint's dtype
@@ -39,6 +46,15 @@ def test_auto_follows_the_cpu(monkeypatch, native, model, device, want):
     monkeypatch.setattr(machine, "native_bf16", lambda: native)
     dtype, why = machine.compute_dtype("auto", model, device)
     assert dtype == want and why
+
+
+@pytest.mark.parametrize("cap, want", [("AVX2", "float32"), ("avx512_core", "float32"),
+                                       ("AVX512_CORE_BF16", "bfloat16"), ("AVX512_CORE_AMX", "bfloat16"), ("", "bfloat16")])
+def test_onednn_capped_below_bf16_emulates_it(monkeypatch, cap, want):
+    """ONEDNN_MAX_CPU_ISA=AVX2 (how bench/calibrate.py stands in for an AVX2 machine) makes bf16 slow."""
+    monkeypatch.setattr(machine, "native_bf16", lambda: True)
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
+    assert machine.compute_dtype("auto", "BF16")[0] == want
 
 
 @pytest.mark.parametrize("native", [False, True])
