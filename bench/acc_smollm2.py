@@ -215,6 +215,19 @@ def dtype_body(results: dict, tokens: int) -> str:
         if r:
             lines.append(f"| {fmt} | {method} | {dtype} | {r['kl_mean']:.4f} | {r['perplexity']:.3f} | "
                          f"{100 * r['ppl_increase']:+.2f}% | {r['top1_agreement']:.4f} | {r['quantize_s']:.1f} |")
+    verdicts = []
+    for fmt, method in dict.fromkeys((f, m) for f, m, _ in DTYPE_ROWS.values()):
+        b, f = results.get(f"{fmt}/{method}-bf16"), results.get(f"{fmt}/{method}-fp32")
+        if b and f:
+            same = "same or better" if f["kl_mean"] <= b["kl_mean"] * 1.01 and f["perplexity"] <= b["perplexity"] * 1.001 \
+                else "worse"
+            verdicts.append(f"{fmt} {method}: float32 KL {f['kl_mean']:.4f} vs bf16 {b['kl_mean']:.4f}, perplexity "
+                            f"{f['perplexity']:.3f} vs {b['perplexity']:.3f} ({same}: within 1% KL, 0.1% perplexity)")
+    if verdicts:
+        lines.append("\nThe float32 forwards that `auto` picks on a CPU without native bf16: " + "; ".join(verdicts)
+                     + ". What the choice does to the bytes across machines: docs/cli.md \"Reproducibility\" and "
+                     "docs/performance.md \"Calibration: compute dtype by CPU\" (the artifacts of an AVX-512-bf16 "
+                     "and an emulated AVX2 run compared).")
     return "\n".join(lines) + "\n"
 
 
@@ -238,6 +251,8 @@ def main() -> int:
         print(table(results))
         if args.write_docs:
             replace_doc_section(HEADING, body(results, args.max_tokens), DOC)
+        if args.dtype_section:
+            replace_doc_section(DTYPE_HEADING, dtype_body(results, args.max_tokens), DOC)
         return 0
     from tfcompile.fixtures.smollm2 import smollm2_checkpoint
 

@@ -23,7 +23,9 @@
    same tokens, both timed as whole processes (`vsfp32`; `--vs-samples` x 512 tokens). Target
    on an AVX2 machine: at most 2x.
 
-    python bench/calibrate.py [--repeat 3] [--write-docs] [--only speed,memory,gptq,dtype,vsfp32]
+   `repro`: the demo LM's calibrated artifacts of the two paths compared, per calibrate.dtype.
+
+    python bench/calibrate.py [--repeat 3] [--write-docs] [--only speed,memory,gptq,dtype,vsfp32,repro]
 """
 
 from __future__ import annotations
@@ -172,6 +174,12 @@ def _env(isa: str) -> dict:
     return {**os.environ, **ISA_ENV[isa]}
 
 
+def _loadavg() -> float:
+    import os
+
+    return os.getloadavg()[0]
+
+
 def bench_dtype(isas: list[str], repeat: int, wait: float) -> list[dict]:
     rows = []
     for isa in isas:
@@ -179,7 +187,8 @@ def bench_dtype(isas: list[str], repeat: int, wait: float) -> list[dict]:
         t = run_timed([sys.executable, "-c", DTYPE_SRC, str(repeat)], env=_env(isa), stdout=WORK / "dtype.json")
         if t.rc != 0:
             sys.exit(f"forward-dtype bench failed under {isa}:\n{t.stderr_tail}")
-        rows.append({"path": isa, "others_cores": load, **json.loads((WORK / "dtype.json").read_text())})
+        rows.append({"path": isa, "others_cores": load, "loadavg": _loadavg(),
+                     **json.loads((WORK / "dtype.json").read_text())})
         print(f"  dtype {isa}: {rows[-1]}", file=sys.stderr)
     return rows
 
@@ -209,30 +218,69 @@ def bench_vs_fp32(isas: list[str], repeat: int, wait: float, samples: int) -> li
         rows.append({"path": isa, "samples": samples, "baseline": base, "forward": fwd, "quantize": ours,
                      "calibrate_pass": calib_pass, "compute_dtype": cal.get("compute_dtype"),
                      "why": cal.get("compute_dtype_why"), "ratio": median(ours) / median(base),
-                     "cpu_ratio": median(cpu),
+                     "cpu_ratio": median(cpu), "loadavg": _loadavg(),
                      "others_cores": max(load)})
     shutil.rmtree(WORK / "out-1b", ignore_errors=True)
     return rows
 
 
-def markdown_dtype(dtype_rows: list | None, vs_rows: list | None, cmd: str) -> str:
+# repro: the demo LM calibrated on both ISA paths, with auto and with one dtype forced on both
+REPRO_RUNS = {"nvfp4": ["--format", "nvfp4"], "nvfp4a16 gptq": ["--format", "nvfp4a16", "--algorithm", "gptq"]}
+REPRO_PAIRS = (("auto", "auto"), ("float32", "float32"), ("bfloat16", "bfloat16"))
+
+
+def bench_repro() -> list[dict]:
+    """How far apart the artifacts of the native and the avx2 path are: per pair of calibrate.dtype
+    settings, the largest relative difference of an input_global_scale and the share of weight and
+    weight-scale bytes that differ (demo LM, python-doc, 16 x 256 tokens)."""
+    import torch  # lazy: only this part reads tensors here
+    from safetensors.torch import load_file
+
+    rows = []
+    for name, fmt in REPRO_RUNS.items():
+        got = {}
+        for isa, dtype in {(i, d) for pair in REPRO_PAIRS for i, d in zip(ISA_ENV, pair)}:
+            out = WORK / f"repro-{isa}-{dtype}"
+            argv = [*tfcompile_argv(), "quantize", str(REPO / "examples/demo-lm"), "-o", str(out), "--overwrite",
+                    *fmt, "--calib", "python-doc", "--calib-samples", "16", "--calib-seq-len", "256",
+                    "--set", f"calibrate.dtype={dtype}", "--json"]
+            _, doc = run_json(argv, WORK / "repro.json", env=_env(isa))
+            got[isa, dtype] = (load_file(str(out / "model.safetensors")), doc["passes"]["calibrate"]["compute_dtype"])
+            shutil.rmtree(out)
+        for a, b in REPRO_PAIRS:
+            (ta, da), (tb, db) = got["native", a], got["avx2", b]
+            igs = [k for k in ta if k.endswith("input_global_scale")]
+            wk = [k for k in ta if k.endswith(("weight_packed", "weight_scale"))]
+            rows.append({"run": name, "setting": a, "native": da, "avx2": db,
+                         "igs_rel": max((abs(float(ta[k]) / float(tb[k]) - 1) for k in igs), default=None),
+                         "weight_bytes_differ": sum(int((ta[k].view(-1).view(torch.uint8) != tb[k].view(-1).view(
+                             torch.uint8)).sum()) for k in wk) / sum(ta[k].numel() * ta[k].element_size() for k in wk)})
+            print(f"  repro {rows[-1]}", file=sys.stderr)
+    return rows
+
+
+def markdown_dtype(dtype_rows: list | None, vs_rows: list | None, cmd: str, repro: list | None = None) -> str:
     out = [f"Command: `{cmd}`\n", f"Machine: {machine_line()}. Code: `{git_revision()}`. Path `avx2`: this "
            f"machine with ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 (**emulation** of an AVX2 CPU without "
            f"native bf16: its kernels, this machine's cores and memory); `native`: as it is.\n"]
     if dtype_rows:
-        out += ["**Forward dtype.** F.linear 2048 x 2048 x 5632 (GFLOP/s) and one decoder layer of the ~1.1B "
-                "model below (hidden 2048, intermediate 8192, 32/8 heads) on 1 x 512 tokens (s), medians; "
-                "`auto`: what `calibrate.dtype=auto` picks there for a bf16 checkpoint; CPU: the ratio of CPU "
-                "seconds (process time), which other jobs on a shared machine distort less than wall time.\n",
-                "| path | torch ISA | F.linear fp32 | F.linear bf16 | bf16 speed / fp32 (wall, CPU) | layer fp32 | "
-                "layer bf16 | bf16 speed / fp32 (wall, CPU) | auto | other load |",
+        out += ["**Forward dtype.** F.linear 2048 x 2048 x 5632 and one decoder layer of the ~1.1B model below "
+                "(hidden 2048, intermediate 8192, 32/8 heads) on 1 x 512 tokens, 2 threads, medians. Each as wall "
+                "time and as CPU time (the process's user + sys seconds), which other jobs on a shared machine "
+                "distort less: GFLOP/s of wall, GFLOP per CPU second; `auto`: what `calibrate.dtype=auto` picks "
+                "there for a bf16 checkpoint.\n",
+                "| path | torch ISA | F.linear fp32 (wall, CPU) | F.linear bf16 (wall, CPU) | bf16 speed-up (wall, CPU) | "
+                "layer fp32 (wall, CPU s) | layer bf16 (wall, CPU s) | bf16 speed-up (wall, CPU) | auto | other load |",
                 "|---|---|---:|---:|---:|---:|---:|---:|---|---:|"]
-        out += [f"| {r['path']} | {r['isa']} | {r['linear_float32']:.1f} | {r['linear_bfloat16']:.1f} | "
-                f"{r['linear_bfloat16'] / r['linear_float32']:.2f}, "
-                f"{r['linear_cpu_float32'] / r['linear_cpu_bfloat16']:.2f} | {r['layer_float32']:.2f} s | "
-                f"{r['layer_bfloat16']:.2f} s | {r['layer_float32'] / r['layer_bfloat16']:.2f}, "
-                f"{r['layer_cpu_float32'] / r['layer_cpu_bfloat16']:.2f} | {r['auto']} | "
-                f"{r['others_cores']:.1f} cores |" for r in dtype_rows]
+        flop = 2 * 2048 * 2048 * 5632 / 1e9
+        out += [f"| {r['path']} | {r['isa']} | {r['linear_float32']:.1f}, {flop / r['linear_cpu_float32']:.0f} | "
+                f"{r['linear_bfloat16']:.1f}, {flop / r['linear_cpu_bfloat16']:.0f} | "
+                f"{r['linear_bfloat16'] / r['linear_float32']:.2f}x, "
+                f"{r['linear_cpu_float32'] / r['linear_cpu_bfloat16']:.2f}x | {r['layer_float32']:.2f}, "
+                f"{r['layer_cpu_float32']:.2f} | {r['layer_bfloat16']:.2f}, {r['layer_cpu_bfloat16']:.2f} | "
+                f"{r['layer_float32'] / r['layer_bfloat16']:.2f}x, {r['layer_cpu_float32'] / r['layer_cpu_bfloat16']:.2f}x"
+                f" | {r['auto']} | {r['others_cores']:.1f} cores, load avg {r.get('loadavg', 0):.1f} |"
+                for r in dtype_rows]
         out.append("")
     if vs_rows:
         out += [f"**Calibrated run vs one float32 forward** (target on an AVX2 machine <= {MAX_RATIO_FP32}x). "
@@ -245,8 +293,17 @@ def markdown_dtype(dtype_rows: list | None, vs_rows: list | None, cmd: str) -> s
         out += [f"| {r['path']} | {r['samples']} x {SEQ_LEN} | {r['compute_dtype']} ({r['why']}) | "
                 f"{median(r['baseline']):.1f} s | {median(r['forward']):.1f} s | {median(r['quantize']):.1f} s | "
                 f"{median(r['calibrate_pass']):.1f} s | **{r['ratio']:.2f}x** | {r['cpu_ratio']:.2f}x | "
-                f"{r['others_cores']:.1f} cores |"
+                f"{r['others_cores']:.1f} cores, load avg {r.get('loadavg', 0):.1f} |"
                 for r in vs_rows]
+        out.append("")
+    if repro:
+        out += ["**Across the two paths** (demo LM, python-doc 16 x 256 calibration tokens): the artifact of the "
+                "native path against the avx2 path's with the same `calibrate.dtype` on both.\n",
+                "| run | calibrate.dtype | forwards (native, avx2) | input_global_scale max rel. difference | "
+                "weight + weight-scale bytes that differ |", "|---|---|---|---:|---:|"]
+        out += [f"| {r['run']} | {r['setting']} | {r['native']}, {r['avx2']} | "
+                f"{'-' if r['igs_rel'] is None else format(r['igs_rel'], '.1e')} | "
+                f"{100 * r['weight_bytes_differ']:.3f}% |" for r in repro]
         out.append("")
     return "\n".join(out)
 
@@ -312,9 +369,10 @@ def main(argv: list[str] | None = None) -> int:
     isas = args.isa.split(",")
     dtype = bench_dtype(isas, args.repeat, args.wait_idle) if "dtype" in parts else None
     vs = bench_vs_fp32(isas, args.repeat, args.wait_idle, args.vs_samples) if "vsfp32" in parts else None
+    repro = bench_repro() if "repro" in parts else None
     cmd = "python bench/calibrate.py " + " ".join(argv or sys.argv[1:])
     body = markdown(speed, memory, gptq, cmd) if speed or memory or gptq else ""
-    body_dtype = markdown_dtype(dtype, vs, cmd) if dtype or vs else ""
+    body_dtype = markdown_dtype(dtype, vs, cmd, repro) if dtype or vs or repro else ""
     print(body + body_dtype)
     print(f"(bench took {time.perf_counter() - t0:.0f} s)", file=sys.stderr)
     if args.write_docs and body:
