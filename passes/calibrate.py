@@ -116,6 +116,8 @@ def calibrate(ctx, cfg: CalibrateConfig, reporter) -> PassResult:
     world = ctx.world or LOCAL
     device = resolve_device(cfg.device, world)
     dtype, why = compute_dtype(cfg.dtype, ctx.model.dtype, device.type)
+    if world.distributed:  # nodes with other CPUs: every rank computes in rank 0's choice (one artifact)
+        dtype, why = world.all_objects("calibrate/dtype", (dtype, why))[0]
     common = dict(data=data, samples=cfg.samples, seq_len=cfg.seq_len, seed=cfg.seed,
                   dtype=getattr(torch, dtype), kv=bool(cfg.kv_cache),
                   hessian_groups={g.members[0].module: g.key for g in ctx.plan.groups}
