@@ -86,6 +86,13 @@ for _kv in ("fp8", "nvfp4"):
     row("nvfp4a16", f"kv-{_kv}", "--ignore", "re:.*", "--kv-cache", _kv, label=f"{_kv} KV cache", shown="bf16")
 for _kv in ("fp8", "nvfp4"):
     row("nvfp4a16", f"rtn+kv-{_kv}", "--kv-cache", _kv, label=f"rtn, {_kv} KV cache")
+# the calibration forwards' compute dtype (calibrate.dtype; auto: float32 where the CPU emulates bf16), forced
+# both ways so the rows mean the same on every CPU
+DTYPE_ROWS = {}
+for _f, _m, _args in (("nvfp4", "rtn", []), ("nvfp4a16", "gptq", GPTQ)):
+    for _d, _short in (("bfloat16", "bf16"), ("float32", "fp32")):
+        row(_f, f"{_m}-{_short}", *_args, "--set", f"calibrate.dtype={_d}", label=f"{_m}, {_d} forwards")
+        DTYPE_ROWS[f"{_f}/{_m}-{_short}"] = (_f, _m, _d)
 # calibration data: auto's fallbacks when python3.11-doc is missing (calibration/datasets.py), same samples x length
 for _f in ("nvfp4", "fp8"):
     for _data in ("stdlib-docstrings", "self"):
@@ -191,6 +198,42 @@ def body(results: dict, tokens: int) -> str:
             + table(results) + "\n\n" + recovery(results) + calib_data(results) + missing(results) + "\n")
 
 
+DTYPE_HEADING = "## SmolLM2-135M-Instruct: calibration forwards in float32 or bfloat16"
+
+
+def dtype_body(results: dict, tokens: int) -> str:
+    """The DTYPE_ROWS side by side: the same run with its calibration forwards in bf16 and in float32."""
+    lines = [f"Command: `python bench/acc_smollm2.py --max-tokens {tokens} --only {' '.join(DTYPE_ROWS)} "
+             f"--dtype-section` (rows kept with the table's; each forces `--set calibrate.dtype=D`). Model, "
+             f"held-out text, scoring and calibration ({SAMPLES} x {SEQ} python-doc calib tokens) as in the table "
+             f"above; `auto` (the default) computes in float32 where the CPU emulates bf16 and in the checkpoint's "
+             f"bf16 where it is native (docs/cli.md \"Reproducibility\"). quantize s: wall seconds on the shared "
+             f"machine (load noted in the saved results): not a speed comparison (docs/performance.md has those).\n",
+             "| format | method | forwards | KL (nats/token) | perplexity | change | top-1 agreement | quantize s |",
+             "|---|---|---|---:|---:|---:|---:|---:|"]
+    for name, (fmt, method, dtype) in DTYPE_ROWS.items():
+        r = results.get(name)
+        if r:
+            lines.append(f"| {fmt} | {method} | {dtype} | {r['kl_mean']:.4f} | {r['perplexity']:.3f} | "
+                         f"{100 * r['ppl_increase']:+.2f}% | {r['top1_agreement']:.4f} | {r['quantize_s']:.1f} |")
+    verdicts = []
+    for fmt, method in dict.fromkeys((f, m) for f, m, _ in DTYPE_ROWS.values()):
+        b, f = results.get(f"{fmt}/{method}-bf16"), results.get(f"{fmt}/{method}-fp32")
+        if b and f:
+            kl, ppl = f["kl_mean"] / b["kl_mean"] - 1, f["perplexity"] / b["perplexity"] - 1
+            same = "same or better" if kl <= 0 and ppl <= 0 else f"KL {100 * kl:+.1f}%, perplexity {100 * ppl:+.2f}%"
+            verdicts.append(f"{fmt} {method}: float32 KL {f['kl_mean']:.4f} vs bf16 {b['kl_mean']:.4f}, perplexity "
+                            f"{f['perplexity']:.3f} vs {b['perplexity']:.3f}, top-1 {f['top1_agreement']:.4f} vs "
+                            f"{b['top1_agreement']:.4f} ({same})")
+    if verdicts:
+        lines.append("\nThe float32 forwards that `auto` picks on a CPU without native bf16: " + "; ".join(verdicts)
+                     + ". GPTQ's own spread on this model (section \"the spread of GPTQ solves\": three calibration "
+                     "draws, global scales nudged by 2^-10) is KL 0.0905-0.0979, perplexity 8.65-8.89. What the choice does to the bytes across machines: docs/cli.md \"Reproducibility\" and "
+                     "docs/performance.md \"Calibration: compute dtype by CPU\" (the artifacts of an AVX-512-bf16 "
+                     "and an emulated AVX2 run compared).")
+    return "\n".join(lines) + "\n"
+
+
 def missing(results: dict) -> str:
     """The rows this bench defines that the saved results do not hold (not measured yet)."""
     left = [n for n in ROWS if n not in results]
@@ -200,6 +243,8 @@ def missing(results: dict) -> str:
 def main() -> int:
     ap = bench_parser(__doc__)
     ap.add_argument("--list", action="store_true", help="print the row names and exit")
+    ap.add_argument("--dtype-section", action="store_true",
+                    help="write only the compute-dtype section (DTYPE_ROWS) into docs/accuracy.md")
     args = ap.parse_args()
     if args.list:
         print("\n".join(ROWS))
@@ -209,6 +254,8 @@ def main() -> int:
         print(table(results))
         if args.write_docs:
             replace_doc_section(HEADING, body(results, args.max_tokens), DOC)
+        if args.dtype_section:
+            replace_doc_section(DTYPE_HEADING, dtype_body(results, args.max_tokens), DOC)
         return 0
     from tfcompile.fixtures.smollm2 import smollm2_checkpoint
 
@@ -224,6 +271,8 @@ def main() -> int:
     print(table(results))
     if args.write_docs:
         replace_doc_section(HEADING, body(results, held.tokens), DOC)
+    if args.write_docs or args.dtype_section:
+        replace_doc_section(DTYPE_HEADING, dtype_body(results, held.tokens), DOC)
     return 0
 
 

@@ -6,6 +6,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 from tfcompile.calibration.datasets import (FALLBACK_HINT, TEXT_SOURCES, auto_source, fallback_message,
                                             installed_text_source)
 from tfcompile.calibration.forward import load_tokenizer, observe_input_amax
@@ -17,6 +19,7 @@ from tfcompile.dist.devices import check_device, resolve_device
 from tfcompile.dist.partition import hessian_owners
 from tfcompile.errors import RecipeError
 from tfcompile.ir import CalibStats, torch_dtype
+from tfcompile.machine import COMPUTE_DTYPES, compute_dtype
 from tfcompile.passes.pack import per_decoder_layer
 from tfcompile.passes.quantize.gptq_layer import GPTQLayerSolver
 from tfcompile.pipeline.passes import PassResult, Selection, register_pass
@@ -55,12 +58,18 @@ class CalibrateConfig:
     # where layers, activations, observers and Hessians live (--device; tfcompile/dist/devices.py);
     # not recorded: the statistics are the same up to fp32 rounding on any device
     device: str = field(default="auto", metadata={"runtime": True})
+    # what the forwards compute in (tfcompile/machine.py compute_dtype): "auto" (the checkpoint's dtype,
+    # but float32 where the CPU emulates bf16) | "float32" | "bfloat16"; the manifest records the result
+    dtype: str = "auto"
     # --calib-strict: `auto` fails instead of falling back from python-doc (release pipelines: the same
     # command must not give other weights on a runner that lacks the text); not recorded (no effect on bytes)
     strict: bool = field(default=False, metadata={"runtime": True})
 
     def __post_init__(self) -> None:  # checked when the recipe is built, before anything runs
         check_device(self.device, "calibrate.device")
+        if self.dtype not in COMPUTE_DTYPES:
+            raise RecipeError(f"calibrate.dtype {self.dtype!r} is not one of {', '.join(COMPUTE_DTYPES)}",
+                              hint="--set calibrate.dtype=auto (default: float32 where the CPU emulates bf16)")
         if self.observer not in OBSERVERS:
             raise RecipeError(f"calibrate.observer {self.observer!r} is unknown",
                               hint="--observer " + "|".join(sorted(OBSERVERS)) + " (default max)")
@@ -105,13 +114,17 @@ def calibrate(ctx, cfg: CalibrateConfig, reporter) -> PassResult:
                           hint="give calibration text (--calib FILE or python-doc), or --calib random")
     data, fallback = _resolve_auto(ctx, cfg, reporter) if cfg.data == "auto" else (cfg.data, "")
     world = ctx.world or LOCAL
+    device = resolve_device(cfg.device, world)
+    dtype, why = compute_dtype(cfg.dtype, ctx.model.dtype, device.type)
+    if world.distributed:  # nodes with other CPUs: every rank computes in rank 0's choice (one artifact)
+        dtype, why = world.all_objects("calibrate/dtype", (dtype, why))[0]
     common = dict(data=data, samples=cfg.samples, seq_len=cfg.seq_len, seed=cfg.seed,
-                  dtype=torch_dtype(ctx.model.dtype), kv=bool(cfg.kv_cache),
+                  dtype=getattr(torch, dtype), kv=bool(cfg.kv_cache),
                   hessian_groups={g.members[0].module: g.key for g in ctx.plan.groups}
                   if cfg.hessian else None)
     common.update(observer=cfg.observer, observer_params=observer_params(cfg, ctx.plan.scheme),
                   all_experts=cfg.all_experts, moe_min_tokens=cfg.moe_min_tokens, progress=reporter,
-                  world=world, device=resolve_device(cfg.device, world))
+                  world=world, device=device)
     if cfg.hessian and world.distributed:  # the rank that accumulates a group's H also solves its GPTQ
         batch = ctx.recipe.config("quantize").gptq_expert_batch if "quantize" in ctx.recipe.names() else 8
         common["hessian_owner"] = hessian_owners(ctx.plan.groups, world.size, batch)
@@ -126,7 +139,7 @@ def calibrate(ctx, cfg: CalibrateConfig, reporter) -> PassResult:
     if propagating(ctx, cfg) and loop != "sequential":
         reporter.warn("calibrate: GPTQ's error propagation needs the layer-by-layer loop; its Hessians come "
                       "from the unquantized model (calibrate.propagate has no effect)")
-    stats = dataclasses.replace(with_owners(stats, world.rank), data_fallback=fallback)
+    stats = dataclasses.replace(with_owners(stats, world.rank), data_fallback=fallback, compute_dtype=dtype)
     if cfg.kv_cache:
         stats = dataclasses.replace(stats, kv_strategy="attn_head" if cfg.kv_per_head else "tensor",
                                     kv_format=cfg.kv_cache)
@@ -142,6 +155,7 @@ def calibrate(ctx, cfg: CalibrateConfig, reporter) -> PassResult:
                                                "gptq_solved_in_loop": len(stats.gptq_codes),
                                                "awq_groups": len(stats.awq),
                                                "awq_skipped_groups": len(stats.awq_skipped),
+                                               "compute_dtype": dtype, "compute_dtype_why": why,
                                                **_timings(stats)})
 
 

@@ -93,6 +93,8 @@ def manifest_doc(ctx: Context) -> JsonDict:
     if ctx.calib is not None and ctx.calib.tokens_sha256:  # what calibration saw: auto's choice depends
         doc["calibration"] = {"data": ctx.calib.source, "tokens": ctx.calib.tokens,  # on the machine
                               "tokens_sha256": ctx.calib.tokens_sha256}
+        if ctx.calib.compute_dtype:  # calibrate.dtype resolved: bf16 and float32 forwards differ in their bits
+            doc["calibration"]["compute_dtype"] = ctx.calib.compute_dtype
         if ctx.calib.data_fallback:  # --calib auto passed over python-doc (passes/calibrate.py)
             doc["calibration"]["fallback"] = ctx.calib.data_fallback
     moe = moe_record(ctx.calib) if ctx.calib is not None else None

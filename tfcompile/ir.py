@@ -166,6 +166,8 @@ class CalibStats:
     # when it did not. The manifest and the report record it: the statistics depend on it
     data_fallback: str = ""
     tokens_sha256: str = ""  # of the calibration token ids (calibration.datasets.tokens_sha256); "" if none
+    # the torch dtype name the forwards computed in (calibrate.dtype resolved: tfcompile/machine.py)
+    compute_dtype: str = ""
 
 
 # -- quantize ------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ or emulated, which also decides the compute dtype of the CPU forwards.
 from __future__ import annotations
 
 import functools
+import os
 import platform
 import re
 from pathlib import Path
@@ -60,3 +61,40 @@ def cpu_key(profile: dict | None = None) -> str:
     p = profile or cpu_profile()
     return " ".join([str(p["arch"]), str(p["vendor"]), str(p["isa"])] + (["bf16"] if p["native_bf16"] else [])
                     + [str(p.get("blas", "unknown"))])
+
+
+# calibrate.dtype: what the CPU forwards (calibration, GPTQ/AWQ statistics) compute in
+COMPUTE_DTYPES = ("auto", "float32", "bfloat16")
+_NAMES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}  # safetensors code -> torch dtype name
+
+
+def compute_dtype(choice: str, model_dtype: str, device_type: str = "cpu") -> tuple[str, str]:
+    """(torch dtype name, why) of the forwards: `choice` "float32" / "bfloat16" forced; "auto": the
+    checkpoint's dtype (`model_dtype`, a safetensors code: BF16 / F16 / F32), except bf16 on a CPU
+    that emulates it, which computes in float32 (9x faster there: 58 vs 6.4 GFLOP/s for F.linear
+    2048x2048x5632 on 2 AVX2 cores; docs/performance.md). On a GPU (`device_type` cuda) bf16 is native."""
+    if choice not in COMPUTE_DTYPES:
+        raise ValueError(f"compute dtype {choice!r} is not one of {', '.join(COMPUTE_DTYPES)}")
+    if choice != "auto":
+        return choice, "forced"
+    name = _NAMES.get(model_dtype, "bfloat16")  # tfcompile.ir.torch_dtype's default: bf16
+    if name != "bfloat16":
+        return name, "the checkpoint's dtype"
+    if device_type != "cpu":
+        return name, f"the checkpoint's dtype, native on {device_type}"
+    if not native_bf16():
+        return "float32", "bf16 is emulated on this CPU"
+    cap = onednn_cap()
+    if cap and not cap.startswith(_ONEDNN_BF16):
+        return "float32", f"bf16 is emulated: oneDNN is capped at {cap}"
+    return name, "the checkpoint's dtype, native bf16 on this CPU"
+
+
+# oneDNN's ISA names (ONEDNN_MAX_CPU_ISA) from which on it computes bf16 natively; below them
+# (AVX2, AVX512_CORE, ...) F.linear in bf16 is emulated: measured here 3-5 vs 10-14 GFLOP/s fp32
+_ONEDNN_BF16 = ("AVX512_CORE_BF16", "AVX512_CORE_AMX", "AVX10_1_512", "ALL")
+
+
+def onednn_cap() -> str:
+    """ONEDNN_MAX_CPU_ISA (or its old name DNNL_MAX_CPU_ISA), upper-cased; "" when unset."""
+    return (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "").strip().upper()
