@@ -19,17 +19,39 @@ from tfcompile.errors import UserError
 
 
 @pytest.fixture(scope="module")
-def speculators_model(tiny_draft):
+def random_draft(tmp_path_factory):
+    """An untrained draft of the demo LM's shape, seeded: its attention is not yet saturated (a trained
+    tiny draft's often attends one-hot), so a wrong mask or position shows in the logits."""
+    from conftest import DEMO
+    from tfcompile.draft.config import DraftConfig
+    from tfcompile.draft.format import speculators_config, write_draft
+    from tfcompile.draft.run import _config, build_draft
+    from tfcompile.evaluate.models import load_checkpoint_model
+
+    target = load_checkpoint_model(DEMO, torch.float32, "reference")
+    cfg = _config(DEMO)
+    draft = build_draft(target, cfg, DraftConfig(), torch.zeros(1, 8, dtype=torch.int64))
+    out = tmp_path_factory.mktemp("random-draft")
+    write_draft(out, draft, speculators_config(cfg, draft.s, verifier=str(DEMO), speculative_tokens=3))
+    return out
+
+
+@pytest.fixture(scope="module", params=["tiny_draft", "random_draft"])
+def draft_dir(request):
+    return request.getfixturevalue(request.param)
+
+
+def _speculators(path):
     from speculators import SpeculatorModelConfig
     from speculators.models.eagle3 import Eagle3DraftModel
 
-    cfg = SpeculatorModelConfig.from_pretrained(str(tiny_draft))
+    cfg = SpeculatorModelConfig.from_pretrained(str(path))
     cfg.transformer_layer_config._attn_implementation = "eager"  # flex attention needs compile on CPU
-    return cfg, Eagle3DraftModel.from_pretrained(str(tiny_draft), config=cfg, dtype=torch.float32).eval()
+    return cfg, Eagle3DraftModel.from_pretrained(str(path), config=cfg, dtype=torch.float32).eval()
 
 
-def test_speculators_loads_the_config(speculators_model, tiny_draft):
-    cfg, _ = speculators_model
+def test_speculators_loads_the_config(tiny_draft):
+    cfg, _ = _speculators(tiny_draft)
     assert type(cfg).__name__ == "Eagle3SpeculatorConfig"
     assert cfg.speculators_config.algorithm == "eagle3"
     assert cfg.speculators_config.verifier.architectures == ["LlamaForCausalLM"]
@@ -38,9 +60,9 @@ def test_speculators_loads_the_config(speculators_model, tiny_draft):
     assert cfg.transformer_layer_config.num_hidden_layers == 1 and cfg.draft_vocab_size == 4096
 
 
-def test_our_chain_logits_equal_speculators_forward(speculators_model, tiny_draft):
-    _, ref = speculators_model
-    ours = load_draft(tiny_draft)
+def test_our_chain_logits_equal_speculators_forward(draft_dir):
+    _, ref = _speculators(draft_dir)
+    ours = load_draft(draft_dir)
     T = 24
     x = torch.randint(0, 4096, (1, T))
     aux = torch.randn(1, T, 3 * 256)
@@ -56,9 +78,9 @@ def test_our_chain_logits_equal_speculators_forward(speculators_model, tiny_draf
         torch.testing.assert_close(mine[j], got[j], rtol=1e-4, atol=1e-4)
 
 
-def test_decode_chain_equals_the_training_forward(tiny_draft):
-    """propose(seq, k)[j] == argmax of training step j at the last index, fed the proposals."""
-    d = load_draft(tiny_draft)
+def test_decode_chain_equals_the_training_forward(draft_dir):
+    """propose(seq, k): step j's logits == training step j's at the last index, fed the proposals."""
+    d = load_draft(draft_dir)
     n, k = 20, 4
     seq = torch.randint(0, 4096, (n,)).tolist()
     g = torch.randn(n + k, 3 * 256)
@@ -71,6 +93,8 @@ def test_decode_chain_equals_the_training_forward(tiny_draft):
     with torch.no_grad():
         steps = d.ttt(x, g[: x.shape[1]].unsqueeze(0), k)
     assert drafted == [int(steps[j][0, n - 2].argmax()) for j in range(k)]
+    for j in range(k):
+        torch.testing.assert_close(state.logits[j], steps[j][0, n - 2], rtol=1e-4, atol=1e-4)
 
 
 def test_reduced_vocabulary_maps_back_to_target_ids():

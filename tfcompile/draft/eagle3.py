@@ -179,6 +179,7 @@ class DraftState:
         self.d = draft
         self.g: list[torch.Tensor] = []  # fc inputs [3H] per verified position
         self.kv: tuple[torch.Tensor, torch.Tensor] | None = None  # step-0 cache [1, n_kv, c, d]
+        self.logits: list[torch.Tensor] = []  # the last proposal's draft logits [Vd] per chain step
 
     def extend(self, aux: torch.Tensor) -> None:
         """aux [n, 3H]: the target's hidden states of the next n verified positions."""
@@ -202,8 +203,10 @@ class DraftState:
         self.kv = kv if self.kv is None else (torch.cat([self.kv[0], kv[0]], 2), torch.cat([self.kv[1], kv[1]], 2))
         h = out[:, -1:]  # the row of index n-2
         chain, drafted = [self.kv], []
+        self.logits = []
         for j in range(k):
-            tok = int(self.d.to_target(self.d.logits(h[0, 0]).argmax()))
+            self.logits.append(self.d.logits(h[0, 0]))
+            tok = int(self.d.to_target(self.logits[-1].argmax()))
             drafted.append(tok)
             if j + 1 == k:
                 break
