@@ -82,3 +82,10 @@ def test_errors_are_user_errors_with_a_hint(tmp_path, run_cli):
     assert not (tmp_path / "x").exists()
     res = run_cli("eval", DEMO, "--reference", DEMO, "--draft", tmp_path, "--max-tokens", "64", "--no-layers")
     assert res.code == 1 and "hint:" in res.err
+
+
+def test_an_existing_out_is_refused_before_any_training(tmp_path, run_cli):
+    (tmp_path / "x").mkdir()
+    res = run_cli("draft", DEMO, "-o", tmp_path / "x", "--steps", "1")
+    assert res.code == 1 and "already exists" in res.err and "--overwrite" in res.err
+    assert "distill draft" not in res.err  # refused up front: no training step ran

@@ -85,40 +85,44 @@ def build_draft(target, cfg_json: dict, cfg: DraftConfig, tokens: torch.Tensor) 
 
 def run_draft(model: Path, out: Path, cfg: DraftConfig, *, target_artifact: Path | None = None,
               overwrite: bool = False, reporter=None) -> dict:
-    """Train and write the draft; returns the record plus `timings` (not written)."""
+    """Train and write the draft; returns the record plus `timings` (not written). OUT is checked
+    and locked before anything runs (atomic_output_dir), and appears only when the draft is whole."""
+    with atomic_output_dir(out, overwrite, protect=(Path(model),)) as tmp:
+        record, timings = _train(Path(model), cfg, target_artifact, tmp, reporter or NullReporter())
+    return {**record, "output": str(out), "timings": timings}
+
+
+def _train(model: Path, cfg: DraftConfig, target_artifact: Path | None, tmp: Path, reporter) -> tuple[dict, dict]:
     t0 = time.perf_counter()
     dev = resolve_device(cfg.device)
-    target, cfg_json, served = load_target(Path(model), target_artifact)
+    target, cfg_json, served = load_target(model, target_artifact)
     target.to(dev)
-    tokenizer = load_tokenizer(Path(model))
     resume = None
     if cfg.resume_dir:
         fp = {"config": cfg.record(), "target": target_identity(Path(target_artifact or model)),
               "torch": torch.__version__, "threads": torch.get_num_threads()}
         resume = ResumeDir.open(cfg.resume_dir, fp)
-    tokens, data = training_tokens(cfg, tokenizer, target)
+    tokens, data = training_tokens(cfg, load_tokenizer(model), target)
     t_data = time.perf_counter()
     draft = build_draft(target, cfg_json, cfg, tokens).to(dev)
     metrics = Path(cfg.metrics) if cfg.metrics else (resume.path / "metrics.jsonl" if resume else None)
-    training = train_draft(draft, target, tokens, cfg, keep=_keep(draft), resume=resume,
-                           metrics_path=metrics, reporter=reporter or NullReporter())
+    training = train_draft(draft, target, tokens, cfg, keep=_keep(draft), resume=resume, metrics_path=metrics,
+                           reporter=reporter)
     t_train = time.perf_counter()
-    verifier = str(target_artifact or model)
-    spec = speculators_config(cfg_json, draft.s, verifier=verifier, speculative_tokens=cfg.ttt_steps)
+    spec = speculators_config(cfg_json, draft.s, verifier=str(target_artifact or model),
+                              speculative_tokens=cfg.ttt_steps)
+    files = write_draft(tmp, draft.cpu(), spec)
     record = {"tfcompile": __version__, "method": cfg.method, "config": cfg.record(),
               "target": {"model": str(model), "artifact": None if target_artifact is None else str(target_artifact),
                          "served_as": served},
               "data": data, "training": {k: v for k, v in training.items() if k != "resumed_at"},
-              "draft": _sizes(draft)}
-    with atomic_output_dir(out, overwrite, protect=(Path(model),)) as tmp:
-        files = write_draft(tmp, draft.cpu(), spec)
-        record["draft"]["bytes"] = (tmp / WEIGHTS).stat().st_size
-        record["files"] = files
-        (tmp / "tfcompile").mkdir()
-        write_json(tmp / RECORD, record)
-    return {**record, "output": str(out), "timings": {"data_s": round(t_data - t0, 2),
-            "train_s": round(t_train - t_data, 2), "wall_s": round(time.perf_counter() - t0, 2),
-            "resumed_at": training["resumed_at"], "threads": torch.get_num_threads()}}
+              "draft": {**_sizes(draft), "bytes": (tmp / WEIGHTS).stat().st_size}, "files": files}
+    (tmp / "tfcompile").mkdir()
+    write_json(tmp / RECORD, record)
+    timings = {"data_s": round(t_data - t0, 2), "train_s": round(t_train - t_data, 2),
+               "wall_s": round(time.perf_counter() - t0, 2), "resumed_at": training["resumed_at"],
+               "threads": torch.get_num_threads()}
+    return record, timings
 
 
 def _keep(draft: Eagle3Draft) -> torch.Tensor | None:
