@@ -34,7 +34,7 @@ LAYERS = [
     ["tfcompile.calibration", "tfcompile.layout", "tfcompile.tune", "tfcompile.onnx_export", "tfcompile.rotate"],
     ["tfcompile.evaluate"],
     ["tfcompile.runtime", "tfcompile.distill", "tfcompile.report", "tfcompile.mixed"],
-    ["tfcompile.pipeline"],
+    ["tfcompile.pipeline", "tfcompile.draft"],
     ["tfcompile.recipe", "tfcompile.estimate"],
     ["tfcompile.passes"],
     ["tfcompile.api"],

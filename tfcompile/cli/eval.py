@@ -83,16 +83,28 @@ def layers_table(layers: list[dict]) -> Table:
 @click.option("--layers/--no-layers", default=True, help="Show the per-layer table.")
 @click.option("--layer-kl", is_flag=True, help="Also KL per decoder layer (logit lens: each layer's hidden "
               "states through the final norm and lm_head), as `layer_kl` in --json; tfcompile report plots it.")
+@click.option("--draft", metavar="DIR|ngram", help="Also measure speculative decoding: a speculators EAGLE-3 "
+              "draft (`tfcompile draft`) or ngram (prompt lookup) against MODEL as served, on held-out prompts.")
+@click.option("--draft-k", default="4", show_default=True, metavar="K[,K...]", help="Draft lengths to measure.")
+@click.option("--draft-prompts", type=int, default=8, show_default=True, help="Prompts of the evaluation text.")
+@click.option("--draft-prompt-len", type=int, default=64, show_default=True, help="Tokens per prompt.")
+@click.option("--draft-new-tokens", type=int, default=64, show_default=True, help="Tokens decoded per prompt.")
+@click.option("--min-acceptance", type=float, help="Gate: mean acceptance length (tokens per target forward) "
+              "at the first --draft-k must be >= this.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress on stderr.")
 @click.option("--no-verify", "no_verify", is_flag=True, help="Skip the integrity checks of an artifact MODEL "
               "(verify's manifest integrity, paths, extra files and checksums) run before evaluating it.")
 def eval_cmd(model, reference, revision, text, max_tokens, seq_len, batch_size, dtype, kv_cache, max_kl,
-             max_ppl_increase, min_top1, device, layers, layer_kl, as_json, quiet, no_verify):
+             max_ppl_increase, min_top1, device, layers, layer_kl, draft, draft_k, draft_prompts, draft_prompt_len,
+             draft_new_tokens, min_acceptance, as_json, quiet, no_verify):
     """Evaluate MODEL (artifact or checkpoint) against --reference: perplexity, KL, top-1, layer SQNR.
 
     An artifact is checked first as `verify` checks its files (--no-verify skips it).
-    Exit 1 when a gate (--max-kl, --max-ppl-increase, --min-top1) is missed."""
+    Exit 1 when a gate (--max-kl, --max-ppl-increase, --min-top1, --min-acceptance) is missed."""
+    if min_acceptance is not None and not draft:
+        raise click.UsageError("--min-acceptance needs --draft DIR|ngram")
+    ks = _ks(draft_k)
     paths = {"reference": reference, "model": model, "quiet": quiet}
     resolve_params(paths, ("reference", "model"), revision)  # Hub ids -> the Hugging Face cache
     model, reference = paths["model"], paths["reference"]
@@ -107,6 +119,10 @@ def eval_cmd(model, reference, revision, text, max_tokens, seq_len, batch_size, 
                        batch_size=batch_size, dtype=dtype, kv_cache=kv_cache, progress=reporter, layer_kl=layer_kl,
                        thresholds={"max-kl": max_kl, "max-ppl-increase": max_ppl_increase, "min-top1": min_top1},
                        device=device, world=world)
+    if draft and world.is_root:
+        doc = _with_draft(doc, model, reference, draft, ks, text=text, prompts=draft_prompts,
+                          prompt_len=draft_prompt_len, new_tokens=draft_new_tokens, dtype=dtype, kv_cache=kv_cache,
+                          device=device, reporter=reporter, min_acceptance=min_acceptance)
     reporter._stop()
     for w in doc["warnings"]:
         reporter.warn(w)
@@ -116,9 +132,45 @@ def eval_cmd(model, reference, revision, text, max_tokens, seq_len, batch_size, 
         console.print(metrics_table(doc))
         if layers and doc["layers"]:
             console.print(layers_table(doc["layers"]))
+        if doc.get("draft"):
+            console.print(draft_table(doc["draft"]))
     err = gate_error(doc["gates"])
     if err is not None and world.is_root:  # under torchrun rank 0 reports the missed gate (exit 1)
         raise err
+
+
+def _ks(value: str) -> tuple[int, ...]:
+    try:
+        ks = tuple(int(v) for v in value.split(","))
+    except ValueError:
+        ks = ()
+    if not ks or min(ks) < 1:
+        raise click.BadParameter(f"{value!r} is not a comma-separated list of positive integers",
+                                 param_hint="--draft-k")
+    return ks
+
+
+def _with_draft(doc: dict, model, reference, draft: str, ks, *, reporter, min_acceptance, **kw) -> dict:
+    """The report with `draft` (speculative decoding figures) and the --min-acceptance gate."""
+    from tfcompile.draft.acceptance import acceptance_gate, eval_draft  # lazy: torch, transformers models
+
+    report = eval_draft(Path(model), Path(reference), draft, ks=ks, progress=reporter, **kw)
+    gate = acceptance_gate(report, min_acceptance)
+    gates = doc["gates"] + ([gate] if gate else [])
+    return {**doc, "draft": report, "gates": gates, "ok": doc["ok"] and all(g["ok"] for g in gates)}
+
+
+def draft_table(rep: dict) -> Table:
+    t = Table(title=f"speculative decoding ({rep['drafter']}; {rep['prompts']} prompts of {rep['prompt_len']} "
+                    f"tokens, {rep['new_tokens']} new tokens each, greedy)")
+    for col in ("k", "acceptance length", "per position", "cost ratio", "modelled speedup", "n-gram floor"):
+        t.add_column(col, justify="right")
+    floor = {r["k"]: r["acceptance_length"] for r in rep.get("ngram_floor", [])}
+    for r in rep["by_k"]:
+        pos = " ".join("-" if p is None else f"{p:.2f}" for p in r["per_position"])
+        t.add_row(str(r["k"]), f"{r['acceptance_length']:.3f}", pos, _fmt(r["cost_ratio"], ".3f"),
+                  _fmt(r["modelled_speedup"], ".2f"), _fmt(floor.get(r["k"]), ".3f"))
+    return t
 
 
 def check_artifact_files(path: Path) -> None:

@@ -13,6 +13,7 @@ import click
 
 from tfcompile import __version__
 from tfcompile.cli.distill import distill
+from tfcompile.cli.draft_cmd import draft_cmd
 from tfcompile.cli.eval import eval_cmd
 from tfcompile.cli.export_onnx import export_onnx
 from tfcompile.cli.inspect import inspect
@@ -34,7 +35,7 @@ def cli() -> None:
     """Compress and compile LLM checkpoints into packed low-precision artifacts."""
 
 
-for _command in (quantize, distill, plan, inspect, verify, tune, export_onnx, eval_cmd, report_cmd, sign_cmd):
+for _command in (quantize, distill, draft_cmd, plan, inspect, verify, tune, export_onnx, eval_cmd, report_cmd, sign_cmd):
     cli.add_command(_command)
 
 

@@ -9,6 +9,7 @@ GATES = {
     "max-kl": ("kl_mean", "max", " nats"),
     "max-ppl-increase": ("ppl_increase", "max", ""),
     "min-top1": ("top1_agreement", "min", ""),
+    "min-acceptance": ("acceptance_length", "min", " tokens/forward"),  # eval --draft (tfcompile/draft)
 }
 
 
@@ -36,6 +37,10 @@ def gate_error(gates: list[dict]) -> GateFailed | None:
         op = ">" if kind == "max" else "<"
         value = "not finite" if g["value"] is None else f"{g['value']:.6g}{unit}"
         parts.append(f"--{g['gate']}: {g['metric']} {value} {op} {g['threshold']:g}{unit}")
+    if all(g["gate"] == "min-acceptance" for g in failed):
+        return GateFailed(f"quality gate failed: {parts[0]}",
+                          hint="train the draft against the model as served (`tfcompile draft MODEL "
+                               "--target-artifact ART`), longer, or relax --min-acceptance")
     return GateFailed(
         f"quality gate{'s' if len(parts) > 1 else ''} failed: " + "; ".join(parts),
         hint="inspect the per-layer SQNR (the worst layers are usual --ignore candidates), "

@@ -1,0 +1,200 @@
+"""SmolLM2-135M: speculative acceptance of EAGLE-3 drafts trained against bf16 vs the served NVFP4 artifact.
+
+Targets: the bf16 checkpoint (tfcompile.fixtures.smollm2) and its `tfcompile quantize --format
+nvfp4` (W4A4) and `nvfp4a16` artifacts, served as `tfcompile eval` serves them (dequantized
+weights, activations fake-quantized). Drafts: `tfcompile draft SMOL` (trained against bf16) and
+`tfcompile draft SMOL --target-artifact NVFP4` (trained against the artifact as served), same
+budget (TRAIN below) and data (python-doc's train split + the target's own greedy
+continuations). Acceptance: tfcompile.draft.acceptance.measure on python-doc held-out prompts
+(never trained on), greedy, at k = 2, 4, 6, for
+
+  (a) the n-gram (prompt lookup) drafter;  (b) bf16-trained draft served against bf16;
+  (c) bf16-trained draft against the nvfp4 / nvfp4a16 artifacts;  (d) nvfp4-trained against nvfp4.
+
+Every speculative output is checked token for token against the target's greedy decoding.
+
+    python bench/draft.py [--work DIR] [--steps N] [--prompts N] [--write-docs]
+
+writes the "## SmolLM2: speculative drafts (EAGLE-3)" section of docs/accuracy.md with --write-docs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import REPO, machine_line, replace_doc_section  # noqa: E402
+
+ACCURACY = REPO / "docs" / "accuracy.md"
+HEADING = "## SmolLM2: speculative drafts (EAGLE-3)"
+KS = (2, 4, 6)
+CALIB = ["--calib", "python-doc", "--calib-samples", "16", "--calib-seq-len", "512"]
+
+
+# This budget's reading (2026-12-02, --steps 40): rewrite when the figures change.
+FINDINGS = (
+    "Reading: at this budget (40 steps, 20,480 training tokens, about 16 minutes of training per draft on a "
+    "loaded 2-core machine; EAGLE-3's drafts train on 10^8+ tokens) the drafts do **not** beat the n-gram floor: "
+    "1.16-1.24 tokens per forward against 1.49-1.83, and the chain adds nothing past its first token (acceptance "
+    "at position 2 <= 0.05; step-0 agreement with the target in training 18-19%). (d) against (c) on nvfp4: "
+    "1.205 vs 1.161 at k=2, equal (1.221) at k=4 and 6 -- not a difference this sample (4 prompts, 188 tokens) "
+    "resolves; the hypothesis is neither confirmed nor refuted. SmolLM2's greedy continuations repeat, which "
+    "the n-gram drafter exploits (and more so on the nvfp4 artifact). **Exactness failed on the nvfp4 (W4A4) "
+    "artifact**: on each of the 4 prompts the speculative output left the greedy one (first at tokens 12-45, "
+    "where the target's top-2 logits differ by 0.09-0.95, not a float tie); bf16 and nvfp4a16 were exact, and "
+    "so was the demo LM's nvfp4 artifact on 8 prompts. The W4A4 emulation's output depends on how the tokens are "
+    "batched into forwards (ULP-level differences of the attention and matmul shapes that FP4 activation "
+    "rounding can turn into whole quantization steps); not isolated further (an open issue).")
+
+
+def train_args(steps: int) -> list[str]:
+    return ["--steps", str(steps), "--batch", "4", "--seq-len", "128", "--text-blocks", "128", "--self-blocks", "32",
+            "--self-prompt", "32", "--draft-vocab", "8192", "--lr", "3e-3"]
+
+
+def tfcompile(*args) -> tuple[dict, float]:
+    exe = Path(sys.executable).with_name("tfcompile")
+    t0 = time.perf_counter()
+    res = subprocess.run([str(exe), *map(str, args), "--json", "-q"], capture_output=True, text=True)
+    if res.returncode != 0:
+        sys.exit(f"tfcompile {' '.join(map(str, args))} failed ({res.returncode}):\n{res.stderr[-3000:]}")
+    return json.loads(res.stdout), time.perf_counter() - t0
+
+
+def load(): return os.getloadavg()[0]
+
+
+def build(work: Path, smol: Path, steps: int) -> dict:
+    """Artifacts and drafts (kept in work/ between runs); the two drafts train concurrently."""
+    for fmt in ("nvfp4", "nvfp4a16"):
+        if not (work / f"smol-{fmt}").exists():
+            tfcompile("quantize", "--format", fmt, smol, "-o", work / f"smol-{fmt}", *(CALIB if fmt == "nvfp4" else []))
+    exe = Path(sys.executable).with_name("tfcompile")
+    jobs = {}
+    for name, extra in (("draft-bf16", []), ("draft-nvfp4", ["--target-artifact", work / "smol-nvfp4"])):
+        out = work / f"{name}-{steps}"
+        if not (work / f"{out.name}.cli.json").exists():
+            argv = [str(exe), "draft", smol, "-o", out, *train_args(steps), *extra, "--json", "-q", "--overwrite"]
+            fh = open(work / f"{out.name}.cli.json.tmp", "w")
+            jobs[name] = (subprocess.Popen(list(map(str, argv)), stdout=fh), fh, out, time.perf_counter(), load())
+    for name, (proc, fh, out, t0, l0) in jobs.items():
+        if proc.wait() != 0:
+            sys.exit(f"tfcompile draft ({name}) failed ({proc.returncode})")
+        fh.close()
+        doc = json.loads((work / f"{out.name}.cli.json.tmp").read_text())
+        doc["bench"] = {"wall_s": round(time.perf_counter() - t0, 1), "load": round(l0, 1),
+                        "concurrent": len(jobs)}
+        (work / f"{out.name}.cli.json").write_text(json.dumps(doc))
+    made = {}
+    for name in ("draft-bf16", "draft-nvfp4"):
+        out = work / f"{name}-{steps}"
+        doc = json.loads((work / f"{out.name}.cli.json").read_text())
+        made[name] = {"train_s": doc["timings"]["train_s"], "data_s": doc["timings"]["data_s"],
+                      "threads": doc["timings"]["threads"], **doc["bench"],
+                      "record": json.loads((out / "tfcompile" / "draft.json").read_text()), "path": out}
+    return made
+
+
+def measure_all(work: Path, smol: Path, drafts: dict, prompts: int, new_tokens: int,
+                only: tuple[str, ...] = ()) -> list[dict]:
+    import torch
+
+    from tfcompile.draft.acceptance import greedy_refs, measure, prompts_of
+    from tfcompile.evaluate.models import load_candidate
+    from tfcompile.evaluate.text import load_tokenizer
+
+    rows = prompts_of(None, load_tokenizer(smol), count=prompts, prompt_len=64, vocab=49152)
+    cases = [("a", "n-gram", "bf16", smol, "ngram"),
+             ("b", "EAGLE-3 trained vs bf16", "bf16", smol, drafts["draft-bf16"]["path"]),
+             ("a", "n-gram", "nvfp4", work / "smol-nvfp4", "ngram"),
+             ("c", "EAGLE-3 trained vs bf16", "nvfp4", work / "smol-nvfp4", drafts["draft-bf16"]["path"]),
+             ("d", "EAGLE-3 trained vs nvfp4 served", "nvfp4", work / "smol-nvfp4", drafts["draft-nvfp4"]["path"]),
+             ("a", "n-gram", "nvfp4a16", work / "smol-nvfp4a16", "ngram"),
+             ("c", "EAGLE-3 trained vs bf16", "nvfp4a16", work / "smol-nvfp4a16", drafts["draft-bf16"]["path"])]
+    out, models, refs = [], {}, {}
+    for case, drafter, served, path, spec in cases:
+        if only and served not in only:
+            continue
+        if served not in models:
+            models.clear()
+            models[served] = load_candidate(Path(path), torch.float32).model.eval()
+            refs[served] = greedy_refs(models[served], rows, new_tokens)  # once per served target
+        t0, l0 = time.perf_counter(), load()
+        rep = measure(models[served], str(spec), rows, ks=KS, new_tokens=new_tokens, refs=refs[served])
+        out.append({"case": case, "drafter": drafter, "served": served, "exact": rep["exact"], "by_k": rep["by_k"],
+                    "s": round(time.perf_counter() - t0, 1), "load": round(l0, 1)})
+        print(json.dumps(out[-1]), flush=True)
+    return out
+
+
+def markdown(rows: list[dict], drafts: dict, args, prompts: int, new_tokens: int) -> str:
+    lines = [f"Command: `python bench/draft.py --steps {args.steps} --prompts {prompts} --write-docs`. Target: "
+             "SmolLM2-135M-Instruct (bf16 fixture, weights carry GGUF Q4_1 rounding) and its `tfcompile quantize` "
+             "nvfp4 (W4A4) / nvfp4a16 artifacts (16 x 512 calibration tokens), served as `tfcompile eval` serves "
+             "them. Drafts: `tfcompile draft` " + " ".join(train_args(args.steps)) + " (one EAGLE-3 decoder layer, "
+             "3 chain steps trained, draft vocabulary 8192 of 49152), against bf16 or with `--target-artifact` "
+             f"nvfp4. Acceptance: {prompts} prompts of 64 tokens of python-doc's held-out split (never trained on), "
+             f"{new_tokens} tokens decoded greedily each; acceptance length = tokens per target forward; exact: "
+             "whether every speculative output equals the target's own greedy decoding token for token. "
+             f"Measured as `--only bf16`, `--only nvfp4`, `--only nvfp4a16` (three processes at once) then "
+             f"`--render`, with --new-tokens {new_tokens}.", "",
+             "| case | drafter | served target | " + " | ".join(f"k={k}" for k in KS)
+             + " | accepted at positions 1..4 (k=4) | exact |",
+             "|---|---|---|" + "---|" * len(KS) + "---|---|"]
+    for r in rows:
+        by = {x["k"]: x for x in r["by_k"]}
+        pos = " ".join(f"{p:.2f}" for p in by[4]["per_position"])
+        lines.append(f"| ({r['case']}) | {r['drafter']} | {r['served']} | "
+                     + " | ".join(f"{by[k]['acceptance_length']:.3f}" for k in KS) + f" | {pos} | {r['exact']} |")
+    lines += ["", "| draft | trained against | data s (incl. self-generation) | train s | tokens used | "
+              "draft size (bf16) | trained parameters | threads | load |", "|---|---|---|---|---|---|---|---|---|"]
+    for name, d in drafts.items():
+        rec = d["record"]
+        lines.append(f"| {name} | {rec['target']['served_as']} | {d['data_s']} | {d['train_s']} | "
+                     f"{rec['training']['tokens_seen']:,} seen of {rec['data']['tokens']:,} | "
+                     f"{rec['draft']['bytes'] / 2**20:.1f} MiB | {rec['draft']['trained_parameters']:,} | "
+                     f"{d['threads']} | {d['load']} |")
+    lines += ["", FINDINGS, "", f"Machine: {machine_line()}; load = 1-minute load average at the start of each run "
+              "(the machine is shared; timings are wall seconds there; the two drafts trained concurrently)."]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--work", type=Path, default=Path(os.environ.get("TFCOMPILE_CACHE", Path.home() / ".cache/tfcompile"))
+                    / "bench" / "draft")
+    ap.add_argument("--steps", type=int, default=150)
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--write-docs", action="store_true")
+    ap.add_argument("--only", nargs="+", default=(), choices=("bf16", "nvfp4", "nvfp4a16"),
+                    help="measure these served targets only (results-<target>.json; run several at once)")
+    ap.add_argument("--render", action="store_true", help="assemble the results-*.json of --only runs")
+    args = ap.parse_args()
+    from tfcompile.fixtures.smollm2 import smollm2_checkpoint
+
+    smol = Path(smollm2_checkpoint())
+    args.work.mkdir(parents=True, exist_ok=True)
+    drafts = build(args.work, smol, args.steps)
+    if args.render:
+        order = {"bf16": 0, "nvfp4": 1, "nvfp4a16": 2}
+        rows = [r for f in sorted(args.work.glob("results-*.json")) for r in json.loads(f.read_text())]
+        rows.sort(key=lambda r: (order[r["served"]], r["case"]))
+    else:
+        rows = measure_all(args.work, smol, drafts, args.prompts, args.new_tokens, tuple(args.only))
+        name = "results-" + ("-".join(args.only) if args.only else "all") + ".json"
+        (args.work / name).write_text(json.dumps(rows, indent=1))
+    md = markdown(rows, drafts, args, args.prompts, args.new_tokens)
+    print(md)
+    if args.write_docs:
+        replace_doc_section(HEADING, md, ACCURACY)
+
+
+if __name__ == "__main__":
+    main()

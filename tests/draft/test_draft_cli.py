@@ -1,0 +1,91 @@
+"""`tfcompile draft` and `tfcompile eval --draft` end to end on the demo LM.
+
+CI's acceptance check: a tiny draft trained in seconds beats the n-gram (prompt lookup) floor
+on python-doc's held-out text; `--min-acceptance` exits 1 on a miss. The written directory is
+byte-identical across runs and after an interrupted, resumed run.
+"""
+
+from __future__ import annotations
+
+import json
+
+from conftest import DEMO
+
+SMALL = ["--steps", "6", "--batch", "2", "--seq-len", "32", "--text-blocks", "8", "--self-blocks", "4",
+         "--self-prompt", "8", "--checkpoint-every", "2"]
+EVAL = ["--reference", DEMO, "--max-tokens", "512", "--no-layers", "--draft-k", "2,3", "--draft-prompts", "8",
+        "--draft-prompt-len", "32", "--draft-new-tokens", "32", "--json"]
+
+
+def _files(d):
+    return {p.relative_to(d).as_posix(): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+def test_tiny_draft_beats_the_ngram_floor_and_the_gate_fails_above_it(tiny_draft, run_cli):
+    res = run_cli("eval", DEMO, *EVAL, "--draft", tiny_draft, "--min-acceptance", "10")
+    assert res.code == 1, res.err
+    assert "--min-acceptance" in res.err and "hint:" in res.err
+    doc = res.json()
+    rep = doc["draft"]
+    assert rep["drafter"] == "eagle3" and rep["text"].endswith(":heldout")
+    floor = {r["k"]: r["acceptance_length"] for r in rep["ngram_floor"]}
+    for r in rep["by_k"]:
+        assert r["acceptance_length"] > floor[r["k"]], (r, floor)
+        assert r["per_position"][0] > 0.2
+    assert doc["gates"][-1]["gate"] == "min-acceptance" and not doc["ok"]
+
+
+def test_min_acceptance_passes_below_the_figure(run_cli):
+    res = run_cli("eval", DEMO, *EVAL, "--draft", "ngram", "--min-acceptance", "1.0", "--draft-prompts", "2")
+    assert res.code == 0, res.err
+    assert res.json()["gates"][-1]["ok"]
+
+
+def test_min_acceptance_needs_a_draft(run_cli):
+    res = run_cli("eval", DEMO, "--reference", DEMO, "--min-acceptance", "2")
+    assert res.code == 2 and "--draft" in res.err
+
+
+def test_the_record_and_the_json(tiny_draft):
+    rec = json.loads((tiny_draft / "tfcompile" / "draft.json").read_text())
+    assert rec["target"]["served_as"] == "checkpoint" and rec["method"] == "eagle3"
+    assert rec["data"]["self_sequences"] == 32 and rec["data"]["source"] == "python-doc:train"
+    assert rec["draft"]["aux_layers"] == [1, 2, 3] and rec["draft"]["bytes"] > 0
+    assert set(rec["files"]) == {"config.json", "model.safetensors"}
+
+
+def test_a_killed_run_resumes_to_the_bytes_of_an_uninterrupted_one(tmp_path, run_cli, monkeypatch):
+    from tfcompile.distill import train
+
+    res = run_cli("draft", DEMO, "-o", tmp_path / "a", *SMALL, "--json", "-q")
+    assert res.code == 0, res.err
+    assert res.json()["ok"] and res.json()["training"]["steps"] == 6
+    resume = tmp_path / "resume"
+
+    def after_step(self, step):
+        if step == 5:
+            raise RuntimeError("killed")  # dies between checkpoints (saved at 2 and 4)
+
+    monkeypatch.setattr(train.Loop, "after_step", after_step)
+    res = run_cli("draft", DEMO, "-o", tmp_path / "b", *SMALL, "--resume-dir", resume, "-q")
+    assert res.code == 2 and not (tmp_path / "b").exists()
+    monkeypatch.undo()
+    res = run_cli("draft", DEMO, "-o", tmp_path / "b", *SMALL, "--resume-dir", resume, "--json", "-q")
+    assert res.code == 0, res.err
+    assert res.json()["timings"]["resumed_at"] == 4
+    assert _files(tmp_path / "b") == _files(tmp_path / "a")
+
+
+def test_errors_are_user_errors_with_a_hint(tmp_path, run_cli):
+    res = run_cli("draft", DEMO, "-o", tmp_path / "x", "--target-artifact", DEMO, "--steps", "1")
+    assert res.code == 1 and "not a tfcompile artifact" in res.err and "hint:" in res.err
+    assert not (tmp_path / "x").exists()
+    res = run_cli("eval", DEMO, "--reference", DEMO, "--draft", tmp_path, "--max-tokens", "64", "--no-layers")
+    assert res.code == 1 and "hint:" in res.err
+
+
+def test_an_existing_out_is_refused_before_any_training(tmp_path, run_cli):
+    (tmp_path / "x").mkdir()
+    res = run_cli("draft", DEMO, "-o", tmp_path / "x", "--steps", "1")
+    assert res.code == 1 and "already exists" in res.err and "--overwrite" in res.err
+    assert "distill draft" not in res.err  # refused up front: no training step ran

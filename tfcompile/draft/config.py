@@ -1,0 +1,116 @@
+"""`DraftConfig`: every setting of `tfcompile draft` (EAGLE-3 training), and the draft's shape.
+
+Fields marked `runtime` say where work is kept, not what is computed; they are left out
+of the recorded config and the resume fingerprint.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+
+from tfcompile.draft.eagle3 import DraftShape
+from tfcompile.errors import UserError
+
+METHODS = ("eagle3",)
+DEFAULT_DRAFT_VOCAB = 32000  # EAGLE-3's and speculators' reduced draft vocabulary
+
+
+def runtime(default):
+    return field(default=default, metadata={"runtime": True})
+
+
+@dataclass(frozen=True)
+class DraftConfig:
+    method: str = "eagle3"
+    steps: int = 200  # optimizer steps
+    batch: int = 4  # sequences per step
+    seq_len: int = 128  # tokens per training sequence
+    data: str = "python-doc"  # the training text (distill's loaders: python-doc train split, FILE, ...)
+    text_blocks: int = 256  # sequences of training text
+    self_blocks: int = 64  # sequences the target generates itself (greedy, from text prompts)
+    self_prompt: int = 32  # prompt tokens of those (the rest is the target's continuation)
+    ttt_steps: int = 3  # chain steps trained ("training-time test"); also speculative_tokens written
+    ttt_decay: float = 1.0  # loss weight of chain step j = ttt_decay ** j
+    draft_vocab: int = 0  # 0: the target's vocabulary up to DEFAULT_DRAFT_VOCAB, the most frequent ids
+    aux_layers: tuple[int, ...] = ()  # target hidden_states indices fused; () = low / middle / high
+    # optimizer (tfcompile.distill.train.Loop reads these names)
+    optimizer: str = "adamw"
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    betas: tuple[float, ...] = (0.9, 0.95)
+    momentum: float = 0.9
+    schedule: str = "cosine"
+    warmup: int = 10
+    min_lr_ratio: float = 0.1
+    grad_clip: float = 1.0
+    seed: int = 0
+    checkpoint_every: int = 50
+    log_every: int = 10
+    resume_dir: str = runtime("")
+    metrics: str = runtime("")
+    device: str = runtime("auto")
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise UserError(f"--method {self.method!r} is not supported",
+                            hint="choose one of: " + ", ".join(METHODS))
+        for name in ("steps", "batch", "seq_len", "ttt_steps", "checkpoint_every", "log_every"):
+            if getattr(self, name) < 1:
+                raise UserError(f"draft {name} must be >= 1 (got {getattr(self, name)})",
+                                hint=f"give a positive --{name.replace('_', '-')}")
+        if not 0 < self.self_prompt < self.seq_len:
+            raise UserError(f"draft self_prompt {self.self_prompt} must lie in (0, seq_len={self.seq_len})",
+                            hint="lower --self-prompt or raise --seq-len")
+        if self.text_blocks + self.self_blocks < self.batch:
+            raise UserError("draft: fewer training sequences than one batch",
+                            hint="raise --text-blocks / --self-blocks or lower --batch")
+
+    @property
+    def learning_rate(self) -> float:
+        return self.lr
+
+    def record(self) -> dict:
+        """The config without runtime fields (manifest, resume fingerprint)."""
+        d = asdict(self)
+        return {f.name: _plain(d[f.name]) for f in fields(self) if not f.metadata.get("runtime")}
+
+
+def _plain(v):
+    return list(v) if isinstance(v, tuple) else v
+
+
+def aux_layers(n_layers: int, given: tuple[int, ...] = ()) -> tuple[int, ...]:
+    """The hidden_states indices (input of layer i; n_layers = the last) EAGLE-3 fuses.
+
+    speculators' default [2, L // 2, L - 3]; for models too shallow for it (fewer than 6
+    layers) three evenly spaced distinct layers in 1..L-1."""
+    ids = tuple(given) or (2, n_layers // 2, n_layers - 3)
+    if len(set(ids)) != len(ids) or min(ids) < 0 or max(ids) > n_layers:
+        if given:
+            raise UserError(f"--aux-layers {list(given)} must be distinct, in [0, {n_layers}]",
+                            hint=f"the target has {n_layers} decoder layers")
+        ids = tuple(sorted({max(1, round(n_layers * f)) for f in (0.25, 0.5, 0.75)}))
+    if len(ids) != 3:
+        raise UserError(f"EAGLE-3 fuses three hidden states; the target's {n_layers} layers give {list(ids)}",
+                        hint="pass --aux-layers A,B,C")
+    return ids
+
+
+def shape_of(cfg: dict, draft_vocab: int, aux: tuple[int, ...]) -> DraftShape:
+    """The draft's shape from the target's config.json dict (Llama layout only)."""
+    if cfg.get("model_type") != "llama":
+        raise UserError(f"tfcompile draft builds EAGLE-3 drafts of Llama-layout targets; this one is "
+                        f"{cfg.get('model_type')!r}",
+                        hint="draft a Llama-architecture model (Llama, SmolLM2, the demo LM)")
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    if rope.get("rope_type", "default") != "default":
+        raise UserError(f"rope type {rope.get('rope_type')!r} is not supported by the draft",
+                        hint="draft a model with the default rotary embedding")
+    heads = int(cfg["num_attention_heads"])
+    return DraftShape(hidden=int(cfg["hidden_size"]), intermediate=int(cfg["intermediate_size"]),
+                      heads=heads, kv_heads=int(cfg.get("num_key_value_heads") or heads),
+                      head_dim=int(cfg.get("head_dim") or cfg["hidden_size"] // heads),
+                      vocab=int(cfg["vocab_size"]), draft_vocab=draft_vocab,
+                      rms_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+                      rope_theta=float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0))),
+                      aux_layers=tuple(aux))

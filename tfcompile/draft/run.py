@@ -1,0 +1,137 @@
+"""`tfcompile draft MODEL -o OUT`: build, train and write an EAGLE-3 draft for the target as served.
+
+The target is MODEL (bf16 checkpoint, run in float32) or, with `--target-artifact ART`, the
+artifact through `tfcompile eval`'s emulation (what the engine computes). OUT is written
+atomically (a staging sibling renamed into place): the speculators files (format.py) and
+`tfcompile/draft.json`, the training record (config, target, data, final losses, sizes,
+sha256 of the files; no timings or machine paths beyond those given, so the same inputs and
+config write the same bytes).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from tfcompile import __version__
+from tfcompile.dist.devices import resolve_device
+from tfcompile.distill.checkpoint import ResumeDir
+from tfcompile.draft.config import DEFAULT_DRAFT_VOCAB, DraftConfig, aux_layers, shape_of
+from tfcompile.draft.eagle3 import Eagle3Draft
+from tfcompile.draft.format import WEIGHTS, speculators_config, write_draft
+from tfcompile.draft.train import draft_vocab, train_draft, training_tokens
+from tfcompile.errors import UserError
+from tfcompile.evaluate.models import load_candidate, load_checkpoint_model
+from tfcompile.evaluate.text import load_tokenizer
+from tfcompile.io.atomic import atomic_output_dir
+from tfcompile.io.jsonfile import write_json
+from tfcompile.reporter import NullReporter
+
+RECORD = "tfcompile/draft.json"
+
+
+def load_target(model: Path, artifact: Path | None) -> tuple[torch.nn.Module, dict, str]:
+    """(the target module in float32, eval mode; its config.json dict; what it is)."""
+    if artifact is None:
+        return load_checkpoint_model(model, torch.float32, "reference"), _config(model), "checkpoint"
+    cand = load_candidate(artifact, torch.float32)
+    if cand.kind != "artifact":
+        raise UserError(f"--target-artifact {artifact} is not a tfcompile artifact (no manifest)",
+                        hint="pass a directory written by `tfcompile quantize`, or leave the option out "
+                             "to train against MODEL")
+    return cand.model.eval(), _config(artifact), f"artifact:{cand.scheme.name}"
+
+
+def _config(path: Path) -> dict:
+    cfg = json.loads((Path(path) / "config.json").read_text())
+    cfg.pop("quantization_config", None)
+    return cfg
+
+
+def target_identity(path: Path) -> str:
+    """sha256 over config.json and the safetensors names and sizes (the resume fingerprint)."""
+    h = hashlib.sha256((Path(path) / "config.json").read_bytes())
+    for f in sorted(Path(path).glob("*.safetensors")):
+        h.update(f"{f.name}:{f.stat().st_size}".encode())
+    return h.hexdigest()
+
+
+def build_draft(target, cfg_json: dict, cfg: DraftConfig, tokens: torch.Tensor) -> Eagle3Draft:
+    """A fresh draft: the target's embeddings and lm_head rows (frozen), seeded random layer."""
+    vocab = int(cfg_json["vocab_size"])
+    size = cfg.draft_vocab or min(vocab, DEFAULT_DRAFT_VOCAB)
+    if not 0 < size <= vocab:
+        raise UserError(f"--draft-vocab {size} must lie in [1, {vocab}]", hint="the target's vocabulary size bounds it")
+    aux = aux_layers(int(cfg_json["num_hidden_layers"]), tuple(cfg.aux_layers))
+    torch.manual_seed(cfg.seed)
+    draft = Eagle3Draft(shape_of(cfg_json, size, aux))
+    keep = draft_vocab(tokens, vocab, size) if size < vocab else None
+    head = target.get_output_embeddings().weight.detach().float().cpu()
+    with torch.no_grad():
+        draft.embed_tokens.weight.copy_(target.get_input_embeddings().weight.detach().float())
+        draft.lm_head.weight.copy_(head if keep is None else head[keep])
+        if keep is not None:
+            draft.d2t.copy_(keep - torch.arange(size))
+            draft.t2d.zero_()
+            draft.t2d[keep] = True
+    for p in (draft.embed_tokens.weight, draft.lm_head.weight):
+        p.requires_grad_(False)
+    return draft
+
+
+def run_draft(model: Path, out: Path, cfg: DraftConfig, *, target_artifact: Path | None = None,
+              overwrite: bool = False, reporter=None) -> dict:
+    """Train and write the draft; returns the record plus `timings` (not written). OUT is checked
+    and locked before anything runs (atomic_output_dir), and appears only when the draft is whole."""
+    with atomic_output_dir(out, overwrite, protect=(Path(model),)) as tmp:
+        record, timings = _train(Path(model), cfg, target_artifact, tmp, reporter or NullReporter())
+    return {**record, "output": str(out), "timings": timings}
+
+
+def _train(model: Path, cfg: DraftConfig, target_artifact: Path | None, tmp: Path, reporter) -> tuple[dict, dict]:
+    t0 = time.perf_counter()
+    dev = resolve_device(cfg.device)
+    target, cfg_json, served = load_target(model, target_artifact)
+    target.to(dev)
+    resume = None
+    if cfg.resume_dir:
+        fp = {"config": cfg.record(), "target": target_identity(Path(target_artifact or model)),
+              "torch": torch.__version__, "threads": torch.get_num_threads()}
+        resume = ResumeDir.open(cfg.resume_dir, fp)
+    tokens, data = training_tokens(cfg, load_tokenizer(model), target)
+    t_data = time.perf_counter()
+    draft = build_draft(target, cfg_json, cfg, tokens).to(dev)
+    metrics = Path(cfg.metrics) if cfg.metrics else (resume.path / "metrics.jsonl" if resume else None)
+    training = train_draft(draft, target, tokens, cfg, keep=_keep(draft), resume=resume, metrics_path=metrics,
+                           reporter=reporter)
+    t_train = time.perf_counter()
+    spec = speculators_config(cfg_json, draft.s, verifier=str(target_artifact or model),
+                              speculative_tokens=cfg.ttt_steps)
+    files = write_draft(tmp, draft.cpu(), spec)
+    record = {"tfcompile": __version__, "method": cfg.method, "config": cfg.record(),
+              "target": {"model": str(model), "artifact": None if target_artifact is None else str(target_artifact),
+                         "served_as": served},
+              "data": data, "training": {k: v for k, v in training.items() if k != "resumed_at"},
+              "draft": {**_sizes(draft), "bytes": (tmp / WEIGHTS).stat().st_size}, "files": files}
+    (tmp / "tfcompile").mkdir()
+    write_json(tmp / RECORD, record)
+    timings = {"data_s": round(t_data - t0, 2), "train_s": round(t_train - t_data, 2),
+               "wall_s": round(time.perf_counter() - t0, 2), "resumed_at": training["resumed_at"],
+               "threads": torch.get_num_threads()}
+    return record, timings
+
+
+def _keep(draft: Eagle3Draft) -> torch.Tensor | None:
+    """Target ids of the draft vocabulary, ascending (None: the whole vocabulary)."""
+    return None if draft.d2t is None else torch.arange(draft.s.draft_vocab, device=draft.d2t.device) + draft.d2t
+
+
+def _sizes(draft: Eagle3Draft) -> dict:
+    total = sum(p.numel() for p in draft.parameters())
+    trained = sum(p.numel() for _, p in draft.trainable())
+    return {"parameters": total, "trained_parameters": trained, "draft_vocab": draft.s.draft_vocab,
+            "aux_layers": list(draft.s.aux_layers)}

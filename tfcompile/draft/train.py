@@ -1,0 +1,125 @@
+"""Training an EAGLE-3 draft by distillation from the target as it is served.
+
+The target (a transformers module: the bf16 checkpoint, or a tfcompile artifact through
+`tfcompile eval`'s emulation: dequantized weights, activations fake-quantized, KV cache
+emulated) runs in eval mode without gradients on each step's sequences and gives the
+draft its inputs (hidden_states at `aux_layers`, [B, T, 3H]) and its targets (the next-token
+distribution at every position, restricted to the draft vocabulary). The draft's loss is
+sum_j ttt_decay^j KL(target || draft) over the chain steps j of Eagle3Draft.ttt (step j row i
+against the target's distribution at position i+1+j), averaged over the rows that exist.
+
+Data: `text_blocks` sequences of training text (distill's loaders: python-doc's train split,
+never its held-out split) and `self_blocks` sequences the target continues itself greedily
+from `self_prompt` tokens of further text blocks (EAGLE-3 trains on the target's own
+outputs). Which sequences a step uses is distill's BlockOrder (a pure function of seed and
+step), the loop is distill's (optimizer, schedule, clipping, checkpoints, Ctrl-C), so a
+resumed run ends bit-identical to an uninterrupted one on the same machine and thread count.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from tfcompile.distill.data import BlockOrder, load_data
+from tfcompile.distill.train import Loop, Segment, deterministic
+from tfcompile.draft.config import DraftConfig
+from tfcompile.draft.eagle3 import Eagle3Draft
+
+
+@torch.no_grad()
+def greedy_continue(model, prompts: torch.Tensor, total: int, batch: int = 16) -> torch.Tensor:
+    """int64 [N, total]: each prompt row [N, P] continued by the model's greedy decoding."""
+    from transformers import DynamicCache  # lazy: transformers (~2 s to import)
+
+    dev = next(model.parameters()).device
+    out = []
+    for rows in prompts.split(batch):
+        ids = rows.to(dev)
+        cache = DynamicCache(config=model.config)
+        nxt = ids
+        while ids.shape[1] < total:
+            logits = model(input_ids=nxt, cache=cache, use_cache=True).logits[:, -1]
+            nxt = logits.argmax(-1, keepdim=True)
+            ids = torch.cat([ids, nxt], 1)
+        out.append(ids.cpu())
+    return torch.cat(out)
+
+
+def training_tokens(cfg: DraftConfig, tokenizer, target) -> tuple[torch.Tensor, dict]:
+    """int64 [text_blocks + self_blocks, seq_len] and the data record."""
+    blocks = cfg.text_blocks + cfg.self_blocks
+    data = load_data(cfg.data, tokenizer, target, blocks=blocks, seq_len=cfg.seq_len, heldout_tokens=0,
+                     heldout_seq_len=cfg.seq_len, heldout_percent=10.0, seed=cfg.seed)
+    text = data.train[: cfg.text_blocks]
+    prompts = data.train[cfg.text_blocks:blocks, : cfg.self_prompt]
+    parts = [text]
+    if len(prompts):
+        parts.append(greedy_continue(target, prompts, cfg.seq_len))
+    tokens = torch.cat(parts)
+    return tokens, {"source": data.source, "text_sequences": len(text), "self_sequences": len(prompts),
+                    "seq_len": cfg.seq_len, "tokens": int(tokens.numel())}
+
+
+def draft_vocab(tokens: torch.Tensor, vocab: int, size: int) -> torch.Tensor:
+    """The `size` most frequent ids of `tokens` (ties: lower id first), ascending: int64 [size]."""
+    counts = torch.bincount(tokens.reshape(-1), minlength=vocab).to(torch.float64)
+    counts -= torch.arange(vocab, dtype=torch.float64) / (2 * vocab)  # ties broken by id, exactly
+    return torch.sort(torch.topk(counts, size).indices).values
+
+
+@torch.no_grad()
+def target_outputs(target, ids: torch.Tensor, aux: tuple[int, ...], keep: torch.Tensor | None):
+    """(fused hidden states [B, T, 3H], target log-probabilities over the draft vocabulary [B, T, Vd])."""
+    out = target(input_ids=ids, output_hidden_states=True)
+    fused = torch.cat([out.hidden_states[i] for i in aux], -1).float()
+    logits = out.logits.float()
+    if keep is not None:
+        logits = logits[..., keep]
+    return fused, F.log_softmax(logits, -1)
+
+
+def ttt_loss(draft: Eagle3Draft, ids: torch.Tensor, fused: torch.Tensor, logp: torch.Tensor,
+             steps: int, decay: float) -> tuple[torch.Tensor, dict]:
+    """The training loss and, per chain step, its KL and argmax agreement with the target."""
+    T = ids.shape[1]
+    total, parts = 0.0, {}
+    for j, lg in enumerate(draft.ttt(ids, fused, steps)):
+        rows = T - 1 - j  # step j row i predicts position i+1+j's next token: i <= T-2-j
+        q = F.log_softmax(lg[:, :rows], -1)
+        p = logp[:, 1 + j: 1 + j + rows]
+        kl = (p.exp() * (p - q)).sum(-1).mean()
+        total = total + decay ** j * kl
+        parts[f"kl_{j}"] = float(kl.detach())
+        parts[f"acc_{j}"] = float((q.argmax(-1) == p.argmax(-1)).float().mean())
+    parts["loss"] = float(total.detach())
+    return total, parts
+
+
+def train_draft(draft: Eagle3Draft, target, tokens: torch.Tensor, cfg: DraftConfig, *, keep,
+                resume, metrics_path, reporter) -> dict:
+    """Train `draft` in place; returns {steps, tokens, resumed_at, final: last step's loss parts}."""
+    dev = next(draft.parameters()).device
+    order = BlockOrder(len(tokens), cfg.batch, 1, cfg.seed)
+    keep = None if keep is None else keep.to(dev)
+    aux = draft.s.aux_layers
+
+    def step_fn(local: int) -> dict:
+        ids = tokens[order.blocks(local, 0)].to(dev)
+        fused, logp = target_outputs(target, ids, aux, keep)
+        loss, parts = ttt_loss(draft, ids, fused, logp, cfg.ttt_steps, cfg.ttt_decay)
+        loss.backward()
+        return parts
+
+    params = draft.trainable()
+    loop = Loop(cfg, resume=resume, metrics_path=metrics_path, reporter=reporter, total_steps=cfg.steps,
+                tokens_per_step=cfg.batch * cfg.seq_len)
+    loop.adopt(params)
+    with deterministic():
+        loop.run(Segment("draft", params, 0, cfg.steps, step_fn))
+    return {"steps": cfg.steps, "tokens_seen": cfg.steps * cfg.batch * cfg.seq_len,
+            "resumed_at": loop.resumed_at, "final": {k: _sig(v) for k, v in loop.last.items()}}
+
+
+def _sig(v):
+    return float(f"{v:.6g}") if isinstance(v, float) else v
