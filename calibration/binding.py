@@ -23,6 +23,7 @@ from torch import nn
 from tfcompile.calibration.forward import model_class
 from tfcompile.families import V5
 from tfcompile.families.experts import PROJS, fuse_bias, fuse_weight, module_layout
+from tfcompile.io.hf_config import load_hf_config
 
 
 class Unsupported(Exception):
@@ -47,10 +48,7 @@ def fixed_mmap_threshold(nbytes: int = 128 << 10) -> None:
 def skeleton(model_dir: Path) -> nn.Module:
     """config.json's transformers model (never remote code) with parameters on the meta device and
     real buffers (the RoPE tables); the layer loop and distillation's lazy build bind the weights."""
-    # lazy: transformers (~2 s to import); only when a model is built
-    import transformers
-
-    cfg = transformers.AutoConfig.from_pretrained(model_dir, trust_remote_code=False)
+    cfg = load_hf_config(model_dir)  # CheckpointError for a config transformers cannot read
     with warnings.catch_warnings(), params_on_meta():
         warnings.simplefilter("ignore")
         model = model_class(model_dir, cfg)(cfg)

@@ -22,6 +22,7 @@ from tfcompile.dist import LOCAL
 from tfcompile.dist.collect import broadcast
 from tfcompile.dist.partition import rounds
 from tfcompile.errors import CheckpointError
+from tfcompile.io.hf_config import load_hf_config
 from tfcompile.io.sources.model import is_published, load_decoded_model
 from tfcompile.ir import CalibStats
 
@@ -53,7 +54,7 @@ def load_hf_model(model_dir: Path, dtype: torch.dtype):
     import transformers  # lazy: transformers (~2 s to import); only when a model is built
 
     transformers.utils.logging.disable_progress_bar()  # stderr belongs to our reporter
-    cfg = transformers.AutoConfig.from_pretrained(model_dir, trust_remote_code=False)
+    cfg = load_hf_config(model_dir)  # CheckpointError for a config transformers cannot read
     if is_published(cfg.to_dict()):
         return load_decoded_model(model_dir, dtype)
     cls = model_class(model_dir, cfg)

@@ -51,7 +51,8 @@ from tfcompile.dist.collect import broadcast
 from tfcompile.dist.partition import mine, rounds
 from tfcompile.ir import CalibStats
 from tfcompile.families.names import RenamedView
-from tfcompile.io.locks import owner_token, sweep_stale_in
+from tfcompile.io.locks import sweep_stale_in, work_dir
+from tfcompile.io.oserrors import as_os_error, write_error
 
 SPILL_PREFIX = "tfcompile-hessians-"
 
@@ -264,9 +265,17 @@ class _Spill:
         if self.dir is None:
             # the owner token in the name lets a later run delete the spill of a killed one (io/locks.py)
             sweep_stale_in(Path(tempfile.gettempdir()), SPILL_PREFIX)
-            self.dir = tempfile.TemporaryDirectory(prefix=f"{SPILL_PREFIX}{owner_token()}-")
+            self.dir = work_dir(SPILL_PREFIX)
         f = Path(self.dir.name) / f"layer{layer}.safetensors"
-        save_file({k: v.cpu().contiguous() for k, v in hessians.items()}, f)
+        try:
+            save_file({k: v.cpu().contiguous() for k, v in hessians.items()}, f)
+        except Exception as e:  # noqa: BLE001 - an I/O failure (TMPDIR full) is the machine's: exit 1
+            cause = as_os_error(e, f)
+            if cause is None:
+                raise
+            raise write_error(f, cause, "spill GPTQ Hessians to", f"GPTQ spills each finished layer's Hessians to "
+                              f"TMPDIR ({tempfile.gettempdir()}): point TMPDIR at a file system with room (tfcompile "
+                              "plan --estimate gives hessian_spill_gb_per_rank)") from None
         self.files.update({k: f for k in hessians})
 
     def cleanup(self) -> None:

@@ -26,6 +26,11 @@ from tfcompile.pipeline.passes import PassResult, Selection, register_pass
 from tfcompile.schemes import Scheme
 
 
+# upper bounds on the calibration set (docs/cli.md "Safety"): far above any useful one (GPTQ and AWQ
+# papers use 128 x 2048 tokens), far below what would exhaust memory before the first layer ran
+MAX_SAMPLES, MAX_SEQ_LEN, MAX_TOKENS = 1 << 20, 1 << 20, 1 << 28
+
+
 @dataclass(frozen=True)
 class CalibrateConfig:
     # file / saved data set / cached data set name / "python-doc" / "stdlib-docstrings" / "self" /
@@ -87,6 +92,14 @@ class CalibrateConfig:
             if getattr(self, name) < 1:
                 raise RecipeError(f"calibrate.{name} = {getattr(self, name)} must be at least 1"
                                   + (f" ({option})" if option else ""), hint="calibration needs some tokens")
+        tokens = self.samples * self.seq_len
+        for name, value, limit in (("samples", self.samples, MAX_SAMPLES), ("seq_len", self.seq_len, MAX_SEQ_LEN),
+                                   ("batch", self.batch, MAX_SAMPLES), ("samples x seq_len", tokens, MAX_TOKENS)):
+            if value > limit:  # refused here, before a tensor of that many tokens is allocated
+                raise RecipeError(f"calibrate.{name} = {value} is above the limit of {limit} (--calib-samples "
+                                  f"{self.samples}, --calib-seq-len {self.seq_len})",
+                                  hint="calibration saturates long before that: e.g. --calib-samples 128 "
+                                       "--calib-seq-len 2048")
         if self.moe_min_tokens < 0:
             raise RecipeError(f"calibrate.moe_min_tokens {self.moe_min_tokens} is negative",
                               hint="e.g. --set calibrate.moe_min_tokens=16 (0: every expert keeps its own)")

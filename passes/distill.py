@@ -13,12 +13,12 @@ KL/perplexity before and after) under "distill". Settings: DistillConfig
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 
 from tfcompile.distill.config import SCALE_FORMATS, DistillConfig
 from tfcompile.distill.run import Inputs, distill_checkpoint
 from tfcompile.errors import RecipeError
+from tfcompile.io.locks import work_dir
 from tfcompile.io.overlay import OverlayCheckpoint
 from tfcompile.ir import torch_dtype
 from tfcompile.pipeline.passes import PassResult, Unsupported, given, register_pass
@@ -50,7 +50,7 @@ def distill(ctx, cfg: DistillConfig, reporter) -> PassResult:
         raise RecipeError(f"distill needs quantize.algorithm rtn, got {ctx.program.algorithm!r}",
                           hint="drop --algorithm")
     parent = Path(ctx.out_dir).parent if ctx.out_dir is not None else None
-    work = tempfile.TemporaryDirectory(prefix=".tfcompile-distill-", dir=parent)  # removed with the overlay
+    work = work_dir(".tfcompile-distill-", parent)  # removed with the overlay; owner-tagged (io/locks.py)
     inputs = Inputs(Path(ctx.source_path), ctx.source, torch_dtype(ctx.model.dtype), ctx.plan, ctx.program,
                     ctx.recipe.to_dict(), ctx.world)
     outcome = distill_checkpoint(inputs, cfg, reporter, Path(work.name))

@@ -35,9 +35,27 @@ def load(ctx, cfg: LoadConfig, reporter) -> PassResult:
     note = check_checkpoint(ckpt.config, checkpoint_tensors(ckpt), where=str(ckpt.path),
                             allow_unknown=cfg.allow_unknown_architecture)  # before any pass reads a weight
     if note:
+        _check_nothing_runs_the_model(ctx, ckpt)
         reporter.warn(f"load: {note}")
     model = ModelInfo.from_config(ckpt.config, dominant)
     stats = {"tensors": len(ckpt.names()), "files": len(ckpt.files), "bytes": ckpt.total_bytes,
              "architecture": model.architecture, "dtype": dominant,
              "source_format": getattr(ckpt, "source_format", {}).get("format", "safetensors")}
     return PassResult(ctx.with_(source=ckpt, model=model), stats)
+
+
+# passes that build the transformers model and run its forward (an unknown architecture has none)
+RUN_THE_MODEL = ("calibrate", "eval", "distill")
+
+
+def _check_nothing_runs_the_model(ctx, ckpt) -> None:
+    """An unknown architecture (--allow-unknown-architecture) is quantized by tensor names alone; a
+    pass that runs the model would fail deep in transformers (custom code it must not execute)."""
+    needs = [n for n in RUN_THE_MODEL if ctx.recipe is not None and n in ctx.recipe.names()]
+    if not needs:
+        return
+    custom = " (its auto_map names custom code, which tfcompile never runs)" if ckpt.config.get("auto_map") else ""
+    raise CheckpointError(f"{ckpt.path}/config.json: architecture {ckpt.config['architectures'][0]!r} is not in "
+                          f"transformers{custom}, but {', '.join(needs)} must run the model",
+                          hint="an unknown architecture quantizes by tensor names only: a weight-only format "
+                               "with --algorithm rtn (e.g. --format nvfp4a16), without --eval, --kv-cache or distill")

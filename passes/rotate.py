@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +27,7 @@ import torch
 from tfcompile.errors import RecipeError
 from tfcompile.io.checkpoint import open_checkpoint
 from tfcompile.io.dtypes import torch_dtype_of
+from tfcompile.io.locks import work_dir
 from tfcompile.io.writer import ShardPlan, ShardWriter, TensorSpec
 from tfcompile.ir import ModelInfo
 from tfcompile.pipeline.passes import PassResult, Unsupported, given, register_pass
@@ -80,7 +80,7 @@ def rotate(ctx, cfg: RotateConfig, reporter) -> PassResult:
                          int(text.get("num_key_value_heads") or heads), heads, head_dim)
     tied = "lm_head.weight" not in src.names()
     parent = Path(ctx.out_dir).parent if ctx.out_dir is not None else None
-    work = tempfile.TemporaryDirectory(prefix=".tfcompile-rotate-", dir=parent)  # lives with the checkpoint
+    work = work_dir(".tfcompile-rotate-", parent)  # lives with the checkpoint; owner-tagged (io/locks.py)
     _write(Path(work.name), src, rot, tied, reporter)
     out = open_checkpoint(work.name)
     out.files = list(src.files)  # the manifest hashes and names the user's checkpoint

@@ -13,9 +13,11 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 import tfcompile.passes.builtin  # noqa: F401  (registers the built-in passes)
 from tfcompile.artifact.signing import load_private_key, sign_artifact
 from tfcompile.dist import world as dist_world
+from tfcompile.dist.devices import cuda_index
 from tfcompile.dist.world import World
 from tfcompile.errors import UserError
 from tfcompile.io.atomic import atomic_output_dir
+from tfcompile.io.locks import sweep_work_dirs
 from tfcompile.io.paths import allowed_roots
 from tfcompile.pipeline import manager
 from tfcompile.pipeline.context import Context
@@ -43,6 +45,11 @@ def run_pipeline(model_dir: Path, out_dir: Path | None, recipe: Recipe, *,
     signer = _signer(sign_key, out_dir, packs)  # a bad key fails before any work
     warn = getattr(reporter, "warn", None)
     world = world if world is not None else dist_world.current()
+    for note in sweep_work_dirs(Path(out_dir).absolute().parent if out_dir is not None else None):
+        (warn or (lambda m: None))(note)  # spills, rotate and distill copies of dead runs (io/locks.py)
+    for entry in recipe.passes:  # --device cuda:99 without that GPU: refused even if nothing would use it
+        if isinstance(getattr(entry.config, "device", None), str):
+            cuda_index(entry.config.device, world)
     if world.distributed:
         return run_distributed(world, model_dir, out_dir if packs else None, recipe, reporter=reporter,
                                open_output=lambda: atomic_output_dir(out_dir, overwrite=overwrite,

@@ -19,6 +19,7 @@ import json
 import re
 from typing import Any
 
+from tfcompile.artifact.fields import MANIFEST as MANIFEST_FIELDS, check_fields
 from tfcompile.errors import RecipeError, VerifyError
 from tfcompile.schemes import get_scheme
 
@@ -117,4 +118,6 @@ def check_schema(doc: Any, where: str) -> dict:
     for field in ("summary", "layout", "eval", "source", "recipe"):
         if field in doc and doc[field] is not None and not isinstance(doc[field], dict):
             raise bad(field, "an object")
+    check_fields(doc, MANIFEST_FIELDS, f"{where}: manifest",  # what report and inspect read
+                 "the artifact is damaged or was edited; rebuild it with tfcompile quantize")
     return doc

@@ -29,10 +29,22 @@ def check_device(spec: str, where: str) -> None:
 
 def resolve_device(spec: str, world=None) -> torch.device:
     """The torch.device for `spec` on this rank; a clear error when CUDA is asked for and absent."""
+    index = cuda_index(spec, world)
+    if index is None:
+        return torch.device("cpu")
+    torch.cuda.set_device(index)
+    torch.backends.cuda.matmul.allow_tf32 = False  # fp32 statistics stay fp32 (Hessians, GPTQ)
+    return torch.device("cuda", index)
+
+
+def cuda_index(spec: str, world=None) -> int | None:
+    """The CUDA device `spec` means on this rank (None: the CPU); UserError when it names a device
+    this machine does not have. Run for every pass's `device` at the start of a run, so `--device
+    cuda:99` is refused even when no pass ends up using the device."""
     check_device(spec, "--device")
     local = world.local_rank if world is not None and world.distributed else 0
     if spec == "cpu" or (spec == "auto" and not torch.cuda.is_available()):
-        return torch.device("cpu")
+        return None
     if not torch.cuda.is_available():
         raise UserError(f"--device {spec}: torch sees no CUDA device (torch {torch.__version__}, "
                         f"CUDA build: {torch.version.cuda or 'no'})",
@@ -41,9 +53,7 @@ def resolve_device(spec: str, world=None) -> torch.device:
     if index >= torch.cuda.device_count():
         raise UserError(f"--device {spec}: only {torch.cuda.device_count()} CUDA device(s) visible",
                         hint="check CUDA_VISIBLE_DEVICES and --nproc-per-node")
-    torch.cuda.set_device(index)
-    torch.backends.cuda.matmul.allow_tf32 = False  # fp32 statistics stay fp32 (Hessians, GPTQ)
-    return torch.device("cuda", index)
+    return index
 
 
 @contextlib.contextmanager

@@ -41,6 +41,7 @@ from tfcompile.estimate.shapes import ModelShape, model_shape
 from tfcompile.estimate.throughputs import ACCELERATORS, ASSUMED, NODES, this_machine
 
 GB = 1e9
+MAX_PER_NODE, MAX_RANKS = 1024, 1 << 16  # the estimate's per-rank tables stay small
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,13 @@ def parse_devices(spec: str, nodes: int) -> Cluster:
         raise RecipeError(f"--devices {spec!r} / --nodes {nodes} is not understood",
                           hint="e.g. --devices 8xH200 --nodes 4 (devices: " + ", ".join(ACCELERATORS) +
                                ", or NxCPU: processes on this machine)")
-    return Cluster(kind, int(m.group(1) or 1), nodes)
+    digits = m.group(1) or "1"
+    per_node = int(digits) if len(digits) <= 18 else MAX_RANKS + 1  # no 10^5-digit int() from an option
+    if not 1 <= per_node <= MAX_PER_NODE or nodes > MAX_RANKS or per_node * nodes > MAX_RANKS:
+        raise RecipeError(f"--devices {spec!r} / --nodes {nodes}: {per_node} per node x {nodes} node(s) is outside "
+                          f"1 to {MAX_PER_NODE} per node and {MAX_RANKS} ranks in all",
+                          hint="e.g. --devices 8xH200 --nodes 4")
+    return Cluster(kind, per_node, nodes)
 
 
 def estimate(model: Path, recipe, devices: str = "cpu", nodes: int = 1) -> dict:

@@ -9,14 +9,15 @@ shared ones), and the attention sizes.
 
 from __future__ import annotations
 
-import json
 import math
+import os
 import re
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from tfcompile.checkpoint_check import build_meta_model
 from tfcompile.errors import CheckpointError
+from tfcompile.io.checkpoint import read_config_file
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 _CODES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
@@ -61,31 +62,23 @@ class ModelShape:
 
 
 def read_config(path: Path) -> tuple[Path, dict]:
-    """MODEL is a directory with config.json (weights not needed) or a config.json itself."""
+    """MODEL is a directory with config.json (weights not needed) or a config.json itself: read and
+    range-checked as quantize reads it (tfcompile/io/checkpoint.py: a regular file under the size and
+    nesting limits, `architectures` and `model_type` given, every size in range)."""
     path = Path(path)
     f = path / "config.json" if path.is_dir() else path
-    try:
-        return f.parent, json.loads(f.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{f}: cannot read a config.json ({e})",
-                              hint="plan --estimate needs MODEL/config.json (no weights)") from None
+    if not os.path.lexists(f):
+        raise CheckpointError(f"{f}: no such file", hint="plan --estimate needs MODEL/config.json (no weights)")
+    return f.parent, read_config_file(f)
 
 
 def model_shape(path: Path) -> ModelShape:
-    # lazy: torch and transformers (plan's table and errors need neither)
-    import torch
-    import transformers
-
     model_dir, cfg = read_config(path)
-    config = transformers.AutoConfig.from_pretrained(model_dir, trust_remote_code=False)
-    arch = (cfg.get("architectures") or [None])[0]
-    cls = getattr(transformers, arch, None) if arch else transformers.AutoModelForCausalLM
-    if cls is None:
-        raise CheckpointError(f"{model_dir}/config.json: architecture {arch!r} is not in transformers",
-                              hint="plan --estimate builds the model from its transformers class")
-    with warnings.catch_warnings(), torch.device("meta"):
-        warnings.simplefilter("ignore")
-        model = cls._from_config(config) if hasattr(cls, "_from_config") else cls(config)
+    model = build_meta_model(cfg, f"{model_dir}/config.json")  # CheckpointError when transformers cannot
+    if model is None:
+        raise CheckpointError(f"{model_dir}/config.json: architecture {cfg['architectures'][0]!r} is not in "
+                              "transformers", hint="plan --estimate builds the model from its transformers class")
+    config = model.config
     code = _CODES.get(str(cfg.get("dtype") or cfg.get("torch_dtype") or "bfloat16"), "BF16")
     fp8 = (cfg.get("quantization_config") or {}).get("quant_method") == "fp8"
     tensors = tuple(Tensor(n, tuple(p.shape), "F8_E4M3" if fp8 and _is_weight(n, p) else code)

@@ -33,6 +33,7 @@ from tfcompile.evaluate.kvcache import KINDS, KV_MODES, KVEmulator, KVScales, in
 from tfcompile.families.experts import set_expert, set_expert_bias
 from tfcompile.families.names import NameMap
 from tfcompile.io.checkpoint import Checkpoint, open_checkpoint
+from tfcompile.io.hf_config import load_hf_config
 from tfcompile.io.jsonfile import JsonDict
 from tfcompile.io.sources.model import is_published, load_decoded_model
 from tfcompile.kernels.formats import dequantize
@@ -97,8 +98,7 @@ def load_checkpoint_model(path: Path, dtype: torch.dtype, role: str) -> nn.Modul
                         f"quantized, but not a tfcompile artifact",
                         hint="evaluate an artifact written by `tfcompile quantize`, or a "
                              "bf16/fp16/fp32 checkpoint")
-    tf = _transformers()
-    cfg = tf.AutoConfig.from_pretrained(path, trust_remote_code=False)
+    cfg = load_hf_config(path)  # CheckpointError for a config transformers cannot read
     cls = _arch_class(path, cfg)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -132,8 +132,7 @@ def load_candidate(path: Path, dtype: torch.dtype, kv_cache: str = "auto",
 
 def _build_artifact(path: Path, ckpt: Checkpoint, manifest: dict, scheme: Scheme,
                     dtype: torch.dtype) -> Candidate:
-    tf = _transformers()
-    cfg = tf.AutoConfig.from_pretrained(path, trust_remote_code=False)
+    cfg = load_hf_config(path)  # CheckpointError for a config transformers cannot read
     if hasattr(cfg, "quantization_config"):
         delattr(cfg, "quantization_config")
     cls = _arch_class(path, cfg)

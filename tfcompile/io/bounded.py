@@ -1,7 +1,7 @@
 """Bounded input: a file the user or a checkpoint names is read only if it is a regular file
 under a size limit, and JSON only under a nesting limit.
 
-`read_regular(path, what, limit)` stats the path first and refuses (UserError, exit 1, naming
+`read_regular(path, what, limit)` opens the path without blocking, then refuses (UserError, exit 1, naming
 the file and `what` it is) anything but a regular file: a FIFO would block the open forever,
 /dev/zero or /dev/urandom would be read until memory runs out. It then reads at most
 `limit` + 1 bytes, so a file that grows meanwhile cannot exceed the limit either.
@@ -31,23 +31,25 @@ _STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)
 def read_regular(path: str | os.PathLike, what: str, limit: int = SMALL) -> bytes:
     """The bytes of `path`, a regular file of at most `limit` bytes; UserError otherwise."""
     path = Path(path)
-    try:
-        st = os.stat(path)
+    try:  # O_NONBLOCK: opening a FIFO returns at once (a plain open would wait for a writer forever)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError as e:
         raise UserError(f"cannot read {what} {path}: {e.strerror or type(e).__name__}",
-                        hint=f"pass the path of an existing {what}") from None
+                        hint=f"pass the path of an existing, readable {what}") from None
+    st = os.fstat(fd)  # of what was opened: no window for a swap after the check
     if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
         raise UserError(f"cannot read {what} {path}: not a regular file (a FIFO, device or directory)",
-                        hint=f"pass the path of a {what} file; tfcompile does not read pipes or devices")
-    if st.st_size > limit:
-        raise UserError(f"{what} {path} is {st.st_size:,} bytes, over the {limit:,}-byte limit",
-                        hint=f"a {what} is far smaller; check the path")
-    try:
-        with open(path, "rb") as f:
+                        hint="pass the path of a regular file; tfcompile does not read pipes or devices")
+    with os.fdopen(fd, "rb") as f:
+        if st.st_size > limit:
+            raise UserError(f"{what} {path} is {st.st_size:,} bytes, over the {limit:,}-byte limit",
+                            hint=f"a {what} is far smaller; check the path")
+        try:
             data = f.read(limit + 1)
-    except OSError as e:
-        raise UserError(f"cannot read {what} {path}: {e.strerror or type(e).__name__}",
-                        hint="check the file's permissions") from None
+        except OSError as e:
+            raise UserError(f"cannot read {what} {path}: {e.strerror or type(e).__name__}",
+                            hint="check the file's permissions") from None
     if len(data) > limit:
         raise UserError(f"{what} {path} grew over the {limit:,}-byte limit while it was read",
                         hint="point at a file nothing is writing to")

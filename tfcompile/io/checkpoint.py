@@ -188,7 +188,13 @@ def read_config(model_dir: Path) -> dict[str, Any]:
         raise CheckpointError(
             f"{model_dir} has no config.json", hint="pass a Hugging Face model directory (saved with save_pretrained)"
         )
-    config = _load_json_object(resolve_in_dir(model_dir, "config.json"))
+    return read_config_file(resolve_in_dir(model_dir, "config.json"), cfg_path)
+
+
+def read_config_file(path: Path, cfg_path: Path | None = None) -> dict[str, Any]:
+    """A config.json file (`cfg_path`: the name errors give it) read bounded and checked as read_config does."""
+    cfg_path = path if cfg_path is None else cfg_path
+    config = _load_json_object(path)
     for key, kind in (("architectures", list), ("model_type", str)):
         value = config.get(key)
         if not isinstance(value, kind) or not value or (kind is list and not all(isinstance(a, str) and a

@@ -29,6 +29,7 @@ import os
 import re
 import shutil
 import socket
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -133,6 +134,28 @@ def sweep_stale_in(parent: Path, prefix: str) -> list[str]:
                          "going on there")
         elif not alive:
             shutil.rmtree(Path(parent) / name, ignore_errors=True)
+    return notes
+
+
+# Working dirs a run makes (each name: prefix + owner token + random): GPTQ's Hessian spill in
+# $TMPDIR, rotate's rotated copy and distill's weights beside OUT (or in $TMPDIR without one)
+WORK_PREFIXES = ("tfcompile-hessians-", ".tfcompile-rotate-", ".tfcompile-distill-")
+
+
+def work_dir(prefix: str, parent: Path | None = None) -> tempfile.TemporaryDirectory:
+    """A working dir `<prefix><owner token>-XXXX` in `parent` (default $TMPDIR), removed on cleanup;
+    if the run is killed, the next run's `sweep_work_dirs` removes it."""
+    assert prefix in WORK_PREFIXES, prefix
+    return tempfile.TemporaryDirectory(prefix=f"{prefix}{owner_token()}-", dir=parent)
+
+
+def sweep_work_dirs(*parents: Path | None) -> list[str]:
+    """Delete the working dirs of dead runs in $TMPDIR and `parents` (OUT's parent); every run does
+    this at its start, whatever it runs. Notes as sweep_stale_in."""
+    notes = []
+    for parent in dict.fromkeys([Path(tempfile.gettempdir()), *(Path(p) for p in parents if p is not None)]):
+        for prefix in WORK_PREFIXES:
+            notes += sweep_stale_in(parent, prefix)
     return notes
 
 

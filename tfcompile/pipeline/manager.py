@@ -22,7 +22,9 @@ from tfcompile.pipeline.recipe import Recipe
 from tfcompile.reporter import NullReporter, Reporter
 
 
-_ENVIRONMENT = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO}
+_ENVIRONMENT = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO,
+                errno.ENAMETOOLONG, errno.ELOOP, errno.EMFILE, errno.ENFILE}
+_PATHS = {errno.ENAMETOOLONG, errno.ELOOP}  # about a path given, read or written
 
 
 class PassFailed(TfcompileError):
@@ -30,7 +32,7 @@ class PassFailed(TfcompileError):
 
     def __init__(self, name: str, before: list[str], inner: BaseException):
         if isinstance(inner, OSError) and inner.errno in _ENVIRONMENT:  # the machine, not a bug: exit 1
-            inner = write_error(inner.filename or "the output", inner)
+            inner = write_error(inner.filename or "the output", inner, "use" if inner.errno in _PATHS else "write")
         msg = str(inner.message if isinstance(inner, TfcompileError) else f"{type(inner).__name__}: {inner}")
         ran = ", ".join(before) or "none"
         super().__init__(f"pass '{name}' failed: {msg} (passes run before it: {ran})",

@@ -109,12 +109,12 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
         raise RecipeError(f"{where}: expected true/false, got {value!r}", hint="use true or false")
     if tp in (int, float):
         try:
-            if isinstance(value, bool):
-                raise ValueError
+            if isinstance(value, bool) or (tp is int and isinstance(value, float) and not value.is_integer()):
+                raise ValueError  # 2.9 for an int is an error, never truncated to 2
             number = tp(value)
         except (TypeError, ValueError, OverflowError):
             raise RecipeError(f"{where}: expected {tp.__name__}, got {str(value)[:40]!r}",
-                              hint=f"give a number for {where}") from None
+                              hint=f"give {'a whole' if tp is int else 'a'} number for {where}") from None
         if isinstance(number, float) and not math.isfinite(number):  # inf / NaN: no option means anything by them
             raise RecipeError(f"{where}: expected a finite {tp.__name__}, got {number!r}",
                               hint=f"give a finite number for {where}")

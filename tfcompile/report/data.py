@@ -9,6 +9,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from tfcompile.artifact.fields import EVAL, TRITON_INDEX as TRITON_FIELDS, check_fields
 from tfcompile.artifact.integrity import canonical_digest
 from tfcompile.artifact.manifest import load_manifest
 from tfcompile.errors import UserError
@@ -35,9 +36,12 @@ def load(artifact: Path, eval_doc: dict | None = None) -> ReportData:
     sizes = {rel: (artifact / rel).stat().st_size for rel in sorted(manifest.get("files", {}))
              if _inside(rel) and (artifact / rel).is_file()}
     evaluation = _merge_eval(manifest.get("eval"), eval_doc)
+    triton = _json(artifact / TRITON_INDEX)
+    if triton is not None:
+        check_fields(triton, TRITON_FIELDS, str(artifact / TRITON_INDEX), "the artifact is damaged or was edited; "
+                     "rebuild it with tfcompile quantize")
     return ReportData(manifest.get("source", {}).get("name") or artifact.name, manifest,
-                      canonical_digest(manifest), sizes, _json(artifact / KV_DESCRIPTOR),
-                      _json(artifact / TRITON_INDEX), evaluation)
+                      canonical_digest(manifest), sizes, _json(artifact / KV_DESCRIPTOR), triton, evaluation)
 
 
 def kv_cache_text(manifest: dict) -> str:
@@ -61,6 +65,7 @@ def load_eval_json(path: Path) -> dict:
     if not isinstance(doc, dict) or not isinstance(doc.get("metrics"), dict) or "gates" not in doc:
         raise UserError(f"--eval {path}: not a `tfcompile eval --json` document (no metrics / gates)",
                         hint=hint)
+    check_fields(doc, EVAL, f"--eval {path}", hint, UserError)
     return doc
 
 

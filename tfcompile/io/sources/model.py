@@ -21,6 +21,7 @@ import torch
 from tfcompile.errors import CheckpointError
 from tfcompile.families.experts import set_expert, set_expert_bias
 from tfcompile.families.names import NameMap
+from tfcompile.io.hf_config import load_hf_config
 from tfcompile.io.sources import READERS, open_source
 
 _EXPERT = re.compile(r"^(?P<parent>.*\.experts)\.(?P<e>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.(?P<leaf>weight|bias)$")
@@ -36,7 +37,7 @@ def load_decoded_model(model_dir: Path, dtype: torch.dtype):
     import transformers  # lazy: transformers (~2 s to import); only when a model is built
 
     source = open_source(model_dir)
-    cfg = transformers.AutoConfig.from_pretrained(model_dir, trust_remote_code=False)
+    cfg = load_hf_config(model_dir)  # CheckpointError for a config transformers cannot read
     if hasattr(cfg, "quantization_config"):
         delattr(cfg, "quantization_config")
     arch = (cfg.architectures or [None])[0]
