@@ -7,7 +7,6 @@ target's own greedy decoding token for token (the oracle: `greedy`, one token pe
 from __future__ import annotations
 
 import pytest
-import torch
 
 from tfcompile.draft.spec import NGramDrafter, Stats, Target, greedy, speculative
 
