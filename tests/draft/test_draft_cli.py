@@ -8,8 +8,10 @@ byte-identical across runs and after an interrupted, resumed run.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
-from conftest import DEMO
+# not `from conftest import DEMO`: under xdist another folder's conftest may own that name
+DEMO = Path(__file__).resolve().parents[2] / "examples" / "demo-lm"
 
 SMALL = ["--steps", "6", "--batch", "2", "--seq-len", "32", "--text-blocks", "8", "--self-blocks", "4",
          "--self-prompt", "8", "--checkpoint-every", "2"]

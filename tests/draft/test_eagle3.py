@@ -9,6 +9,7 @@ the training forward predicts at the same index.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,7 +23,7 @@ from tfcompile.errors import UserError
 def random_draft(tmp_path_factory):
     """An untrained draft of the demo LM's shape, seeded: its attention is not yet saturated (a trained
     tiny draft's often attends one-hot), so a wrong mask or position shows in the logits."""
-    from conftest import DEMO
+    DEMO = Path(__file__).resolve().parents[2] / "examples" / "demo-lm"
     from tfcompile.draft.config import DraftConfig
     from tfcompile.draft.format import speculators_config, write_draft
     from tfcompile.draft.run import _config, build_draft
