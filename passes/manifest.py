@@ -124,7 +124,7 @@ def float_dependent(ctx: Context) -> bool:
     every CPU, and its manifest names none (docs/cli.md "Reproducibility")."""
     names = ctx.recipe.names()
     algorithm = ctx.recipe.config("quantize").algorithm if "quantize" in names else "rtn"
-    return any(n in names for n in FLOAT_PASSES) or algorithm != "rtn" or ctx.calib is not None
+    return any(n in names for n in FLOAT_PASSES) or algorithm != "rtn"  # calib comes only from calibrate
 
 
 def _write(ctx: Context) -> Context:
