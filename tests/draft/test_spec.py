@@ -7,6 +7,7 @@ target's own greedy decoding token for token (the oracle: `greedy`, one token pe
 from __future__ import annotations
 
 import pytest
+import torch
 
 from tfcompile.draft.spec import NGramDrafter, Stats, Target, greedy, speculative
 
@@ -85,3 +86,50 @@ def test_stats_per_position_counts_rounds_that_drafted_that_far():
     st.add(Stats(3, tokens=1, forwards=1, drafted=[1, 0, 0], accepted=[0, 0, 0]))
     assert st.per_position() == [0.5, 1 / 3, 0.0]
     assert Stats(2).per_position() == [None, None]
+
+
+class BatchVariantTarget(Target):
+    """A target whose logits depend on how many positions one forward scores, as a W4A4-emulated
+    model's do (ulp-level differences of the matmul shapes, moved across FP4 rounding boundaries):
+    the next token is a hash of the sequence so far, except that a forward of n > 1 positions
+    sees the runner-up token win at every position whose hash is odd. Its `greedy` (one position
+    per forward) is well defined, and a verifier that scores all drafts in one forward reads other
+    logits than greedy decoding does."""
+
+    V = 50
+
+    def __init__(self):
+        self.seq: list[int] = []
+        self.aux_layers = None
+
+    def reset(self) -> None:
+        self.seq = []
+
+    def crop(self, n: int) -> None:  # what a batched verifier would call
+        del self.seq[n:]
+
+    def forward(self, ids):
+        rows = []
+        for t in ids:
+            self.seq.append(t)
+            h = hash(tuple(self.seq)) % 1000003
+            logit = torch.zeros(self.V)
+            logit[h % self.V], logit[(h // self.V) % self.V] = 1.0, 0.999
+            if len(ids) > 1 and h % 2:  # the batch-shape effect
+                logit[(h // self.V) % self.V] = 1.001
+            rows.append(logit)
+        return torch.stack(rows), None
+
+
+def test_verification_is_exact_on_a_target_that_is_not_batch_invariant():
+    """Drafts from the target's own greedy continuation must all be accepted and the output must
+    be the greedy one, even when one forward over several positions would give other argmaxes."""
+    target = BatchVariantTarget()
+    p = [1, 2, 3, 4]
+    ref = greedy(target, p, 30)
+    full = p + ref
+    out, st = speculative(target, Fixed(lambda seq, k: full[len(seq):len(seq) + k]), p, 30, 4)
+    assert out == ref
+    assert st.per_position()[0] == 1.0  # every oracle draft token accepted
+    out, _ = speculative(target, NGramDrafter(), p, 30, 3)
+    assert out == ref

@@ -1,11 +1,21 @@
-"""The reference speculative decoder: chain drafts of k tokens, greedy verification in one target forward.
+"""The reference speculative decoder: chain drafts of k tokens, greedy verification by the target.
 
-Per round: the drafter proposes up to k tokens after the sequence; the target runs once on
+Per round: the drafter proposes up to k tokens after the sequence; the target scores
 [last token, d_1 .. d_m] with its KV cache; d_1..d_a are accepted while each equals the target's
 argmax at the position before it, then the target's own next token (the "bonus") is appended,
-so a round yields a + 1 tokens for one target forward, and the output is, by construction,
-the target's greedy decoding (tests check it token for token against `greedy`). The KV cache
-is cropped back to the accepted length.
+so a round yields a + 1 tokens for one verification step, and the output is the target's greedy
+decoding (tests check it token for token against `greedy`).
+
+Verification runs the target one position at a time (`verify`), stopping at the first rejected
+draft token: the same sequence of single-token forwards, on the same KV cache, that `greedy`
+runs, so the accepted tokens are the target's greedy ones bit for bit. One forward over all
+m + 1 positions (what an engine does) is not batch-invariant in float arithmetic: its matmul and
+attention shapes differ from decoding's, and the last-ulp differences that leaves are harmless
+for bf16 or weight-only targets but, under W4A4 emulation, move activations across FP4 rounding
+boundaries and changed SmolLM2 nvfp4's greedy tokens (docs/accuracy.md). The figures are those
+of the engine's algorithm all the same: a round counts as one target forward, timed as its
+first single-token forward (a verification step costs about one decode step where decoding is
+memory-bound, as on the GPUs that serve these drafts).
 
 Figures (`Stats`): mean acceptance length = generated tokens / target forwards (prefill not
 counted; 1.0 = no speedup), acceptance per draft position j = rounds whose draft token j was
@@ -54,12 +64,6 @@ class Target:
         if self.aux_layers is not None:
             aux = torch.cat([out.hidden_states[i][0] for i in self.aux_layers], -1).float().cpu()
         return out.logits[0].float().cpu(), aux
-
-    def crop(self, n: int) -> None:
-        """Keep the first n positions of the KV cache (transformers 5.24: crop(-tokens to remove))."""
-        drop = self.cache.get_seq_length() - n
-        if drop > 0:
-            self.cache.crop(-drop)
 
 
 def greedy(target: Target, prompt: list[int], new_tokens: int) -> list[int]:
@@ -115,17 +119,11 @@ def speculative(target: Target, drafter: Drafter, prompt: list[int], new_tokens:
         k_eff = min(k, new_tokens - len(out) - 1)  # never draft past the end
         t1 = time.perf_counter()
         draft = drafter.propose(seq, k_eff)[:k_eff]
-        t2 = time.perf_counter()
-        logits, aux = target.forward([out[-1], *draft])
-        st.target_s += time.perf_counter() - t2
-        st.draft_s += t2 - t1
-        pred = logits.argmax(-1).tolist()  # pred[j]: the target's token after [.., out[-1], d_1..d_j]
-        a = 0
-        while a < len(draft) and draft[a] == pred[a]:
-            a += 1
-        target.crop(len(seq) + a)  # keep the KV of seq and the accepted drafts
-        drafter.verified(None if aux is None else aux[: a + 1])
-        out += draft[:a] + [pred[a]]
+        st.draft_s += time.perf_counter() - t1
+        a, bonus, aux, step_s = verify(target, out[-1], draft)
+        st.target_s += step_s
+        drafter.verified(aux)
+        out += draft[:a] + [bonus]
         st.tokens += a + 1
         st.forwards += 1
         st.proposed += len(draft)
@@ -133,6 +131,26 @@ def speculative(target: Target, drafter: Drafter, prompt: list[int], new_tokens:
             st.drafted[j] += 1
             st.accepted[j] += int(j < a)
     return out, st
+
+
+def verify(target: Target, last: int, draft: list[int]) -> tuple[int, int, torch.Tensor | None, float]:
+    """Score [last, d_1 .. d_m] one position at a time until the target disagrees.
+
+    Returns (a = accepted draft tokens, the target's bonus token after them, the fused hidden
+    states of the a + 1 positions run [a + 1, 3H] or None, seconds of the first forward). The KV
+    cache ends holding exactly the sequence plus the accepted tokens."""
+    auxes, ids, step_s = [], [last, *draft], 0.0
+    for j, tok in enumerate(ids):
+        t0 = time.perf_counter()
+        logits, aux = target.forward([tok])
+        if j == 0:
+            step_s = time.perf_counter() - t0
+        if aux is not None:
+            auxes.append(aux)
+        pred = int(logits[-1].argmax())  # the target's token after [.., last, d_1..d_j]
+        if j == len(draft) or draft[j] != pred:
+            return j, pred, torch.cat(auxes) if auxes else None, step_s
+    raise AssertionError("unreachable: the last position always returns")
 
 
 class NGramDrafter:
