@@ -14,6 +14,7 @@ continuations). Acceptance: tfcompile.draft.acceptance.measure on python-doc hel
 Every speculative output is checked token for token against the target's greedy decoding.
 
     python bench/draft.py [--work DIR] [--steps N] [--prompts N] [--write-docs]
+    python bench/draft.py --ngram-only --only nvfp4 --prompts 4 --new-tokens 48   # exactness, no drafts
 
 writes the "## SmolLM2: speculative drafts (EAGLE-3)" section of docs/accuracy.md with --write-docs.
 """
@@ -70,11 +71,15 @@ def tfcompile(*args) -> tuple[dict, float]:
 def load(): return os.getloadavg()[0]
 
 
-def build(work: Path, smol: Path, steps: int) -> dict:
-    """Artifacts and drafts (kept in work/ between runs); the two drafts train concurrently."""
+def build_targets(work: Path, smol: Path) -> None:
     for fmt in ("nvfp4", "nvfp4a16"):
         if not (work / f"smol-{fmt}").exists():
             tfcompile("quantize", "--format", fmt, smol, "-o", work / f"smol-{fmt}", *(CALIB if fmt == "nvfp4" else []))
+
+
+def build(work: Path, smol: Path, steps: int) -> dict:
+    """Artifacts and drafts (kept in work/ between runs); the two drafts train concurrently."""
+    build_targets(work, smol)
     exe = Path(sys.executable).with_name("tfcompile")
     jobs = {}
     for name, extra in (("draft-bf16", []), ("draft-nvfp4", ["--target-artifact", work / "smol-nvfp4"])):
@@ -110,13 +115,15 @@ def measure_all(work: Path, smol: Path, drafts: dict, prompts: int, new_tokens: 
     from tfcompile.evaluate.text import load_tokenizer
 
     rows = prompts_of(None, load_tokenizer(smol), count=prompts, prompt_len=64, vocab=49152)
+    bf, nv = (None, None) if drafts is None else (drafts["draft-bf16"]["path"], drafts["draft-nvfp4"]["path"])
     cases = [("a", "n-gram", "bf16", smol, "ngram"),
-             ("b", "EAGLE-3 trained vs bf16", "bf16", smol, drafts["draft-bf16"]["path"]),
+             ("b", "EAGLE-3 trained vs bf16", "bf16", smol, bf),
              ("a", "n-gram", "nvfp4", work / "smol-nvfp4", "ngram"),
-             ("c", "EAGLE-3 trained vs bf16", "nvfp4", work / "smol-nvfp4", drafts["draft-bf16"]["path"]),
-             ("d", "EAGLE-3 trained vs nvfp4 served", "nvfp4", work / "smol-nvfp4", drafts["draft-nvfp4"]["path"]),
+             ("c", "EAGLE-3 trained vs bf16", "nvfp4", work / "smol-nvfp4", bf),
+             ("d", "EAGLE-3 trained vs nvfp4 served", "nvfp4", work / "smol-nvfp4", nv),
              ("a", "n-gram", "nvfp4a16", work / "smol-nvfp4a16", "ngram"),
-             ("c", "EAGLE-3 trained vs bf16", "nvfp4a16", work / "smol-nvfp4a16", drafts["draft-bf16"]["path"])]
+             ("c", "EAGLE-3 trained vs bf16", "nvfp4a16", work / "smol-nvfp4a16", bf)]
+    cases = [c for c in cases if c[4] is not None]  # drafts None: the n-gram rows only (--ngram-only)
     out, models, refs = [], {}, {}
     for case, drafter, served, path, spec in cases:
         if only and served not in only:
@@ -176,11 +183,17 @@ def main() -> None:
     ap.add_argument("--only", nargs="+", default=(), choices=("bf16", "nvfp4", "nvfp4a16"),
                     help="measure these served targets only (results-<target>.json; run several at once)")
     ap.add_argument("--render", action="store_true", help="assemble the results-*.json of --only runs")
+    ap.add_argument("--ngram-only", action="store_true",
+                    help="no drafts: the n-gram rows only, exactness included (prints JSON lines, writes no docs)")
     args = ap.parse_args()
     from tfcompile.fixtures.smollm2 import smollm2_checkpoint
 
     smol = Path(smollm2_checkpoint())
     args.work.mkdir(parents=True, exist_ok=True)
+    if args.ngram_only:
+        build_targets(args.work, smol)
+        measure_all(args.work, smol, None, args.prompts, args.new_tokens, tuple(args.only))
+        return
     drafts = build(args.work, smol, args.steps)
     if args.render:
         order = {"bf16": 0, "nvfp4": 1, "nvfp4a16": 2}

@@ -112,7 +112,7 @@ def _when(sel: Selection) -> bool:
 
 
 @register_pass("calibrate", config=CalibrateConfig, requires=("source", "model", "plan"),
-               produces=("calib",), slot=30, when=_when)
+               produces=("calib",), when=_when)
 def calibrate(ctx, cfg: CalibrateConfig, reporter) -> PassResult:
     """Observe |x| at every quantized Linear's input (calibrate.observer; calibrate.data, default auto).
     The model is read from ctx.source's directory: the source, or what `rotate` made of it."""

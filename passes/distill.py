@@ -43,7 +43,7 @@ def _supports(recipe: Recipe, cfg: DistillConfig) -> list[Unsupported]:
 
 
 @register_pass("distill", config=DistillConfig, requires=("source", "model", "plan", "program"),
-               produces=("source",), supports=_supports, slot=50, when=given("distill"))
+               produces=("source",), supports=_supports, when=given("distill"))
 def distill(ctx, cfg: DistillConfig, reporter) -> PassResult:
     """Train the fake-quantized student against the original model; pack then packs its weights."""
     if ctx.program.algorithm != "rtn":

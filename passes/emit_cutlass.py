@@ -2,8 +2,8 @@
 
 Scheduled by `--cutlass auto` or any `emit_cutlass` setting (`--set emit_cutlass.compile=auto`, a recipe's
 `[passes.emit_cutlass]`), with the targets and tuning table of `--target` (emit.targets,
-emit.tuning) unless its own settings name others. Its slot is after `manifest` and before
-`verify` (which checks every checksum it adds); it returns what it generated and whether
+emit.tuning) unless its own settings name others. Its place in the standard order
+(passes/builtin.py) is after `manifest` and before `verify` (which checks every checksum it adds); it returns what it generated and whether
 nvcc compiled it (`ctx.cutlass`, the manifest's "cutlass" section) with its files, and the
 manifest, written after the last pass, records both.
 
@@ -92,7 +92,7 @@ def _implies(settings: Settings) -> dict:
 
 
 @register_pass("emit_cutlass", config=EmitCutlassConfig, requires=("plan", "artifact", "out_dir"),
-               produces=("artifact", "cutlass"), supports=_supports, slot=100, when=given("emit_cutlass"),
+               produces=("artifact", "cutlass"), supports=_supports, when=given("emit_cutlass"),
                implies=_implies)
 def emit_cutlass(ctx, cfg: EmitCutlassConfig, reporter) -> PassResult:
     """Generate and compile the CUTLASS GEMMs per target and tile config into kernels/<target>/cutlass/."""

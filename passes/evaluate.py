@@ -68,7 +68,7 @@ def _supports(recipe: Recipe, cfg: EvalConfig) -> list[Unsupported]:
 
 
 @register_pass("eval", config=EvalConfig, requires=("source_path", "manifest", "out_dir"),
-               produces=("evaluation",), supports=_supports, slot=120, when=given("eval"))
+               produces=("evaluation",), supports=_supports, when=given("eval"))
 def evaluate_artifact(ctx, cfg: EvalConfig, reporter) -> PassResult:
     """Evaluate the staged artifact against the source; the manifest records the figures."""
     doc = evaluate(Path(ctx.out_dir), Path(ctx.source_path),

@@ -104,7 +104,7 @@ def _supports(recipe: Recipe, cfg: LayoutConfig) -> list[Unsupported]:
 
 
 @register_pass("layout", config=LayoutConfig, requires=("source", "model", "plan"), produces=("layout",),
-               supports=_supports, slot=20, when=given("layout"))
+               supports=_supports, when=given("layout"))
 def layout(ctx, cfg: LayoutConfig, reporter) -> PassResult:
     """Validate the target layout and plan fusions, RoPE order and TP head grouping."""
     rules, warnings = _static_checks(ctx.recipe, cfg)

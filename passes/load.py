@@ -18,7 +18,7 @@ class LoadConfig:
     allow_unknown_architecture: bool = False
 
 
-@register_pass("load", config=LoadConfig, requires=("source_path",), produces=("source", "model"), slot=0)
+@register_pass("load", config=LoadConfig, requires=("source_path",), produces=("source", "model"))
 def load(ctx, cfg: LoadConfig, reporter) -> PassResult:
     """Open the checkpoint memory-mapped; no tensor is read yet. A published quantized checkpoint
     (DeepSeek FP8-block, GPT-OSS MXFP4, compressed-tensors) reads as the bf16 model it encodes,

@@ -78,7 +78,7 @@ def _supports(recipe: Recipe, cfg: MixedConfig) -> list[Unsupported]:
 
 
 @register_pass("mixed", config=MixedConfig, requires=("source", "model", "plan"), produces=("plan",),
-               supports=_supports, slot=15, when=given("mixed"))
+               supports=_supports, when=given("mixed"))
 def mixed(ctx, cfg: MixedConfig, reporter) -> PassResult:
     """Measure each group's sensitivity per format and pick formats under the budget."""
     plan = ctx.plan

@@ -63,7 +63,7 @@ def _supports(recipe: Recipe, cfg: PackConfig) -> list[Unsupported]:
 
 
 @register_pass("pack", config=PackConfig, requires=("source", "model", "plan", "program", "out_dir"),
-               produces=("artifact",), supports=_supports, slot=60)
+               produces=("artifact",), supports=_supports)
 def pack(ctx, cfg: PackConfig, reporter) -> PassResult:
     """Quantize job by job and stream the safetensors shards of every view."""
     out, program = Path(ctx.out_dir), ctx.program

@@ -1,6 +1,6 @@
 """`report`: write the artifact's HTML report into it (`tfcompile quantize --report`).
 
-Scheduled by `--report` (any `report` setting: `when`), last (`slot`). The page is built from
+Scheduled by `--report` (any `report` setting: `when`), last (passes/builtin.py STANDARD). The page is built from
 the manifest as written, so it is written in the pass's `finish`, after the manifest pass's
 (finish hooks run in schedule order, after the last pass): OUT/tfcompile/report.html, beside
 manifest.json; the page quotes the manifest's integrity digest, and its own sha256 is then
@@ -39,7 +39,7 @@ def _write(ctx: Context) -> Context:
     return ctx.with_(pass_stats=stats)
 
 
-@register_pass("report", config=ReportConfig, requires=("manifest", "out_dir"), slot=130,
+@register_pass("report", config=ReportConfig, requires=("manifest", "out_dir"),
                when=given("report"), implies=_implies, finish=_write)
 def report(ctx, cfg: ReportConfig, reporter) -> PassResult:
     """Write OUT/tfcompile/report.html from the manifest (and the eval figures), after it is written."""

@@ -64,7 +64,7 @@ def _supports(recipe: Recipe, cfg: RotateConfig) -> list[Unsupported]:
 
 
 @register_pass("rotate", config=RotateConfig, requires=("source", "model"), produces=("source", "model"),
-               supports=_supports, slot=5, when=given("rotate"))
+               supports=_supports, when=given("rotate"))
 def rotate(ctx, cfg: RotateConfig, reporter) -> PassResult:
     """Fuse a residual-stream (and per-head) rotation into the weights; later passes see the result."""
     src = ctx.source

@@ -72,7 +72,7 @@ def _supports(recipe: Recipe, cfg: SelectConfig) -> list[Unsupported]:
 
 
 @register_pass("select", config=SelectConfig, requires=("source", "model"), produces=("plan",),
-               supports=_supports, slot=10)
+               supports=_supports)
 def select(ctx, cfg: SelectConfig, reporter) -> PassResult:
     """Choose the Linear weights to quantize and group the ones engines fuse."""
     scheme = get_scheme(cfg.format)

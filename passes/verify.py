@@ -21,7 +21,7 @@ class VerifyConfig:
     block_scales: bool = False  # read back per-block scales (pack checked them before writing)
 
 
-@register_pass("verify", config=VerifyConfig, requires=("manifest", "out_dir"), produces=("verify",), slot=110)
+@register_pass("verify", config=VerifyConfig, requires=("manifest", "out_dir"), produces=("verify",))
 def verify(ctx, cfg: VerifyConfig, reporter) -> PassResult:
     """Check checksums, layers, shapes, scales and shared global scales."""
     report = verify_artifact(ctx.out_dir, checksums=cfg.checksums, config_shapes=cfg.config_shapes,

@@ -73,7 +73,7 @@ def _implies(settings: dict) -> dict:
 
 
 @register_pass("quantize", config=QuantizeConfig, requires=("source", "model", "plan"), produces=("program",),
-               supports=_supports, slot=40, implies=_implies)
+               supports=_supports, implies=_implies)
 def quantize(ctx, cfg: QuantizeConfig, reporter) -> PassResult:
     """Plan every output tensor (names, dtypes, shapes); pack computes them with quantize.algorithm."""
     plan, model_dtype = ctx.plan, torch_dtype(ctx.model.dtype)

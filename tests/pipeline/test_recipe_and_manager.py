@@ -152,17 +152,20 @@ def test_validate_reports_every_reason_at_once():
 
 
 def test_a_pass_declares_when_the_standard_pipeline_runs_it():
-    """The docs/design.md worked example: a new pass is one registration; its slot and `when`
-    place it, its `implies` schedules what it needs, and no table elsewhere changes."""
-    from tfcompile.pipeline.passes import given
+    """The docs/design.md worked example: a new pass is one registration and its name in the
+    standard schedule's list; its `when` decides whether a run schedules it, its `implies`
+    schedules what it needs, and no table elsewhere changes."""
+    from tfcompile.pipeline.passes import SCHEDULE, given
 
     @dataclass(frozen=True)
     class _PruneCfg:
         threshold: float = 0.0
 
     REGISTRY["_t_prune"] = PassSpec("_t_prune", _PruneCfg, frozenset({"program"}), frozenset({"program"}),
-                                    lambda c, cfg, r: PassResult(c), "", slot=45, when=given("_t_prune"),
+                                    lambda c, cfg, r: PassResult(c), "", when=given("_t_prune"),
                                     implies=lambda s: {"calibrate": {"hessian": True}} if "_t_prune" in s else {})
+    saved = list(SCHEDULE)
+    SCHEDULE.insert(SCHEDULE.index("quantize") + 1, "_t_prune")  # passes/builtin.py's STANDARD list
     try:
         assert "_t_prune" not in build_recipe(fmt="nvfp4a16").names()
         r = build_recipe(fmt="nvfp4a16", sets=["_t_prune.threshold=0.01"])
@@ -173,6 +176,7 @@ def test_a_pass_declares_when_the_standard_pipeline_runs_it():
         manager.validate(r)
     finally:
         REGISTRY.pop("_t_prune")
+        SCHEDULE[:] = saved
 
 
 def test_cli_options_build_the_same_recipe_as_settings():
@@ -189,3 +193,15 @@ def test_cli_options_build_the_same_recipe_as_settings():
     assert run.to_recipe() == via_sets
     assert via_sets.config("emit_cutlass").targets == ("sm_90a",)  # taken from --target
     assert RunOptions().to_recipe().format == "nvfp4"  # neither --format nor --recipe
+
+
+def test_the_standard_schedule_is_one_list_naming_every_builtin_pass_once():
+    """passes/builtin.py's STANDARD is the one place of the standard order (issue 25): every
+    built-in pass is in it once, and the presets schedule passes in its order."""
+    from tfcompile.passes.builtin import STANDARD
+    from tfcompile.pipeline.passes import SCHEDULE
+
+    assert list(STANDARD) == list(SCHEDULE) and len(set(STANDARD)) == len(STANDARD)
+    assert set(STANDARD) == {n for n in REGISTRY if not n.startswith("_t_")}
+    names = build_recipe(fmt="nvfp4", sets=["eval.max_kl=1", "rotate.kind=hadamard"]).names()
+    assert list(names) == [n for n in STANDARD if n in names] and "rotate" in names and "eval" in names

@@ -7,9 +7,10 @@ runs and touch no globals; the registry maps names to specs. It is filled by
 importing the pass modules (`tfcompile.passes.builtin`), which the entry points
 (tfcompile.api, the CLI) do; the pipeline core imports no pass.
 
-Each pass also declares when the standard pipeline (`tfcompile quantize`, `distill`)
-schedules it, so no central table decides:
-- `slot`: its position in the standard pipeline (None: only in a recipe's explicit list);
+The standard pipeline (`tfcompile quantize`, `distill`) is one ordered list of pass names,
+`SCHEDULE`, set by whoever registers the passes (`tfcompile.passes.builtin.STANDARD`; the core
+names no pass); a registered pass missing from it runs only in a recipe's explicit list.
+Each pass declares whether the standard pipeline runs it:
 - `when(selection)`: whether it runs, from the format and the settings given
   (None: always);
 - `implies(settings)`: settings it needs in other passes (GPTQ's Hessians from
@@ -82,18 +83,26 @@ class PassSpec:
     run: RunFn
     doc: str
     supports: SupportsFn | None = None
-    slot: int | None = None  # position in the standard pipeline; None: never scheduled by it
     when: WhenFn | None = None  # None: every standard pipeline runs it
     implies: ImpliesFn | None = None
     finish: FinishFn | None = None  # called with the final context after the last pass
 
 
 REGISTRY: dict[str, PassSpec] = {}
+SCHEDULE: list[str] = []  # the standard pipeline's order (set_schedule); names, not specs
+
+
+def set_schedule(names) -> None:
+    """Set the standard pipeline's order: every name a registered pass, each once."""
+    names = list(names)
+    unknown = [n for n in names if n not in REGISTRY]
+    if unknown or len(set(names)) != len(names):
+        raise ValueError(f"schedule names unregistered or repeated passes: {unknown or names}")
+    SCHEDULE[:] = names
 
 
 def register_pass(name: str, *, config: type, requires=(), produces=(), supports: SupportsFn | None = None,
-                  slot: int | None = None, when: WhenFn | None = None, implies: ImpliesFn | None = None,
-                  finish: FinishFn | None = None):
+                  when: WhenFn | None = None, implies: ImpliesFn | None = None, finish: FinishFn | None = None):
     """Decorator: register `run` as pass `name`. Field names are checked here."""
     req, prod = frozenset(requires), frozenset(produces)
     bad = (req | prod) - FIELDS
@@ -106,7 +115,7 @@ def register_pass(name: str, *, config: type, requires=(), produces=(), supports
         if name in REGISTRY:
             raise ValueError(f"pass {name!r} registered twice")
         doc = (fn.__doc__ or "").strip().splitlines()[0] if fn.__doc__ else ""
-        REGISTRY[name] = PassSpec(name, config, req, prod, fn, doc, supports, slot, when, implies, finish)
+        REGISTRY[name] = PassSpec(name, config, req, prod, fn, doc, supports, when, implies, finish)
         return fn
 
     return wrap

@@ -1,8 +1,9 @@
 """Build a Recipe from presets, a recipe file and CLI edits (one code path).
 
-Presets < recipe file < CLI options < --set; then --skip / --until. Which passes the
-standard pipeline of a format runs is declared by the passes themselves (their `slot`,
-`when` and `implies`, tfcompile/pipeline/passes.py): `preset_pipeline` only asks them.
+Presets < recipe file < CLI options < --set; then --skip / --until. The standard pipeline's
+order is one list (`pipeline.passes.SCHEDULE`, set by tfcompile/passes/builtin.py); which of
+its passes a format runs is declared by the passes themselves (their `when` and `implies`,
+tfcompile/pipeline/passes.py): `preset_pipeline` only asks them.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any, Iterable, Mapping
 
 from tfcompile.errors import RecipeError
 from tfcompile.io.bounded import MAX_DEPTH, json_depth, read_regular
-from tfcompile.pipeline.passes import REGISTRY, Selection, Settings, get_pass
+from tfcompile.pipeline.passes import REGISTRY, SCHEDULE, Selection, Settings, get_pass
 from tfcompile.pipeline.recipe import RECIPE_VERSION, PassEntry, Recipe, build_config
 from tfcompile.schemes import get_scheme
 
@@ -33,13 +34,13 @@ def implied_settings(settings: Settings) -> dict[str, dict[str, Any]]:
 def preset_pipeline(fmt: str, settings: Settings | None = None) -> list[str]:
     """The pass list `tfcompile quantize --format FMT` runs with these settings (pass -> {field:
     value} given; e.g. {"calibrate": {"kv_cache": "fp8"}} for --kv-cache fp8): every registered
-    pass with a slot whose `when` holds, or that another pass's settings imply, in slot order."""
+    pass of the standard schedule (`pipeline.passes.SCHEDULE`) whose `when` holds, or that another
+    pass's settings imply, in the schedule's order."""
     settings = dict(settings or {})
     implied = implied_settings(settings)
     sel = Selection(get_scheme(fmt), {**settings, **{n: {**v, **settings.get(n, {})} for n, v in implied.items()}})
-    specs = [s for s in REGISTRY.values() if s.slot is not None]
-    chosen = [s for s in specs if s.name in implied or s.when is None or s.when(sel)]
-    return [s.name for s in sorted(chosen, key=lambda s: s.slot)]
+    specs = [REGISTRY[n] for n in SCHEDULE]
+    return [s.name for s in specs if s.name in implied or s.when is None or s.when(sel)]
 
 
 def load_recipe_file(path: Path) -> dict:
