@@ -13,7 +13,6 @@ import importlib
 from dataclasses import dataclass
 
 import click
-from click.utils import make_default_short_help
 
 
 @dataclass(frozen=True)
@@ -68,7 +67,8 @@ class LazyGroup(click.Group):
         if not names:
             return
         limit = formatter.width - 6 - max(len(n) for n in names)
-        rows = [(n, make_default_short_help(self._short_help(ctx, n), limit)) for n in names]
+        # a stand-in command truncates the table's text as click truncates the command's own
+        rows = [(n, click.Command(n, help=self._short_help(ctx, n)).get_short_help_str(limit)) for n in names]
         with formatter.section("Commands"):
             formatter.write_dl(rows)
 
