@@ -90,3 +90,56 @@ def test_unknown_command_is_a_usage_error(capsys):
     assert main(["quantise"]) == 2
     err = capsys.readouterr().err
     assert "No such command 'quantise'" in err and "hint: run `tfcompile --help`" in err
+
+
+def _tiny_llama(path, **config) -> None:
+    """A 2-layer Llama checkpoint (random bf16 weights), built here from the shapes transformers gives."""
+    from safetensors.torch import save_file
+
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 96,
+           "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128, **config}
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig.from_dict(cfg))
+    path.mkdir()
+    save_file({n: torch.randn(t.shape).to(torch.bfloat16) for n, t in model.state_dict().items()},
+              str(path / "model.safetensors"))
+    (path / "config.json").write_text(json.dumps(cfg))
+
+
+CHECK = """
+import json, sys
+from tfcompile.checkpoint_check import check_checkpoint, checkpoint_tensors
+from tfcompile.io.checkpoint import open_checkpoint
+ckpt = open_checkpoint(sys.argv[1])
+try:
+    verdict = check_checkpoint(ckpt.config, checkpoint_tensors(ckpt), where=str(ckpt.path))
+except Exception as e:
+    verdict = type(e).__name__
+modeling = sorted(m for m in sys.modules if m.startswith("transformers.models.") and ".modeling_" in m)
+print(json.dumps({"verdict": verdict, "modeling": modeling, "transformers": "transformers" in sys.modules}))
+"""
+
+
+def _check_in_fresh_process(path) -> dict:
+    out = subprocess.run([sys.executable, "-c", CHECK, str(path)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+def test_checkpoint_check_of_a_dense_llama_imports_no_modeling_module(tmp_path):
+    _tiny_llama(tmp_path / "m")
+    doc = _check_in_fresh_process(tmp_path / "m")
+    assert doc == {"verdict": None, "modeling": [], "transformers": False}
+
+
+def test_a_mismatch_is_still_named_by_transformers_loader(tmp_path):
+    """The fast path only accepts; a checkpoint off the table goes to the meta model (and is refused)."""
+    _tiny_llama(tmp_path / "m")
+    cfg = json.loads((tmp_path / "m" / "config.json").read_text())
+    (tmp_path / "m" / "config.json").write_text(json.dumps({**cfg, "intermediate_size": 80}))
+    doc = _check_in_fresh_process(tmp_path / "m")
+    assert doc["verdict"] == "CheckpointError"
+    assert "transformers.models.llama.modeling_llama" in doc["modeling"]
