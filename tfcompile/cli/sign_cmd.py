@@ -32,11 +32,11 @@ def sign_cmd(artifact, key, as_json):
 
     The artifact is checked first (manifest integrity, paths, no unlisted files, checksums):
     a signature vouches for what is there, so a damaged artifact is refused (exit 1)."""
-    from tfcompile.artifact.verify import VerifyReport, check_files  # lazy: verify.py imports torch
-
     private = load_private_key(key)
     check_in_place(artifact, SIGNATURE)  # never into a Hugging Face cache
     doc = load_manifest(artifact)
+    from tfcompile.artifact.verify import VerifyReport, check_files  # lazy: verify.py imports torch
+
     rep = VerifyReport(str(artifact))
     check_files(Path(artifact), doc, rep)
     bad = [c for c in rep.failures() if c["check"] != "signature"]
