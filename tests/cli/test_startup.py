@@ -9,6 +9,7 @@ import importlib
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import click
 import pytest
@@ -31,6 +32,11 @@ with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.St
         codes[name + " --help"] = main([name, "--help"])
         codes[name + " --no-such-option"] = main([name, "--no-such-option"])
         codes[name] = main([name]) if name not in ("plan",) else 2
+    # user errors found from the arguments alone (exit 1), before any heavy import
+    codes["unknown format"] = main(["quantize", "examples/demo-lm", "-o", "/nonexistent/out", "--format", "nvfp4x"])
+    codes["plan unknown format"] = main(["plan", "--format", "nvfp4x"])
+    codes["verify a non-artifact"] = main(["verify", "/nonexistent"])
+    codes["inspect a non-artifact"] = main(["inspect", "/nonexistent"])
 heavy = sorted(m for m in sys.modules if m.split(".")[0] in HEAVY_TOP or m in HEAVY)
 print(json.dumps({"codes": codes, "heavy": heavy}))
 """
@@ -38,7 +44,8 @@ print(json.dumps({"codes": codes, "heavy": heavy}))
 
 def _probe(code: str) -> dict:
     prelude = f"HEAVY = {HEAVY!r}\nHEAVY_TOP = {tuple(h for h in HEAVY if '.' not in h)!r}\n"
-    out = subprocess.run([sys.executable, "-c", prelude + code], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", prelude + code], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parents[2])  # the repo root: examples/demo-lm
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.splitlines()[-1])
 
@@ -60,6 +67,8 @@ def test_help_and_usage_errors_load_no_heavy_package():
         assert codes[f"{name} --no-such-option"] == 2, name  # click's usage error: exit 2
     # commands with a required argument fail as usage errors too (plan's MODEL is optional)
     assert {n: codes[n] for n in COMMANDS} == {n: 2 for n in COMMANDS}
+    assert [codes[k] for k in ("unknown format", "plan unknown format", "verify a non-artifact",
+                               "inspect a non-artifact")] == [1, 1, 1, 1]
 
 
 @pytest.mark.parametrize("name", sorted(COMMANDS))
