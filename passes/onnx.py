@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from tfcompile.io.oserrors import write_error
-from tfcompile.onnx_export import DEFAULT_OPSET, ArtifactView, OnnxExportConfig, export_onnx
-from tfcompile.onnx_export.source import check_scheme, read_config
+from tfcompile.onnx_export.config import DEFAULT_OPSET, OnnxExportConfig
+from tfcompile.onnx_export.source import ArtifactView, check_scheme, read_config
 from tfcompile.pipeline.passes import PassResult, Unsupported, check, given, register_pass
 from tfcompile.pipeline.recipe import Recipe
 from tfcompile.schemes import get_scheme
@@ -52,6 +52,8 @@ def onnx_export(ctx, cfg: OnnxConfig, reporter) -> PassResult:
                         tuple(ctx.program.kv_modules))
     target = out_dir / cfg.path
     target.parent.mkdir(parents=True, exist_ok=True)
+    from tfcompile.onnx_export.export import export_onnx  # lazy: onnx (~1 s), only when the pass runs
+
     try:
         res = export_onnx(view, target, _export_config(cfg), reporter)
     except OSError as e:  # disk full, permissions: a user error naming the file

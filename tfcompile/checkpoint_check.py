@@ -21,6 +21,14 @@ tensor is not BF16/F16/F32. Any of them fails the run with one summary.
 
 An architecture transformers does not have cannot be checked; it is refused
 unless the user passes `--allow-unknown-architecture` (`load.allow_unknown_architecture`).
+
+Plain dense decoders (Llama, Mistral, Qwen2, Qwen3: tfcompile/families/dense.py) are checked first
+from config.json and the headers alone, without importing transformers' modeling module (~3-6 s):
+a checkpoint that is exactly the parameter table passes there. The meta model is still built
+(a) for every other architecture (MoE experts and their fusions, tied or renamed keys, VLMs:
+transformers' conversion mapping is the rule), (b) when the table does not match, so the error
+names what transformers' own loader finds, and (c) in verify's and plan's config checks
+(artifact/shapes.py, estimate/shapes.py), which read module shapes from it.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ import torch
 
 from tfcompile.errors import CheckpointError
 from tfcompile.families import V5, family_of
+from tfcompile.families.dense import dense_spec, matches
 from tfcompile.families.experts import PROJS, fuse_bias, fuse_weight
 from tfcompile.io.dtypes import code_of, torch_dtype_of
 
@@ -173,6 +182,8 @@ def check_checkpoint(config: dict, tensors: dict[str, tuple[torch.dtype, tuple[i
     """Raise CheckpointError unless `tensors` is exactly the model `config` describes.
 
     Returns a warning for an unknown architecture allowed by `allow_unknown` (None otherwise)."""
+    if _fits_dense_spec(config, tensors):
+        return None  # config.json and the headers suffice: no transformers import
     model = build_meta_model(config, f"{where}/config.json")
     arch = config["architectures"][0]
     if model is None:
@@ -192,6 +203,13 @@ def check_checkpoint(config: dict, tensors: dict[str, tuple[torch.dtype, tuple[i
                               hint="the checkpoint is incomplete or config.json does not describe it; re-download "
                                    "it or fix config.json (tfcompile never quantizes a partial model)")
     return None
+
+
+def _fits_dense_spec(config: dict, tensors: dict[str, tuple[torch.dtype, tuple[int, ...]]]) -> bool:
+    """Exactly the plain dense decoder config.json describes, every tensor BF16/F16/F32 (all are parameters)."""
+    spec = dense_spec(config)
+    return spec is not None and all(dtype in FLOAT_DTYPES for dtype, _ in tensors.values()) \
+        and matches(spec, {name: shape for name, (_, shape) in tensors.items()})
 
 
 _EXPERT = re.compile(r"^(?P<base>.*\.experts)\.(?P<e>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.(?P<leaf>weight|bias)$")

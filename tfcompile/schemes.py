@@ -9,9 +9,12 @@ presets (`NVFP4` is W4A4, `NVFP4A16` weight-only, ...) so users recognise them.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from tfcompile.errors import RecipeError
-from tfcompile.kernels.formats.quantizer import ActQuantizer, WeightQuantizer, act_quantizer, weight_quantizer
+
+if TYPE_CHECKING:  # the table itself is read at CLI start-up and by the manifest check, without torch
+    from tfcompile.kernels.formats.quantizer import ActQuantizer, WeightQuantizer
 
 
 @dataclass(frozen=True)
@@ -30,11 +33,15 @@ class Scheme:
     @property
     def weights(self) -> WeightQuantizer:
         """The weight format's quantizer (tfcompile.kernels.formats.quantizer)."""
+        from tfcompile.kernels.formats.quantizer import weight_quantizer  # lazy: kernels.formats imports torch
+
         return weight_quantizer(self.weight, self.granularity, self.block)
 
     @property
     def acts(self) -> ActQuantizer | None:
         """The activation quantizer; None for weight-only schemes."""
+        from tfcompile.kernels.formats.quantizer import act_quantizer  # lazy: kernels.formats imports torch
+
         return act_quantizer(self.act)
 
     @property

@@ -9,8 +9,6 @@ import click
 
 from tfcompile.cli.model_ref import resolve_params
 from tfcompile.cli.output import RichReporter, emit_json, rank_output
-from tfcompile.draft.config import DraftConfig
-from tfcompile.draft.run import run_draft
 
 
 def _ints(value: str | None) -> tuple[int, ...]:
@@ -57,6 +55,10 @@ def draft_cmd(model, out, target_artifact, revision, method, steps, batch, seq_l
               self_prompt, ttt_steps, draft_vocab, aux_layers, lr, seed, resume_dir, checkpoint_every, metrics, device, overwrite,
               as_json, quiet):
     """Train an EAGLE-3 draft for MODEL (or for --target-artifact as served) and write OUT."""
+    # lazy: the draft model and its training import torch and transformers; --help and usage errors must not
+    from tfcompile.draft.config import DraftConfig
+    from tfcompile.draft.run import run_draft
+
     paths = {"model": model, "quiet": quiet}
     resolve_params(paths, ("model",), revision)
     cfg = DraftConfig(method=method, steps=steps, batch=batch, seq_len=seq_len, data=data, text_blocks=text_blocks,

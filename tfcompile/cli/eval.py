@@ -8,14 +8,13 @@ import click
 from rich.table import Table
 
 from tfcompile.artifact.manifest import MANIFEST, load_manifest
-from tfcompile.artifact.verify import VerifyReport, check_files
 from tfcompile.cli.model_ref import resolve_params
 from tfcompile.cli.output import RichReporter, emit_json, rank_output
 from tfcompile.dist import current
 from tfcompile.dist.failure import supervise
 from tfcompile.errors import VerifyError
-from tfcompile.evaluate import evaluate, gate_error
-from tfcompile.evaluate.kvcache import KV_MODES, describe
+from tfcompile.evaluate import gate_error
+from tfcompile.evaluate.kvtext import KV_MODES, describe
 
 
 def _fmt(v, spec: str = ".4f") -> str:
@@ -112,6 +111,8 @@ def eval_cmd(model, reference, revision, text, max_tokens, seq_len, batch_size, 
         check_artifact_files(Path(model))
     console, quiet, as_json = rank_output(quiet, as_json)
     reporter = RichReporter(console, quiet=quiet)
+    from tfcompile.evaluate.runner import evaluate  # lazy: torch and transformers, only when the command runs
+
     world = current()
     world.begin_run()
     with supervise(world):
@@ -177,6 +178,8 @@ def check_artifact_files(path: Path) -> None:
     """VerifyError unless an artifact's files are those its manifest lists (a checkpoint passes)."""
     if not (path / MANIFEST).exists() and not (path / MANIFEST).is_symlink():
         return  # a plain checkpoint: nothing to check against
+    from tfcompile.artifact.verify import VerifyReport, check_files  # lazy: verify.py imports torch
+
     rep = VerifyReport(str(path))
     check_files(path, load_manifest(path), rep)
     bad = rep.failures()

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from tfcompile.cli.output import emit_json, stderr_console
+from tfcompile.onnx_export.config import DEFAULT_OPSET, OnnxExportConfig
 
 
 @click.command("export-onnx")
@@ -26,9 +27,9 @@ def export_onnx(artifact: Path, out: Path, opset: int | None, external_data: str
     """Export ARTIFACT (or a plain checkpoint) as ONNX with quantize/dequantize nodes.
 
     Prints `SHA256  FILE` per file written on stdout (sha256sum's format), or JSON with --json."""
-    # lazy: onnx (~1 s to import); only this command (and the onnx pass) needs it
-    from tfcompile.onnx_export import (DEFAULT_OPSET, OnnxExportConfig,
-                                       export_to_path, view_from_path)
+    # lazy: onnx (~1 s to import) and torch; only this command (and the onnx pass) needs them
+    from tfcompile.onnx_export.export import export_to_path
+    from tfcompile.onnx_export.source import view_from_path
 
     view = view_from_path(artifact)
     cfg = OnnxExportConfig(opset=DEFAULT_OPSET if opset is None else opset, external_data=external_data)

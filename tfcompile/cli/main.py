@@ -1,6 +1,7 @@
 """`tfcompile` command line. Exit codes: 0 ok, 1 user error or failed check, 2 usage/internal.
 
-The group and the error handling; each command is its own module (tfcompile/cli/<command>.py)
+The group and the error handling; each command is its own module (tfcompile/cli/<command>.py),
+imported only when that command is named (tfcompile/cli/lazy.py: `--help` lists them from a table),
 and takes its options through the shared groups of tfcompile/cli/options.py.
 """
 
@@ -12,31 +13,17 @@ import traceback
 import click
 
 from tfcompile import __version__
-from tfcompile.cli.distill import distill
-from tfcompile.cli.draft_cmd import draft_cmd
-from tfcompile.cli.eval import eval_cmd
-from tfcompile.cli.export_onnx import export_onnx
-from tfcompile.cli.inspect import inspect
-from tfcompile.cli.plan import plan
-from tfcompile.cli.quantize import quantize
-from tfcompile.cli.report_cmd import report_cmd
-from tfcompile.cli.sign_cmd import sign_cmd
-from tfcompile.cli.tune import tune
-from tfcompile.cli.verify import verify
+from tfcompile.cli.lazy import LazyGroup
 from tfcompile.errors import TfcompileError
 from tfcompile.io.signals import Terminated, handle_signals
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "TFCOMPILE"}
 
 
-@click.group(context_settings=CONTEXT)
+@click.group(cls=LazyGroup, context_settings=CONTEXT)
 @click.version_option(__version__, prog_name="tfcompile")
 def cli() -> None:
     """Compress and compile LLM checkpoints into packed low-precision artifacts."""
-
-
-for _command in (quantize, distill, draft_cmd, plan, inspect, verify, tune, export_onnx, eval_cmd, report_cmd, sign_cmd):
-    cli.add_command(_command)
 
 
 def main(argv: list[str] | None = None) -> int:

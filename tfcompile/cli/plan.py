@@ -28,6 +28,10 @@ from tfcompile.recipe.options import RunOptions
 @click.option("--json", "as_json", is_flag=True, help="With --estimate: the estimate as JSON on stdout.")
 def plan(model: Path | None, run: RunOptions, estimate: bool, devices: str, nodes: int, as_json: bool) -> None:
     """Print the resolved recipe (JSON on stdout) without running it; --estimate: what it needs."""
+    if estimate and model is None:
+        raise click.UsageError("plan --estimate needs MODEL (a directory with config.json, or the file), "
+                               "e.g. tfcompile plan examples/configs/deepseek-v3 --format nvfp4 --estimate")
+    run.check_names()
     # lazy: every pass and the libraries they import (onnx among them, ~3 s here); importing it
     # registers the passes the recipe names
     from tfcompile import api
@@ -35,9 +39,6 @@ def plan(model: Path | None, run: RunOptions, estimate: bool, devices: str, node
     recipe = run.to_recipe()
     specs = api.manager.validate(recipe)
     if estimate:
-        if model is None:
-            raise click.UsageError("plan --estimate needs MODEL (a directory with config.json, or the file), "
-                                   "e.g. tfcompile plan examples/configs/deepseek-v3 --format nvfp4 --estimate")
         # lazy: the estimator imports torch and transformers (the model on the meta device)
         from tfcompile.estimate.plan import estimate as run_estimate
 

@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 from tfcompile.cli.options import ArtifactOptions
 from tfcompile.cli.output import RichReporter, live_progress_allowed, rank_output
 from tfcompile.cli.tables import summary_table
-from tfcompile.pipeline.context import Context
-from tfcompile.pipeline.recipe import Recipe
 from tfcompile.recipe.options import RunOptions
+
+if TYPE_CHECKING:  # annotations only: pipeline.context imports torch, which --help must not
+    from tfcompile.pipeline.context import Context
+    from tfcompile.pipeline.recipe import Recipe
 
 
 class ArtifactRun:
     """One `quantize` / `distill` run: its recipe and a reporter on stderr."""
 
     def __init__(self, art: ArtifactOptions, run: RunOptions, *, notes: bool = False):
+        run.check_names()
         # lazy: every pass and the libraries they import (onnx among them, ~3 s here); only the
         # commands that run passes pay it, and importing it registers the passes the recipe names
         from tfcompile import api

@@ -10,7 +10,6 @@ from rich.markup import escape
 
 from tfcompile.artifact.manifest import load_manifest
 from tfcompile.artifact.signing import SIGNATURE, key_id, load_private_key, sign_artifact
-from tfcompile.artifact.verify import VerifyReport, check_files
 from tfcompile.cli.output import emit_json, stderr_console
 from tfcompile.errors import VerifyError
 from tfcompile.io.out_policy import check_in_place
@@ -36,6 +35,8 @@ def sign_cmd(artifact, key, as_json):
     private = load_private_key(key)
     check_in_place(artifact, SIGNATURE)  # never into a Hugging Face cache
     doc = load_manifest(artifact)
+    from tfcompile.artifact.verify import VerifyReport, check_files  # lazy: verify.py imports torch
+
     rep = VerifyReport(str(artifact))
     check_files(Path(artifact), doc, rep)
     bad = [c for c in rep.failures() if c["check"] != "signature"]

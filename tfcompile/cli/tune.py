@@ -9,7 +9,6 @@ import click
 from tfcompile.cli.output import RichReporter, emit_json, stderr_console
 from tfcompile.errors import RecipeError
 from tfcompile.report import embed_report
-from tfcompile.runtime.measure import gpu_measurer
 from tfcompile.tune.hardware import parse_targets
 from tfcompile.tune.registry import load_kernels
 from tfcompile.tune.report import json_doc, summary_tables
@@ -37,6 +36,8 @@ def tune(artifact: Path, targets: str, buckets: str, kernels: tuple[str, ...], m
     console = stderr_console()
     reporter = RichReporter(console, quiet=quiet)
     target_list = parse_targets(targets)
+    from tfcompile.runtime.measure import gpu_measurer  # lazy: the runtime package imports torch and triton
+
     result = tune_artifact(artifact, target_list, buckets=bucket_list, only=kernels,
                            measurer=gpu_measurer(target_list, measure), reporter=reporter)
     reporter.task("", None)  # stop the progress bar

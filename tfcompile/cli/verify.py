@@ -9,7 +9,6 @@ import click
 from tfcompile.artifact.engines import ENGINES, TARGETS, engine_problems
 from tfcompile.artifact.manifest import load_manifest
 from tfcompile.artifact.signing import load_public_key
-from tfcompile.artifact.verify import verify_artifact
 from tfcompile.cli.output import emit_json, stderr_console
 from tfcompile.cli.sign_cmd import public_key_option
 from tfcompile.cli.tables import verify_table
@@ -27,9 +26,13 @@ from tfcompile.cli.tables import verify_table
 def verify(artifact: Path, as_json: bool, engines: tuple[str, ...], target: str | None, tp: int,
            public_key: Path | None) -> None:
     """Check paths, files, checksums, signature, layers, shapes, scales and shared global scales (exit 1 on failure)."""
-    report = verify_artifact(artifact, public_key=load_public_key(public_key) if public_key else None)
+    key = load_public_key(public_key) if public_key else None
+    doc = load_manifest(artifact)  # not an artifact: exit 1 before torch is imported
+    from tfcompile.artifact.verify import verify_artifact  # lazy: verify.py imports torch
+
+    report = verify_artifact(artifact, public_key=key, manifest=doc)
     if engines:
-        add_engine_checks(report, load_manifest(artifact), engines, target=target, tp=tp)
+        add_engine_checks(report, doc, engines, target=target, tp=tp)
     if as_json:
         emit_json({"ok": report.ok, "path": report.path, "checks": report.checks})
     else:

@@ -50,12 +50,11 @@ import torch
 from torch import nn
 
 from tfcompile.evaluate.errors import EvalError
+from tfcompile.evaluate.kvtext import KV_MODES, STRATEGIES, describe
 from tfcompile.families.attention import is_mla, register_wrapper
 from tfcompile.kernels.formats import cast_e4m3, dequantize, quantize_nvfp4_act
 
 KV_EMULATOR = "tfcompile_kv_fp8_emulation"
-KV_MODES = ("auto", "off")  # --kv-cache: auto = emulate when the artifact has a KV-cache scheme
-STRATEGIES = {"tensor": "per tensor", "attn_head": "per KV head"}
 KINDS = ("k_scale", "v_scale")
 
 # attention module -> its emulator entry; weak, so a dropped model releases it
@@ -231,16 +230,6 @@ def not_emulated(mode: str, kv: KVScales | None) -> dict:
     return {"mode": mode, "emulated": False, "dtype": kv.dtype if kv else None,
             "strategy": kv.strategy if kv else None, "modules": len(kv.scales) if kv else 0,
             "attention_calls": 0}
-
-
-def describe(entry: dict | None) -> str:
-    """One line for people: what the KV cache is and whether it was emulated."""
-    if not entry or entry.get("dtype") is None:
-        return "not quantized"
-    how = f"{entry['dtype']} {STRATEGIES.get(entry['strategy'], entry['strategy'])}"
-    if entry["emulated"]:
-        return f"{how}, emulated ({entry['modules']} attention modules)"
-    return f"{how}, not emulated (--kv-cache {entry['mode']})"
 
 
 __all__ = ["KV_EMULATOR", "KV_MODES", "KVScales", "KVEmulator", "fake_quant_fp8", "kv_cache_scheme",

@@ -5,29 +5,41 @@
 - `plan_shards` / `ShardWriter` / `write_index`: streaming, byte-deterministic output.
 - `atomic_output_dir(out, overwrite)`: an output dir that appears whole or not at all.
 - `sha256_file`, `copy_aux_files`: hashes and verbatim tokenizer/config copies.
+
+The names above are loaded on first use (PEP 562 `__getattr__`), not when the package is: every
+`tfcompile.io.<module>` import runs this file first, and checkpoint.py and writer.py import torch,
+which the CLI's start-up (`tfcompile --help`, usage errors) must not pay for (tests/cli/test_startup.py).
 """
 
-from tfcompile.io.atomic import atomic_output_dir
-from tfcompile.io.aux_files import AUX_FILE_NAMES, copy_aux_files
-from tfcompile.io.checkpoint import Checkpoint, open_checkpoint
-from tfcompile.io.hashing import sha256_file
-from tfcompile.io.safetensors_header import SafetensorsHeader, TensorInfo, read_header
-from tfcompile.io.writer import ShardPlan, ShardResult, ShardWriter, TensorSpec, plan_shards, write_index
+from __future__ import annotations
 
-__all__ = [
-    "AUX_FILE_NAMES",
-    "Checkpoint",
-    "SafetensorsHeader",
-    "ShardPlan",
-    "ShardResult",
-    "ShardWriter",
-    "TensorInfo",
-    "TensorSpec",
-    "atomic_output_dir",
-    "copy_aux_files",
-    "open_checkpoint",
-    "plan_shards",
-    "read_header",
-    "sha256_file",
-    "write_index",
-]
+import importlib
+from typing import Any
+
+# exported name -> the submodule that defines it
+_EXPORTS = {
+    "atomic_output_dir": "atomic",
+    "AUX_FILE_NAMES": "aux_files", "copy_aux_files": "aux_files",
+    "Checkpoint": "checkpoint", "open_checkpoint": "checkpoint",
+    "sha256_file": "hashing",
+    "SafetensorsHeader": "safetensors_header", "TensorInfo": "safetensors_header", "read_header": "safetensors_header",
+    "ShardPlan": "writer", "ShardResult": "writer", "ShardWriter": "writer", "TensorSpec": "writer",
+    "plan_shards": "writer", "write_index": "writer",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    """A submodule (`tfcompile.io.writer`) or an exported name, imported when first asked for."""
+    module = _EXPORTS.get(name)
+    if module is None:
+        try:
+            return importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as e:
+            if e.name != f"{__name__}.{name}":
+                raise
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value

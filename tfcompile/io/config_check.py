@@ -53,6 +53,9 @@ COUNT_WORDS = {"layers": INT_FIELDS["num_hidden_layers"][1], "blocks": INT_FIELD
                "heads": INT_FIELDS["num_attention_heads"][1], "experts": INT_FIELDS["num_experts"][1]}
 FLOAT_FIELDS = {"rms_norm_eps": False, "layer_norm_eps": False, "layer_norm_epsilon": False, "rope_theta": True}
 _NESTED_DEPTH = 4
+# model types whose transformers config class has no attribute_map and no sub_configs: nothing to look up, so
+# their config.json is checked without importing transformers (~3 s); tests/io compares this with transformers
+PLAIN_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 
 
 def check_config_values(config: dict[str, Any], path: Path | str) -> None:
@@ -99,7 +102,7 @@ def _check_size(path: str, where: str, value: Any, field: str, named: str) -> No
 
 def _config_class(model_type: Any) -> Any:
     """transformers' config class for `model_type`, or None (unknown, or no transformers)."""
-    if not isinstance(model_type, str):
+    if not isinstance(model_type, str) or model_type in PLAIN_MODEL_TYPES:
         return None
     try:
         # lazy: transformers (~2 s to import); every command that reads a config.json builds its model

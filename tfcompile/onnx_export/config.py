@@ -10,15 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import onnx
-
 from tfcompile.errors import UserError
 
 DEFAULT_OPSET = 23  # FLOAT4E2M1 + DequantizeLinear output_dtype; what TensorRT 10 parses for FP4
 MIN_OPSET_FP8 = 21  # QuantizeLinear/DequantizeLinear `block_size` (FP8 per-token blocks)
 MIN_OPSET_FP4 = 23  # FLOAT4E2M1 elements
 E8M0_OPSET = 24  # FLOAT8E8M0 accepted as a DequantizeLinear scale
-MAX_OPSET = onnx.defs.onnx_opset_version()  # the newest opset the installed onnx knows
 EXTERNAL_MODES = ("auto", "always", "never")
 # protobuf refuses messages of 2 GiB or more; keep 128 MiB for the graph itself
 INLINE_LIMIT = 2**31 - 2**27
@@ -35,10 +32,19 @@ class OnnxExportConfig:
     inline_limit: int = INLINE_LIMIT  # bytes: the "auto" threshold (tests lower it)
 
     def check(self) -> None:
-        if not isinstance(self.opset, int) or not MIN_OPSET_FP8 <= self.opset <= MAX_OPSET:
+        newest = max_opset()
+        if not isinstance(self.opset, int) or not MIN_OPSET_FP8 <= self.opset <= newest:
             raise OnnxExportError(f"opset {self.opset!r} is not supported",
-                                  hint=f"choose an opset from {MIN_OPSET_FP8} to {MAX_OPSET} "
+                                  hint=f"choose an opset from {MIN_OPSET_FP8} to {newest} "
                                        f"(default {DEFAULT_OPSET}; FP4 formats need >= {MIN_OPSET_FP4})")
         if self.external_data not in EXTERNAL_MODES:
             raise OnnxExportError(f"external_data {self.external_data!r} is not one of {EXTERNAL_MODES}",
                                   hint="auto (external above ~1.9 GiB of weights), always or never")
+
+
+def max_opset() -> int:
+    """The newest opset the installed onnx knows (asked when a config is checked, not at import:
+    the pass registry reads this module whenever tfcompile runs, and onnx takes ~1 s to import)."""
+    import onnx  # lazy: ~1 s to import; only when an ONNX export is configured
+
+    return onnx.defs.onnx_opset_version()

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
-from tfcompile.pipeline.recipe import Recipe
-from tfcompile.recipe.build import build_recipe
+from tfcompile.schemes import get_scheme
+
+if TYPE_CHECKING:
+    from tfcompile.pipeline.recipe import Recipe
 
 DEFAULT_FORMAT = "nvfp4"  # when neither --format nor --recipe is given
 
@@ -102,7 +104,16 @@ class RunOptions:
             out["pack"] = {"export": list(self.exports)}
         return out
 
+    def check_names(self) -> None:
+        """RecipeError for an unknown --format, before the passes (and torch) are imported: a
+        mistyped name fails in a tenth of a second, with the error to_recipe() would give."""
+        if self.fmt is not None:
+            get_scheme(self.fmt)
+
     def to_recipe(self) -> Recipe:
+        # lazy: the pass registry (pipeline.passes) imports torch; the CLI builds these options at start-up
+        from tfcompile.recipe.build import build_recipe
+
         fmt = self.fmt if self.fmt is not None or self.recipe_file is not None else DEFAULT_FORMAT
         return build_recipe(fmt=fmt, recipe_file=self.recipe_file, sets=self.sets, skip=self.skip,
                             until=self.until, overrides=self.pass_settings(), device=self.device)

@@ -1,0 +1,20 @@
+"""The KV-cache emulation's names and its one line for people, without torch.
+
+kvcache.py (the emulation itself, torch) re-exports these; the CLI's `--kv-cache` choice and the
+report page read them from here, so neither imports torch to build its help or its page.
+"""
+
+from __future__ import annotations
+
+KV_MODES = ("auto", "off")  # --kv-cache: auto = emulate when the artifact has a KV-cache scheme
+STRATEGIES = {"tensor": "per tensor", "attn_head": "per KV head"}
+
+
+def describe(entry: dict | None) -> str:
+    """One line for people: what the KV cache is and whether it was emulated."""
+    if not entry or entry.get("dtype") is None:
+        return "not quantized"
+    how = f"{entry['dtype']} {STRATEGIES.get(entry['strategy'], entry['strategy'])}"
+    if entry["emulated"]:
+        return f"{how}, emulated ({entry['modules']} attention modules)"
+    return f"{how}, not emulated (--kv-cache {entry['mode']})"
