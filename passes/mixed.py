@@ -6,9 +6,11 @@ Scheduled by any `mixed.*` setting, right after `select`:
     tfcompile quantize --format nvfp4a16 MODEL -o OUT --set mixed.max_kl=0.05 --set 'mixed.formats=["fp8-dynamic","bf16"]'
 
 `--format` is the base (every group starts there); `mixed.formats` lists the formats a group
-may be upgraded to ("bf16": left unquantized). tfcompile/mixed/sensitivity.py measures, per
-group and format, the KL of the model's output with that group alone quantized (RTN, activations
-as at inference) on `samples x seq_len` calibration tokens; tfcompile/mixed/search.py upgrades
+may be upgraded to ("bf16": left unquantized). Each group's cost per format is the KL of the
+model's output with that group alone quantized (RTN, activations as at inference) on
+`samples x seq_len` calibration tokens: estimated from one forward and one backward
+(`mixed.sensitivity=fisher`, the default: tfcompile/mixed/fisher.py) or measured with a forward
+per group and format (`kl`: tfcompile/mixed/sensitivity.py); tfcompile/mixed/search.py upgrades
 groups greedily by KL saved per extra bit until the budget (`avg_bits`: stored bits per weight
 over the quantized Linears; or `max_kl`: predicted KL) is met. The plan then carries each
 group's scheme: the artifact holds one compressed-tensors config group per format (explicit
@@ -29,12 +31,14 @@ from tfcompile.ir import torch_dtype
 from tfcompile.mixed import cache
 from tfcompile.mixed import plan as mixed_plan
 from tfcompile.mixed.search import BITS, choose, summary
+from tfcompile.mixed.fisher import measure_fisher
 from tfcompile.mixed.sensitivity import measure
 from tfcompile.pipeline.passes import PassResult, Unsupported, given, register_pass
 from tfcompile.pipeline.recipe import Recipe
 from tfcompile.schemes import SCHEMES
 
 SINGLE_SCHEME_PASSES = ("distill", "onnx", "layout", "emit", "emit_cutlass")
+MEASURES = {"fisher": measure_fisher, "kl": measure}
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,9 @@ class MixedConfig:
     samples: int = 2
     seq_len: int = 256
     seed: int = 0
+    # how a group's cost is measured: "fisher" (one forward + backward, tfcompile/mixed/fisher.py)
+    # or "kl" (the KL with the group alone quantized, a forward per group and format: sensitivity.py)
+    sensitivity: str = "fisher"
     # reuse the sensitivities measured for the same model, groups and settings (tfcompile/mixed/cache.py)
     cache: bool = field(default=True, metadata={"runtime": True})
 
@@ -67,6 +74,9 @@ def _supports(recipe: Recipe, cfg: MixedConfig) -> list[Unsupported]:
     if cfg.avg_bits and cfg.avg_bits < BITS.get(base, 0):
         reasons.append(Unsupported(f"mixed.avg_bits {cfg.avg_bits} is below the base format's {BITS.get(base)} bits",
                                    f"give at least {BITS.get(base)}"))
+    if cfg.sensitivity not in MEASURES:
+        reasons.append(Unsupported(f"mixed.sensitivity {cfg.sensitivity!r} is not one of {sorted(MEASURES)}",
+                                   "--set mixed.sensitivity=fisher (one forward + backward) or kl (exact, slow)"))
     names = recipe.names()
     other = [n for n in SINGLE_SCHEME_PASSES if n in names]
     algo = recipe.config("quantize").algorithm if "quantize" in names else "rtn"
@@ -85,13 +95,13 @@ def mixed(ctx, cfg: MixedConfig, reporter) -> PassResult:
     quantize_cfg = ctx.recipe.config("quantize") if "quantize" in ctx.recipe.names() else None
     rule = (quantize_cfg.mx_rule if quantize_cfg else "") or plan.scheme.weights.default_rule  # as quantize does
     settings = dict(formats=list(cfg.formats), data=cfg.data, samples=cfg.samples, seq_len=cfg.seq_len,
-                    seed=cfg.seed, dtype=ctx.model.dtype, mx_rule=rule)
+                    seed=cfg.seed, dtype=ctx.model.dtype, mx_rule=rule, sensitivity=cfg.sensitivity)
     key = cache.key(ctx.source, plan, settings)
     hit = cache.load(key) if cfg.cache else None
     if hit is None:
-        costs, measured = measure(Path(ctx.source.path), plan, list(cfg.formats), data=cfg.data,
-                                  samples=cfg.samples, seq_len=cfg.seq_len, seed=cfg.seed,
-                                  dtype=torch_dtype(ctx.model.dtype), mx_rule=rule, reporter=reporter)
+        costs, measured = MEASURES[cfg.sensitivity](
+            Path(ctx.source.path), plan, list(cfg.formats), data=cfg.data, samples=cfg.samples,
+            seq_len=cfg.seq_len, seed=cfg.seed, dtype=torch_dtype(ctx.model.dtype), mx_rule=rule, reporter=reporter)
         cache.store(key, costs, measured)
     else:
         costs, measured = hit

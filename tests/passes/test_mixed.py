@@ -198,3 +198,34 @@ def test_sensitivity_is_measured_once_per_model_and_settings(tiny_llama_src, tmp
     assert runs[1]["avg_bits"] < runs[0]["avg_bits"]
     for f in sorted(p.relative_to(tmp_path / "o0") for p in (tmp_path / "o0").rglob("*") if p.is_file()):
         assert (tmp_path / "o0" / f).read_bytes() == (tmp_path / "o2" / f).read_bytes(), f
+
+
+def _ranks(xs):
+    order = sorted(range(len(xs)), key=lambda i: xs[i])
+    r = [0.0] * len(xs)
+    for rank, i in enumerate(order):
+        r[i] = float(rank)
+    return torch.tensor(r)
+
+
+def test_fisher_sensitivity_ranks_groups_as_the_measured_kl_does(tmp_path, run_cli):
+    """The default one-backward estimate (mixed/fisher.py) against the exact measurement (a forward
+    per group and format with that group alone quantized, mixed/sensitivity.py) on the trained demo
+    LM: the groups' costs rank alike (Spearman >= 0.85 per format) and fp8-dynamic costs less than
+    nvfp4a16 for every group."""
+    demo = Path(__file__).resolve().parents[2] / "examples" / "demo-lm"
+    kl = {}
+    for m in ("kl", "fisher"):
+        out = tmp_path / m
+        res = run_cli("quantize", demo, "-o", out, "--format", "nvfp4a16", "--set", "mixed.avg_bits=6", "-q",
+                      "--set", f"mixed.sensitivity={m}", "--set", "mixed.data=python-doc", "--set",
+                      "mixed.samples=1", "--set", "mixed.seq_len=256", "--set", "mixed.cache=false")
+        assert res.code == 0, res.err
+        kl[m] = json.loads((out / "tfcompile/manifest.json").read_text())["mixed"]["sensitivity"]["kl"]
+    groups = sorted(kl["kl"])
+    assert groups == sorted(kl["fisher"]) and len(groups) == 16
+    for fmt in ("nvfp4a16", "fp8-dynamic"):
+        a, b = _ranks([kl["kl"][g][fmt] for g in groups]), _ranks([kl["fisher"][g][fmt] for g in groups])
+        rho = float(torch.corrcoef(torch.stack([a, b]))[0, 1])
+        assert rho >= 0.85, (fmt, rho)
+    assert all(0 < kl["fisher"][g]["fp8-dynamic"] < kl["fisher"][g]["nvfp4a16"] for g in groups)
