@@ -152,3 +152,19 @@ def test_a_mismatch_is_still_named_by_transformers_loader(tmp_path):
     doc = _check_in_fresh_process(tmp_path / "m")
     assert doc["verdict"] == "CheckpointError"
     assert "transformers.models.llama.modeling_llama" in doc["modeling"]
+
+
+def test_every_command_module_is_in_the_lazy_table():
+    """A command added under tfcompile/cli/ without its COMMANDS entry would never be listed or
+    run: every module-level `@click.command` function there is an entry (module and attribute)."""
+    import re
+
+    from tfcompile.cli.lazy import COMMANDS
+
+    cli_dir = Path(__file__).resolve().parents[2] / "tfcompile" / "cli"
+    found = set()
+    for path in sorted(cli_dir.glob("*.py")):
+        src = path.read_text()
+        for m in re.finditer(r"^@click\.command\(", src, re.M):  # module level: column 0
+            found.add((f"tfcompile.cli.{path.stem}", re.compile(r"^def (\w+)\(", re.M).search(src, m.end()).group(1)))
+    assert found and found == {(c.module, c.attr) for c in COMMANDS.values()}
