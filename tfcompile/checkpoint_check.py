@@ -12,6 +12,8 @@ list of ours:
 - tied parameters (`all_tied_weights_keys`): a tied `lm_head` needs no tensor;
 - declared ignorable keys (`_keys_to_ignore_on_load_missing/unexpected`, old
   per-layer `rotary_emb.inv_freq` buffers): allowed;
+- the multi-token-prediction layers config.json declares (tfcompile/families/mtp.py):
+  not judged by the model, which has no module for them; kept in the artifact;
 - buffers (non-persistent ones such as RoPE's `inv_freq`) are never required.
 
 Problems: a parameter with no tensor (missing), a tensor the model has no
@@ -36,6 +38,7 @@ import torch
 from tfcompile.errors import CheckpointError
 from tfcompile.families import V5, family_of
 from tfcompile.families.experts import PROJS, fuse_bias, fuse_weight
+from tfcompile.families.mtp import is_mtp, mtp_prefixes
 from tfcompile.io.dtypes import code_of, torch_dtype_of
 
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -185,6 +188,10 @@ def check_checkpoint(config: dict, tensors: dict[str, tuple[torch.dtype, tuple[i
         return (f"architecture {arch!r} is not in transformers: the checkpoint's completeness, shapes and "
                 "dtypes were not checked (--allow-unknown-architecture); calibration-based formats and verify's "
                 "config checks need a transformers architecture, and engines may not load the result")
+    # MTP layers have no module in transformers' model (declared ignorable there, or not at all for a
+    # small test model) but engines load them: never dropped, so not judged by the model (families/mtp.py)
+    mtp = mtp_prefixes(config)
+    tensors = {n: v for n, v in tensors.items() if not is_mtp(n, mtp)}
     problems = find_problems(model, fuse_unmapped_experts(model, config, tensors))
     if problems:
         raise CheckpointError(f"{where}: the checkpoint does not match the {arch} that config.json describes: "
