@@ -188,17 +188,21 @@ def check_checkpoint(config: dict, tensors: dict[str, tuple[torch.dtype, tuple[i
         return (f"architecture {arch!r} is not in transformers: the checkpoint's completeness, shapes and "
                 "dtypes were not checked (--allow-unknown-architecture); calibration-based formats and verify's "
                 "config checks need a transformers architecture, and engines may not load the result")
-    # MTP layers have no module in transformers' model (declared ignorable there, or not at all for a
-    # small test model) but engines load them: never dropped, so not judged by the model (families/mtp.py)
-    mtp = mtp_prefixes(config)
-    tensors = {n: v for n, v in tensors.items() if not is_mtp(n, mtp)}
-    problems = find_problems(model, fuse_unmapped_experts(model, config, tensors))
+    problems = find_problems(model, fuse_unmapped_experts(model, config, without_mtp(config, tensors)))
     if problems:
         raise CheckpointError(f"{where}: the checkpoint does not match the {arch} that config.json describes: "
                               f"{problems.summary()}",
                               hint="the checkpoint is incomplete or config.json does not describe it; re-download "
                                    "it or fix config.json (tfcompile never quantizes a partial model)")
     return None
+
+
+def without_mtp(config: dict, tensors: dict) -> dict:
+    """`tensors` but the MTP layers config.json declares: transformers' model has no module for them
+    (declared ignorable there, or not at all for a small test model) but engines load them, so they
+    are kept and not judged by the model (tfcompile/families/mtp.py)."""
+    mtp = mtp_prefixes(config)
+    return {n: v for n, v in tensors.items() if not is_mtp(n, mtp)}
 
 
 _EXPERT = re.compile(r"^(?P<base>.*\.experts)\.(?P<e>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.(?P<leaf>weight|bias)$")
