@@ -26,6 +26,7 @@ projections (passes/select.py lists the rest as kept, with the reason).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -127,7 +128,9 @@ FAMILIES: tuple[Family, ...] = (
 GENERIC = Family("generic", (), linears="standard")
 _BY_TYPE = {t: f for f in FAMILIES for t in f.model_types}
 ALWAYS = (VISION, MTP)  # every model, whatever its family
-INCLUDES = tuple(sorted({k.include for f in FAMILIES for k in f.keep} | {k.include for k in ALWAYS}))
+# `select.include=all_linears`: a model type with no rules quantizes every decoder-layer Linear again
+ALL_LINEARS = "all_linears"
+INCLUDES = tuple(sorted({k.include for f in FAMILIES for k in f.keep} | {k.include for k in ALWAYS} | {ALL_LINEARS}))
 
 
 def family_of(config: Mapping) -> Family:
@@ -145,3 +148,27 @@ def engine_unquantized(family: str) -> tuple[Keep, ...]:
     """The kept classes of family `family` (a manifest's "family") that vLLM builds unquantized."""
     fam = next((f for f in FAMILIES if f.name == family), GENERIC)
     return tuple(k for k in ALWAYS + fam.keep if k.engine_unquantized)
+
+
+# What a model type with no rules may quantize: the standard attention and MLP projections of a
+# decoder layer, the names every engine's generic loader (vLLM's llama.py / mixtral.py
+# `packed_modules_mapping`, transformers' tp plans) maps to its own quantizable Linears.
+_BLOCK = r"(^|.*\.)(layers|layer|h|blocks|block)\.\d+\."
+_READS = re.compile(_BLOCK + r"((self_attn|attn|attention)\.(q_proj|k_proj|v_proj)|(mlp|feed_forward)\.(gate_proj|up_proj)"
+                    r"|(mlp|feed_forward|block_sparse_moe)\.(shared_experts?\.|experts\.\d+\.)(gate_proj|up_proj|w1|w3))$")
+_WRITES = re.compile(_BLOCK + r"((self_attn|attn|attention)\.o_proj|(mlp|feed_forward)\.down_proj"
+                     r"|(mlp|feed_forward|block_sparse_moe)\.(shared_experts?\.|experts\.\d+\.)(down_proj|w2))$")
+NOT_STANDARD = ("not a standard attention / MLP projection (q/k/v/o_proj, gate/up/down_proj, experts.N.w1/w2/w3 "
+                "of a numbered decoder layer): tfcompile has no rules for this model type, so it cannot show "
+                "an engine builds it as a quantizable Linear")
+WRONG_SHAPE = "named like a standard projection, but it does not read (q/k/v, gate/up) or write (o, down) the hidden size"
+
+
+def standard_linear(module: str, shape: tuple[int, int], hidden: int | None) -> str | None:
+    """None when `module` ([N, K] = out, in) is a plain attention / MLP projection; else why not."""
+    reads, writes = _READS.fullmatch(module), _WRITES.fullmatch(module)
+    if not (reads or writes):
+        return NOT_STANDARD
+    if hidden and (shape[1] if reads else shape[0]) != hidden:
+        return WRONG_SHAPE
+    return None
