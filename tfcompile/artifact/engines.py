@@ -17,6 +17,10 @@ the artifacts and checks that it refuses exactly what these rules refuse):
   TensorRT-LLM serves it (modelopt view) on Blackwell.
 - MXFP4 weight-only: vLLM 0.32 builds `CompressedTensorsW4A4Mxfp4` whatever `input_activations`
   says, and runs W4A4 where a W4A4 kernel exists (sm_100 with FlashInfer; vLLM #56770).
+- Modules vLLM builds without a quantization config (tfcompile/families/rules.py
+  `Keep.engine_unquantized`: the DSA indexer's fused `wk_weights_proj`, deepseek_v2.py `Indexer`;
+  the MTP `eh_proj` nn.Linear and `shared_head.head` ParallelLMHead, deepseek_mtp.py): quantized
+  (`select.include`), they have no place for `weight_packed` / `weight_scale`: refused.
 - Targets: NVFP4 / MXFP4 / MXFP8 W4A4 / W8A8 GEMMs need sm_100; on sm_90 vLLM serves them
   weight-only (Marlin), activations unquantized.
 """
@@ -26,6 +30,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from typing import Iterable, Mapping
+
+from tfcompile.families import engine_unquantized
 
 ENGINES = ("vllm", "sglang", "trtllm")
 DEFAULT_ENGINES = ("vllm", "sglang")  # quantize checks these and warns; naming --engine makes it an error
@@ -52,6 +58,7 @@ def engine_problems(doc: Mapping, engine: str, *, target: str | None = None, tp:
     out: list[EngineProblem] = []
     out += _fp8_block(doc, engine, tp)
     out += _kv_cache(doc, engine)
+    out += _unquantized_modules(doc, engine)
     out += _weight_only_mxfp4(doc, engine, target)
     out += _target(doc, engine, target)
     return out
@@ -116,6 +123,21 @@ def _kv_cache(doc: Mapping, engine: str) -> list[EngineProblem]:
                           "supported kv cache quantization is num_bits=8, type=float')",
                           "use --kv-cache fp8 for vllm/sglang; --kv-cache nvfp4 is for --engine trtllm "
                           "(--export modelopt)")]
+
+
+def _unquantized_modules(doc: Mapping, engine: str) -> list[EngineProblem]:
+    if engine != "vllm":  # read from vLLM's model code; SGLang / TensorRT-LLM not checked here
+        return []
+    rules = engine_unquantized(doc.get("family") or "generic")
+    bad = [(la["module"], k) for la in doc.get("layers", []) for k in rules if k.matches(la["module"])]
+    if not bad:
+        return []
+    more = f" (and {len(bad) - 3} more)" if len(bad) > 3 else ""
+    shown = "; ".join(f"{m} ({k.what})" for m, k in bad[:3])
+    includes = ", ".join(sorted({k.include for _, k in bad}))
+    return [EngineProblem(engine, True, f"vllm builds these without a quantization config and cannot load them "
+                          f"quantized: {shown}{more}", f"drop {includes} from select.include (they stay in the "
+                          "checkpoint dtype by default)")]
 
 
 def _weight_only_mxfp4(doc: Mapping, engine: str, target: str | None) -> list[EngineProblem]:

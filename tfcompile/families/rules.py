@@ -39,6 +39,10 @@ class Keep:
     include: str  # `select.include` name that quantizes them anyway
     engine_unquantized: bool = False  # vLLM builds it with quant_config=None / as a plain nn.Linear
 
+    def matches(self, module: str) -> bool:
+        """`pattern` (every rule here is a "re:" regex) matches the whole module name."""
+        return re.fullmatch(self.pattern.removeprefix("re:"), module) is not None
+
 
 @dataclass(frozen=True)
 class ExpertLayout:
