@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tfcompile.artifact.engines import DEFAULT_ENGINES, ENGINES, TARGETS, EngineProblem, check_engines
+from tfcompile.artifact.engines import (DEFAULT_ENGINES, ENGINES, TARGETS, EngineProblem, check_engines,
+                                        engine_record)
 from tfcompile.artifact.verify import verify_artifact
 from tfcompile.errors import VerifyError
 from tfcompile.passes.manifest import manifest_doc
@@ -62,7 +63,7 @@ def verify(ctx, cfg: VerifyConfig, reporter) -> PassResult:
     _engine_verdict(problems, cfg, reporter)
     return PassResult(ctx.with_(verify=report),
                       {"checks": len(report.checks), "failed": len(report.failures()),
-                       "engines": {e: _state(e, problems) for e in cfg.engines}})
+                       "engines": {e: r["verdict"] for e, r in engine_record(problems, cfg.engines).items()}})
 
 
 def _engine_verdict(problems: list[EngineProblem], cfg: VerifyConfig, reporter) -> None:
@@ -77,7 +78,3 @@ def _engine_verdict(problems: list[EngineProblem], cfg: VerifyConfig, reporter) 
         tail = f" (quantize --engine {p.engine} refuses to write it)" if p.error else ""
         reporter.warn(f"engine {p.engine} {what}: {p.message}{tail}\nhint: {p.hint}")
 
-
-def _state(engine: str, problems: list[EngineProblem]) -> str:
-    mine = [p for p in problems if p.engine == engine]
-    return "refuses" if any(p.error for p in mine) else "warns" if mine else "serves it as written"

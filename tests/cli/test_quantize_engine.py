@@ -62,3 +62,20 @@ def test_modules_vllm_builds_unquantized_are_refused_when_included(family_factor
     assert r.code == 0 and r.json()["passes"]["verify"]["engines"]["vllm"] == "refuses"
     assert "model.layers.4.eh_proj.weight_packed" in tensors(tmp_path / "b")  # what vLLM cannot load
     assert any("model.layers.4.eh_proj" in w for w in r.json()["warnings"])
+
+
+def test_replicated_mla_projections_are_not_split_by_tp():
+    """vLLM deepseek_v2.py builds q_a_proj + kv_a_proj_with_mqa as one `DeepSeekV2FusedQkvAProjLinear`
+    with disable_tp=True: DeepSeek-V3's 1536 + 576 rows stay whole at TP 8 (its published FP8 blocks
+    serve there). The same rows as a column-parallel q/k/v split into 192 / 72 and are refused."""
+    from tfcompile.artifact.engines import engine_problems
+
+    def doc(a: str, b: str) -> dict:
+        layers = [{"module": f"model.layers.0.self_attn.{a}", "shape": [1536, 7168]},
+                  {"module": f"model.layers.0.self_attn.{b}", "shape": [576, 7168]}]
+        return {"scheme": {"name": "fp8-block", "kv_cache": None}, "family": "deepseek_v3", "layers": layers,
+                "groups": [[x["module"] for x in layers]]}
+
+    assert not engine_problems(doc("q_a_proj", "kv_a_proj_with_mqa"), "vllm", tp=8)
+    (p,) = engine_problems(doc("q_proj", "k_proj"), "vllm", tp=8)
+    assert p.error and "output_partition_size = 192" in p.message and "output_partition_size = 72" in p.message

@@ -116,13 +116,24 @@ def test_minimax_m2_keeps_its_router_and_fuses_w1_w3(family_src, family_artifact
 
 
 # Full-size configs (transformers 5.24's config-class defaults, which are the published models'; the
-# published MTP layer counts added): `plan --estimate` plans them; parameter counts as published.
-@pytest.mark.parametrize("name,params_b", [("deepseek-v3.2", 671.9), ("glm-5", 743.9), ("qwen3.5-35b-a3b", 35.1),
-                                           ("minimax-m2", 228.7)])
-def test_full_size_configs_estimate(name, params_b):
+# published MTP layer counts added): `plan --estimate` plans them from config.json alone, with the
+# engines' verdict on fp8-block at TP 8 (tfcompile/artifact/engines.py): DeepSeek-V3.2 / GLM-5 serve
+# (MLA's q_a/kv_a and the indexer's wq_b are replicated by vLLM, not split); MiniMax-M2's experts
+# (1536 / 8 = 192) and Qwen3.5-35B-A3B's (512 / 8 = 64) do not split into 128-blocks: vLLM serves
+# them at TP 4 / TP 2, or with expert parallelism.
+@pytest.mark.parametrize("name,params_b,vllm_tp8", [("deepseek-v3.2", 671.9, None), ("glm-5", 743.9, None),
+                                                    ("qwen3.5-35b-a3b", 35.1, "per partition = 64 "),
+                                                    ("minimax-m2", 228.7, "per partition = 192 ")])
+def test_full_size_configs_estimate_with_the_engines_verdict(name, params_b, vllm_tp8):
     cfg = Path(__file__).resolve().parents[2] / "examples" / "configs" / name
-    code, out, err = run_cli("plan", "--format", "nvfp4", "--estimate", cfg, "--json")
+    code, out, err = run_cli("plan", "--format", "fp8-block", "--estimate", cfg, "--json",
+                             "--set", "verify.engine_tp=8")
     assert code == 0, err
     doc = json.loads(out)
     assert round(doc["model"]["params"] / 1e9, 1) == params_b
-    assert 0.25 < doc["output_bytes"] / (doc["model"]["source_gb"] * 1e9) < 0.35  # NVFP4: ~4.5 of 16 bits
+    assert 0.45 < doc["output_bytes"] / (doc["model"]["source_gb"] * 1e9) < 0.55  # FP8: ~8 of 16 bits
+    vllm = doc["engines"]["vllm"]
+    if vllm_tp8 is None:
+        assert vllm == {"verdict": "serves it as written", "problems": []}
+    else:
+        assert vllm["verdict"] == "refuses" and vllm_tp8 in vllm["problems"][0]["message"]

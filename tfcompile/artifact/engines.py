@@ -41,6 +41,10 @@ BLOCK = 128
 FUSED_ORDER = {"q_proj": 0, "k_proj": 1, "v_proj": 2, "gate_proj": 0, "up_proj": 1, "q_a_proj": 0,
                "kv_a_proj_with_mqa": 1, "in_proj_qkv": 0, "in_proj_z": 1, "in_proj_b": 0, "in_proj_a": 1}
 ROW_PARALLEL = {"o_proj", "down_proj", "out_proj"}
+# Linears vLLM replicates on every rank (not split by --tp): deepseek_v2.py builds MLA's q_a_proj +
+# kv_a_proj_with_mqa as `DeepSeekV2FusedQkvAProjLinear` (disable_tp=True) and the DSA indexer's wq_b as
+# a ReplicatedLinear, so only the unsplit sizes count (what lets DeepSeek-V3's FP8 blocks serve at TP 8).
+REPLICATED = {"q_a_proj", "kv_a_proj_with_mqa", "wq_b"}
 _EXPERT = re.compile(r"\.experts\.\d+\.(gate_proj|up_proj|down_proj)$")
 _A4_NEEDS_SM100 = {"nvfp4", "mxfp4", "mxfp8"}
 
@@ -88,12 +92,15 @@ def _fp8_block(doc: Mapping, engine: str, tp: int) -> list[EngineProblem]:
     for g in _fused(doc):
         if _fmt(g[0], doc) != "fp8-block":
             continue
-        members = g if tp > 1 else g[:-1]  # merged weights: the last member may end in a partial block
-        bad += [_msg(la["module"], la["shape"][0] // tp, "output_partition_size", "block_n")
-                for la in members if (la["shape"][0] // tp) % BLOCK]
+        t = 1 if _leaf(g[0]) in REPLICATED else tp
+        members = g if t > 1 else g[:-1]  # merged weights: the last member may end in a partial block
+        bad += [_msg(la["module"], la["shape"][0] // t, "output_partition_size", "block_n")
+                for la in members if (la["shape"][0] // t) % BLOCK]
     for la in layers:
         n, k = la["shape"]
-        leaf = la["module"].rsplit(".", 1)[-1]
+        leaf = _leaf(la)
+        if leaf in REPLICATED:
+            continue
         if _EXPERT.search(la["module"]):
             inter = k if leaf == "down_proj" else n
             if (inter // tp) % BLOCK:
@@ -109,6 +116,10 @@ def _fp8_block(doc: Mapping, engine: str, tp: int) -> list[EngineProblem]:
                           + more, "use --format fp8-dynamic (per-channel: no block constraint), or keep those "
                           "modules in bf16 with --ignore PATTERN; --tp must split every partition into whole "
                           "128-blocks")]
+
+
+def _leaf(layer: Mapping) -> str:
+    return layer["module"].rsplit(".", 1)[-1]
 
 
 def _msg(module: str, size: int, what: str, block: str) -> str:
@@ -163,3 +174,24 @@ def _target(doc: Mapping, engine: str, target: str | None) -> list[EngineProblem
 
 def check_engines(doc: Mapping, engines: Iterable[str], **kw) -> list[EngineProblem]:
     return [p for e in engines for p in engine_problems(doc, e, **kw)]
+
+
+def plan_view(plan, kv_cache: str | None = None) -> dict:
+    """The manifest fields these rules read, from a `QuantPlan` (tfcompile/ir.py) before anything is
+    quantized: `plan --estimate` asks the engines from config.json alone. `kv_cache`: calibrate.kv_cache."""
+    kv = {"dtype": "nvfp4" if kv_cache == "nvfp4" else "fp8_e4m3"} if kv_cache else None
+    return {"scheme": {"name": plan.scheme.name, "kv_cache": kv}, "family": plan.family,
+            "layers": [{"module": t.module, "shape": list(t.shape), "format": plan.scheme_of(g).name}
+                       for g in plan.groups for t in g.members],
+            "groups": [[t.module for t in g.members] for g in plan.groups if len(g.members) > 1]}
+
+
+def engine_record(problems: list[EngineProblem], engines: Iterable[str]) -> dict:
+    """{engine: {"verdict", "problems": [{"error", "message", "hint"}]}} for --json output."""
+    out = {}
+    for e in engines:
+        mine = [p for p in problems if p.engine == e]
+        verdict = "refuses" if any(p.error for p in mine) else "warns" if mine else "serves it as written"
+        out[e] = {"verdict": verdict, "problems": [{"error": p.error, "message": p.message, "hint": p.hint}
+                                                   for p in mine]}
+    return out
