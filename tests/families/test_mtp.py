@@ -68,3 +68,35 @@ def test_an_undeclared_extra_layer_is_still_refused(families, tmp_path):
     (src / "config.json").write_text(json.dumps(cfg))
     code, _, err = run_cli("quantize", src, "-o", tmp_path / "out", "--format", "nvfp4a16", "-q")
     assert code == 1 and "unexpected" in err and "model.layers.4." in err
+
+
+def test_glm4_moe_mtp_layer_same_layout(families, tmp_path):
+    """GLM-4.5's MTP layer (`model.layers.92` on the published 92-layer model) has DeepSeek's layout
+    (vLLM glm4_moe_mtp.py `Glm4MoeMultiTokenPredictorLayer`: eh_proj nn.Linear, shared_head ParallelLMHead)."""
+    src = families.add_mtp_layer(families.make_tiny_glm4_moe(tmp_path / "src"))
+    t = tensors(quantize(src, tmp_path / "out", "nvfp4a16"))
+    assert t["model.layers.4.eh_proj.weight"].dtype == torch.bfloat16
+    assert t["model.layers.4.shared_head.head.weight"].dtype == torch.bfloat16
+    assert "model.layers.4.self_attn.q_proj.weight_packed" in t
+    assert "model.layers.4.mlp.experts.7.up_proj.weight_packed" in t
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_5_moe"])
+def test_qwen3_5_mtp_kept_as_qwen3_5_mtp_loads_it(families, family, tmp_path):
+    """vLLM qwen3_5_mtp.py `Qwen3_5MultiTokenPredictor`: `mtp.fc` (kept bf16, as the published
+    releases store it), `mtp.layers.0` a full-attention decoder layer built with the quant config
+    (quantized), `mtp.norm`, `mtp.pre_fc_norm_*`; top-level `mtp.` in both the causal LM and the
+    vision-language checkpoint."""
+    src = families.add_qwen3_5_mtp(families.FAMILIES[family].build(tmp_path / "src"))
+    s = tensors(src)
+    art = quantize(src, tmp_path / "out", "nvfp4a16")
+    t = tensors(art)
+    assert list(t["mtp.fc.weight"].shape) == [H, 2 * H] and torch.equal(t["mtp.fc.weight"], s["mtp.fc.weight"])
+    assert "mtp.fc" in json.loads((art / "config.json").read_text())["quantization_config"]["ignore"]
+    for norm in ("mtp.norm.weight", "mtp.pre_fc_norm_embedding.weight", "mtp.pre_fc_norm_hidden.weight"):
+        assert torch.equal(t[norm], s[norm])
+    assert "mtp.layers.0.self_attn.q_proj.weight_packed" in t
+    mtp_src = {n for n in s if n.startswith("mtp.")}
+    packed = {f"{x['module']}.weight" for x in manifest(art)["layers"]}
+    assert mtp_src - packed <= set(t) and len(mtp_src) > 12  # nothing of the MTP module dropped
+    assert run_cli("verify", art)[0] == 0
