@@ -137,3 +137,23 @@ def test_full_size_configs_estimate_with_the_engines_verdict(name, params_b, vll
         assert vllm == {"verdict": "serves it as written", "problems": []}
     else:
         assert vllm["verdict"] == "refuses" and vllm_tp8 in vllm["problems"][0]["message"]
+
+
+def test_minimax_m2_experts_are_calibrated_under_their_checkpoint_names(family_src, tmp_path):
+    """MiniMax-M2 stores experts as w1/w2/w3; transformers fuses them (its WeightConverters: w1 + w3 ->
+    gate_up_proj, w2 -> down_proj). Before, calibration recorded the routed inputs under the in-memory
+    names (`mlp.experts.0.gate_proj`) that no quantized module had, so every expert silently took the
+    fallback amax. Now each expert's own input amax, and its routed tokens under the checkpoint's names."""
+    code, out, err = run_cli("quantize", family_src("minimax_m2"), "-o", tmp_path / "out", "--format", "nvfp4",
+                             "--calib", "random", "--calib-samples", "4", "--calib-seq-len", "64", "--json")
+    assert code == 0, err
+    calib, m = json.loads(out)["passes"]["calibrate"], manifest(tmp_path / "out")
+    tokens = m["moe"]["expert_tokens"]
+    assert sorted(tokens) == [f"model.layers.{i}.block_sparse_moe.experts" for i in range(2)]
+    assert sum(map(sum, tokens.values())) == 2 * 2 * 4 * 64  # top-2 of every token, both layers
+    assert calib["fallback_modules"] == [f"model.layers.{i}.block_sparse_moe.experts.{e}.{w}"
+                                         for i, c in enumerate(tokens.values()) for e in range(8) if c[e] < 16
+                                         for w in ("w1", "w2", "w3")]
+    t = tensors(tmp_path / "out")
+    scales = {t[f"model.layers.0.block_sparse_moe.experts.{e}.w1.input_global_scale"].item() for e in range(8)}
+    assert len(scales) > 1  # each expert's own routed inputs
