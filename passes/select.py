@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from tfcompile.errors import CheckpointError, FormatError, RecipeError
 from tfcompile.families import INCLUDES, Family, family_of, keep_rules
-from tfcompile.families.rules import ALL_LINEARS, standard_linear
+from tfcompile.families.rules import ALL_LINEARS, fusion_roles, standard_linear
 from tfcompile.families.experts import bias_slices, split_slices
 from tfcompile.io.checkpoint import Checkpoint
 from tfcompile.io.safetensors_header import TensorInfo
@@ -47,15 +47,6 @@ DEFAULT_IGNORE = (
 )
 _LAYER = re.compile(r"(^|\.)(layers|layer|h|blocks|block)\.\d+\.")
 _FLOAT = {"BF16", "F16", "F32"}
-# Module-name suffixes whose Linears engines fuse into one GEMM.
-_FUSE = {
-    "q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv",
-    "gate_proj": "gate_up", "up_proj": "gate_up",
-    "w1": "w13", "w3": "w13",
-    "query": "qkv", "key": "qkv", "value": "qkv",
-}
-
-
 @dataclass(frozen=True)
 class SelectConfig:
     format: str = "nvfp4"
@@ -106,7 +97,7 @@ def select(ctx, cfg: SelectConfig, reporter) -> PassResult:
         consumed.add(name)
     if ctx.model.tie_word_embeddings or "lm_head.weight" not in ctx.source.names():
         ignored.add("lm_head")  # a tied lm_head is a Linear with no tensor of its own
-    groups = _group(targets, cfg.fuse_groups, family.fuse)
+    groups = _group(targets, cfg.fuse_groups, fusion_roles(family.name))
     splits = _bias_splits(ctx.source, {t.source for t in targets if t.expert is not None}, family)
     passthrough = tuple(n for n in ctx.source.names() if n not in consumed and n not in splits)
     plan = QuantPlan(scheme, groups, passthrough, tuple(sorted(ignored)), tuple(sorted(embeddings)),
@@ -198,9 +189,8 @@ def _check_target(name: str, info: TensorInfo, scheme: Scheme) -> None:
             hint=f"leave it in high precision with --ignore '{module}'")
 
 
-def _group(targets: list[QuantTarget], fuse: bool, extra: dict | None = None) -> tuple[QuantGroup, ...]:
-    """Group targets by parent module and fusion role (`extra`: the family's roles); deterministic order."""
-    roles = {**_FUSE, **(extra or {})}
+def _group(targets: list[QuantTarget], fuse: bool, roles: dict[str, str]) -> tuple[QuantGroup, ...]:
+    """Group targets by parent module and fusion role (families.rules.fusion_roles); deterministic order."""
     groups: dict[str, list[QuantTarget]] = {}
     for t in targets:
         parent, _, leaf = t.module.rpartition(".")

@@ -8,6 +8,7 @@ for "refuses" is vLLM's own message text and the module names from the checkpoin
 
 from __future__ import annotations
 
+import torch
 from tests_helpers import tensors
 
 
@@ -79,3 +80,22 @@ def test_replicated_mla_projections_are_not_split_by_tp():
     assert not engine_problems(doc("q_a_proj", "kv_a_proj_with_mqa"), "vllm", tp=8)
     (p,) = engine_problems(doc("q_proj", "k_proj"), "vllm", tp=8)
     assert p.error and "output_partition_size = 192" in p.message and "output_partition_size = 72" in p.message
+
+
+def test_unfused_nvfp4_groups_warn_that_the_engine_serves_the_largest_global_scale(tiny_llama_src, tmp_path,
+                                                                                    run_cli):
+    """vLLM loads q/k/v as one qkv_proj and gate/up as one gate_up_proj with one NVFP4 global scale
+    (the largest, with a warning): written apart (select.fuse_groups=false), they are served coarser."""
+    out = tmp_path / "apart"
+    r = run_cli("quantize", tiny_llama_src, "-o", out, "--format", "nvfp4a16", "--json",
+                "--set", "select.fuse_groups=false")
+    assert r.code == 0 and r.json()["passes"]["verify"]["engines"]["vllm"] == "warns"
+    t = tensors(out)
+    p = "model.layers.0.self_attn"
+    assert not torch.equal(t[f"{p}.q_proj.weight_global_scale"], t[f"{p}.k_proj.weight_global_scale"])  # the oracle
+    (w,) = [w for w in r.json()["warnings"] if w.startswith("engine vllm serves")]
+    mlp = "model.layers.0.mlp"  # 2 layers x (q/k/v, gate/up)
+    assert f"{mlp}.gate_proj + {mlp}.up_proj into one layer" in w and "(and 3 more fused layers)" in w
+    assert "largest" in w and "fuse_groups" in w
+    r = run_cli("quantize", tiny_llama_src, "-o", tmp_path / "fused", "--format", "nvfp4a16", "--json")
+    assert r.json()["passes"]["verify"]["engines"]["vllm"] == "serves it as written"

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Iterable, Mapping
 
 from tfcompile.families import engine_unquantized
+from tfcompile.families.rules import fusion_roles
 
 ENGINES = ("vllm", "sglang", "trtllm")
 DEFAULT_ENGINES = ("vllm", "sglang")  # quantize checks these and warns; naming --engine makes it an error
@@ -63,6 +64,7 @@ def engine_problems(doc: Mapping, engine: str, *, target: str | None = None, tp:
     out += _fp8_block(doc, engine, tp)
     out += _kv_cache(doc, engine)
     out += _unquantized_modules(doc, engine)
+    out += _unshared_global_scales(doc, engine)
     out += _weight_only_mxfp4(doc, engine, target)
     out += _target(doc, engine, target)
     return out
@@ -149,6 +151,27 @@ def _unquantized_modules(doc: Mapping, engine: str) -> list[EngineProblem]:
     return [EngineProblem(engine, True, f"vllm builds these without a quantization config and cannot load them "
                           f"quantized: {shown}{more}", f"drop {includes} from select.include (they stay in the "
                           "checkpoint dtype by default)")]
+
+
+def _unshared_global_scales(doc: Mapping, engine: str) -> list[EngineProblem]:
+    """NVFP4 members of one engine-fused layer (families.rules.fusion_roles) outside one manifest group:
+    their global scales differ, and the engine serves them all with the largest (vLLM
+    `CompressedTensorsW4A4Fp4.process_weights_after_loading`, with a warning): coarser than written."""
+    roles = fusion_roles(doc.get("family") or "generic")
+    group_of = {m: i for i, g in enumerate(doc.get("groups", [])) for m in g}
+    fused: dict[tuple[str, str], list[str]] = {}
+    for la in doc.get("layers", []):
+        parent, _, leaf = la["module"].rpartition(".")
+        if leaf in roles and _fmt(la, doc) in ("nvfp4", "nvfp4a16"):
+            fused.setdefault((parent, roles[leaf]), []).append(la["module"])
+    bad = sorted(sorted(ms) for ms in fused.values() if len({group_of.get(m, m) for m in ms}) > 1)
+    if not bad:
+        return []
+    more = f" (and {len(bad) - 1} more fused layers)" if len(bad) > 1 else ""
+    return [EngineProblem(engine, False, f"{engine} fuses {' + '.join(bad[0])} into one layer with one "
+                          f"NVFP4 global scale{more}, but they were written with their own: it serves them all "
+                          "with the largest, coarser than written", "drop --set select.fuse_groups=false: "
+                          "select gives each fused group one shared global scale")]
 
 
 def _weight_only_mxfp4(doc: Mapping, engine: str, target: str | None) -> list[EngineProblem]:

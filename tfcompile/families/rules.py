@@ -148,6 +148,24 @@ def keep_rules(config: Mapping, include: tuple[str, ...] = ()) -> tuple[Keep, ..
     return tuple(k for k in ALWAYS + family_of(config).keep if k.include not in include)
 
 
+# Linear leaves engines fuse into one GEMM over the same input (vLLM's packed_modules_mapping: qkv_proj,
+# gate_up_proj, Mixtral's w13, BERT's qkv), beside each family's own roles (`Family.fuse`): the members
+# of one role under one parent share one NVFP4 global scale (passes/select.py), and an engine that finds
+# them apart requantizes them to the largest (tfcompile/artifact/engines.py warns).
+FUSE = {
+    "q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv",
+    "gate_proj": "gate_up", "up_proj": "gate_up",
+    "w1": "w13", "w3": "w13",
+    "query": "qkv", "key": "qkv", "value": "qkv",
+}
+
+
+def fusion_roles(family: str) -> dict[str, str]:
+    """Leaf -> fusion role for family `family` (a manifest's "family")."""
+    fam = next((f for f in FAMILIES if f.name == family), GENERIC)
+    return {**FUSE, **fam.fuse}
+
+
 def engine_unquantized(family: str) -> tuple[Keep, ...]:
     """The kept classes of family `family` (a manifest's "family") that vLLM builds unquantized."""
     fam = next((f for f in FAMILIES if f.name == family), GENERIC)
