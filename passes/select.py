@@ -47,6 +47,8 @@ DEFAULT_IGNORE = (
 )
 _LAYER = re.compile(r"(^|\.)(layers|layer|h|blocks|block)\.\d+\.")
 _FLOAT = {"BF16", "F16", "F32"}
+
+
 @dataclass(frozen=True)
 class SelectConfig:
     format: str = "nvfp4"
