@@ -22,8 +22,9 @@ import math
 import re
 
 from tfcompile.errors import CheckpointError
+from tfcompile.families.experts import EXPERT_ROLES
 
-_EXPERT = re.compile(r"^(?P<expert>(?P<parent>.*\.experts)\.\d+)\.(?P<proj>gate_proj|up_proj|down_proj)$")
+_EXPERT = re.compile(r"^(?P<expert>(?P<parent>.*\.experts)\.\d+)\.(?P<proj>" + "|".join(EXPERT_ROLES) + ")$")
 
 
 def resolve_amax(modules: set[str], amax: dict[str, float], tokens: dict[str, int], min_tokens: int,
@@ -55,7 +56,7 @@ def resolve_amax(modules: set[str], amax: dict[str, float], tokens: dict[str, in
 
 
 def _kind(proj: str) -> str:
-    return "down" if proj == "down_proj" else "gate_up"
+    return "down" if EXPERT_ROLES[proj] == "down" else "gate_up"
 
 
 def _expert_max(seen: dict[str, float]) -> dict[tuple[str, str], float]:

@@ -60,6 +60,7 @@ class Recorders:
         self._update = {m: self.replay.wrap(f"obs/{m}", o.update) if m in self.replayed else o.update
                         for m, o in self.observers.items()}
         in_memory = {names.to_model(m): m for m in self.modules}  # model module name -> checkpoint name
+        self._ckpt_name = in_memory  # fused experts report model names (MiniMax-M2: mlp.experts.0.gate_proj = w1)
         self.hooks = []
         self._paused = False
         for name, mod in model.named_modules():
@@ -92,9 +93,15 @@ class Recorders:
         """One expert's Linear input (calibration/moe.py), under the artifact's per-expert name."""
         if self._paused:
             return
+        name = self._ckpt_name.get(name, name)
         if name in self._update:
             self._update[name](x)
         self.hessians.add(name, x)
+
+    def _ckpt_prefixes(self, tokens: dict[str, int]) -> dict[str, int]:
+        """Per-expert token counts keyed "{model parent}.{e}" -> the checkpoint's "{parent}.{e}"."""
+        prefix = {m.rpartition(".")[0]: c.rpartition(".")[0] for m, c in self._ckpt_name.items() if m != c}
+        return {prefix.get(k, k): v for k, v in tokens.items()}
 
     def remove(self) -> None:
         for h in self.hooks:
@@ -132,6 +139,7 @@ class Recorders:
                 for k, v in add.items():
                     total[k] = total.get(k, 0) + v
         amax = {n: v for n, v in sorted(amax.items()) if v is not None}
+        routed, seen = self._ckpt_prefixes(routed), self._ckpt_prefixes(seen)
         resolved, fallback = resolve_amax(self.modules, amax, seen, self.moe_min_tokens, model_dir)
         kv_amax = {n: (kv_k[n], kv_v[n]) for n in sorted(kv_k)}
         awq, awq_skipped = self.awq.result()  # after kv_amax: its fold check runs the model

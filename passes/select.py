@@ -11,6 +11,10 @@ Rules (docs/design.md):
   model family's kept modules (tfcompile/families/rules.py: vision towers, MLA's
   kv_b_proj, linear attention; `select.include` quantizes a kept class anyway) is
   extended by `--ignore` (globs, or regexes prefixed `re:`).
+- A model type with no rules (families GENERIC) is quantized conservatively: only the
+  Linears `families.rules.standard_linear` shows are plain attention / MLP projections
+  (standard names, reading or writing the hidden size); the rest is kept and listed
+  (stats `kept_no_rules`, one warning); `select.include=all_linears` quantizes them all.
 - Every 2-D weight that is not quantized and is not an embedding goes into the
   artifact's `ignore` list, so loaders leave that Linear in high precision.
 - Linears that engines fuse (q/k/v, gate/up, MoE w1/w3, BERT query/key/value)
@@ -25,6 +29,7 @@ from dataclasses import dataclass
 
 from tfcompile.errors import CheckpointError, FormatError, RecipeError
 from tfcompile.families import INCLUDES, Family, family_of, keep_rules
+from tfcompile.families.rules import ALL_LINEARS, fusion_roles, standard_linear
 from tfcompile.families.experts import bias_slices, split_slices
 from tfcompile.io.checkpoint import Checkpoint
 from tfcompile.io.safetensors_header import TensorInfo
@@ -42,13 +47,6 @@ DEFAULT_IGNORE = (
 )
 _LAYER = re.compile(r"(^|\.)(layers|layer|h|blocks|block)\.\d+\.")
 _FLOAT = {"BF16", "F16", "F32"}
-# Module-name suffixes whose Linears engines fuse into one GEMM.
-_FUSE = {
-    "q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv",
-    "gate_proj": "gate_up", "up_proj": "gate_up",
-    "w1": "w13", "w3": "w13",
-    "query": "qkv", "key": "qkv", "value": "qkv",
-}
 
 
 @dataclass(frozen=True)
@@ -57,7 +55,7 @@ class SelectConfig:
     ignore: tuple[str, ...] = ()  # extra patterns: globs over module names, or "re:<regex>"
     use_default_ignore: bool = True
     fuse_groups: bool = True  # group q/k/v and gate/up (shared NVFP4 global scale)
-    include: tuple[str, ...] = ()  # kept module classes to quantize anyway: vision, mla_kv_b, linear_attn
+    include: tuple[str, ...] = ()  # kept module classes to quantize anyway: vision, mla_kv_b, ... (INCLUDES)
 
 
 def _supports(recipe: Recipe, cfg: SelectConfig) -> list[Unsupported]:
@@ -80,6 +78,8 @@ def select(ctx, cfg: SelectConfig, reporter) -> PassResult:
     keep = tuple(k.pattern for k in keep_rules(ctx.source.config, cfg.include))
     patterns = [_compile(p) for p in (DEFAULT_IGNORE + keep if cfg.use_default_ignore else ()) + cfg.ignore]
     targets, ignored, consumed, embeddings = [], set(), set(), set()
+    unproven: dict[str, str] = {}  # no rules for this model type: module -> why it is kept
+    conservative = family.linears == "standard" and ALL_LINEARS not in cfg.include
     for name in ctx.source.names():
         info = ctx.source.info(name)
         module = name[: -len(".weight")] if name.endswith(".weight") else name
@@ -91,19 +91,50 @@ def select(ctx, cfg: SelectConfig, reporter) -> PassResult:
         if any(p(module) for p in patterns) or any(p(t.module) for t in found for p in patterns):
             ignored.update(t.module for t in found)
             continue
+        if conservative and _unproven(found, ctx.model.hidden_size, unproven):
+            ignored.update(t.module for t in found)
+            continue
         _check_target(name, info, scheme)
         targets.extend(found)
         consumed.add(name)
     if ctx.model.tie_word_embeddings or "lm_head.weight" not in ctx.source.names():
         ignored.add("lm_head")  # a tied lm_head is a Linear with no tensor of its own
-    groups = _group(targets, cfg.fuse_groups, family.fuse)
+    groups = _group(targets, cfg.fuse_groups, fusion_roles(family.name))
     splits = _bias_splits(ctx.source, {t.source for t in targets if t.expert is not None}, family)
     passthrough = tuple(n for n in ctx.source.names() if n not in consumed and n not in splits)
     plan = QuantPlan(scheme, groups, passthrough, tuple(sorted(ignored)), tuple(sorted(embeddings)),
                      frozenset(consumed), splits=splits, family=family.name)
     stats = {"family": family.name, "quantized_linears": len(targets), "groups": len(groups),
              "ignored_linears": len(ignored), "passthrough_tensors": len(passthrough)}
+    if unproven:
+        stats["kept_no_rules"] = _kept_summary(unproven)
+        reporter.warn(_kept_warning(ctx.model.model_type, stats["kept_no_rules"]))
     return PassResult(ctx.with_(plan=plan), stats)
+
+
+def _unproven(found: list[QuantTarget], hidden: int | None, out: dict[str, str]) -> bool:
+    """Record (in `out`) the targets `standard_linear` cannot show are plain projections; True if any."""
+    why = {t.module: w for t in found if (w := standard_linear(t.module, t.shape, hidden))}
+    out.update(why)
+    return bool(why)
+
+
+def _kept_summary(kept: dict[str, str]) -> list[dict]:
+    """Kept modules by name pattern (layer and expert numbers as *): [{"modules", "count", "why"}]."""
+    rows: dict[tuple[str, str], int] = {}
+    for module, why in kept.items():
+        key = (re.sub(r"\.\d+\.", ".*.", module), why)
+        rows[key] = rows.get(key, 0) + 1
+    return [{"modules": m, "count": n, "why": w} for (m, w), n in sorted(rows.items())]
+
+
+def _kept_warning(model_type: str, rows: list[dict]) -> str:
+    listed = "; ".join(f"{r['modules']} ({r['count']}): {r['why']}" for r in rows[:6])
+    more = f"; and {len(rows) - 6} more patterns (--json: passes.select.kept_no_rules)" if len(rows) > 6 else ""
+    return (f"select: model_type {model_type!r} has no tfcompile rules (docs/models.md), so only standard "
+            f"attention / MLP Linears were quantized; kept in the checkpoint dtype: {listed}{more}\n"
+            "hint: --set 'select.include=[\"all_linears\"]' quantizes every decoder-layer Linear (check first "
+            "that your engine builds them with the quantization config); --ignore PATTERN keeps more")
 
 
 def _compile(pattern: str):
@@ -160,9 +191,8 @@ def _check_target(name: str, info: TensorInfo, scheme: Scheme) -> None:
             hint=f"leave it in high precision with --ignore '{module}'")
 
 
-def _group(targets: list[QuantTarget], fuse: bool, extra: dict | None = None) -> tuple[QuantGroup, ...]:
-    """Group targets by parent module and fusion role (`extra`: the family's roles); deterministic order."""
-    roles = {**_FUSE, **(extra or {})}
+def _group(targets: list[QuantTarget], fuse: bool, roles: dict[str, str]) -> tuple[QuantGroup, ...]:
+    """Group targets by parent module and fusion role (families.rules.fusion_roles); deterministic order."""
     groups: dict[str, list[QuantTarget]] = {}
     for t in targets:
         parent, _, leaf = t.module.rpartition(".")

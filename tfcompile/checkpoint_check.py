@@ -12,6 +12,8 @@ list of ours:
 - tied parameters (`all_tied_weights_keys`): a tied `lm_head` needs no tensor;
 - declared ignorable keys (`_keys_to_ignore_on_load_missing/unexpected`, old
   per-layer `rotary_emb.inv_freq` buffers): allowed;
+- the multi-token-prediction layers config.json declares (tfcompile/families/mtp.py):
+  not judged by the model, which has no module for them; kept in the artifact;
 - buffers (non-persistent ones such as RoPE's `inv_freq`) are never required.
 
 Problems: a parameter with no tensor (missing), a tensor the model has no
@@ -45,6 +47,7 @@ from tfcompile.errors import CheckpointError
 from tfcompile.families import V5, family_of
 from tfcompile.families.dense import dense_spec, matches
 from tfcompile.families.experts import PROJS, fuse_bias, fuse_weight
+from tfcompile.families.mtp import is_mtp, mtp_prefixes
 from tfcompile.io.dtypes import code_of, torch_dtype_of
 
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -196,7 +199,7 @@ def check_checkpoint(config: dict, tensors: dict[str, tuple[torch.dtype, tuple[i
         return (f"architecture {arch!r} is not in transformers: the checkpoint's completeness, shapes and "
                 "dtypes were not checked (--allow-unknown-architecture); calibration-based formats and verify's "
                 "config checks need a transformers architecture, and engines may not load the result")
-    problems = find_problems(model, fuse_unmapped_experts(model, config, tensors))
+    problems = find_problems(model, fuse_unmapped_experts(model, config, without_mtp(config, tensors)))
     if problems:
         raise CheckpointError(f"{where}: the checkpoint does not match the {arch} that config.json describes: "
                               f"{problems.summary()}",
@@ -210,6 +213,14 @@ def _fits_dense_spec(config: dict, tensors: dict[str, tuple[torch.dtype, tuple[i
     spec = dense_spec(config)
     return spec is not None and all(dtype in FLOAT_DTYPES for dtype, _ in tensors.values()) \
         and matches(spec, {name: shape for name, (_, shape) in tensors.items()})
+
+
+def without_mtp(config: dict, tensors: dict) -> dict:
+    """`tensors` but the MTP layers config.json declares: transformers' model has no module for them
+    (declared ignorable there, or not at all for a small test model) but engines load them, so they
+    are kept and not judged by the model (tfcompile/families/mtp.py)."""
+    mtp = mtp_prefixes(config)
+    return {n: v for n, v in tensors.items() if not is_mtp(n, mtp)}
 
 
 _EXPERT = re.compile(r"^(?P<base>.*\.experts)\.(?P<e>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.(?P<leaf>weight|bias)$")

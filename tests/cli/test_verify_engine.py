@@ -15,6 +15,7 @@ def _doc(layers, groups=(), fmt="fp8-block", kv=None):
 
 QKV = [("model.layers.0.self_attn.q_proj", (576, 576)), ("model.layers.0.self_attn.k_proj", (192, 576)),
        ("model.layers.0.self_attn.v_proj", (192, 576)), ("model.layers.0.self_attn.o_proj", (576, 576))]
+QKV_GROUP = [m for m, _ in QKV[:3]]  # one NVFP4 global scale, as select writes q/k/v
 
 
 def test_fused_members_but_the_last_must_divide_the_block_as_vllm_validates():
@@ -43,15 +44,15 @@ def test_tensor_parallel_splits_rows_and_columns():
 
 
 def test_kv_cache_nvfp4_is_refused_by_vllm_and_sglang_not_trtllm():
-    doc = _doc(QKV, fmt="nvfp4", kv={"dtype": "nvfp4", "strategy": "tensor"})
+    doc = _doc(QKV, [QKV_GROUP], fmt="nvfp4", kv={"dtype": "nvfp4", "strategy": "tensor"})
     assert all(p.error for e in ("vllm", "sglang") for p in engine_problems(doc, e))
     assert not [p for p in engine_problems(doc, "trtllm") if p.error]
 
 
 def test_targets_and_weight_only_mxfp4_are_warnings():
     assert [p.error for p in engine_problems(_doc(QKV, fmt="mxfp4a16"), "vllm")] == [False]
-    assert [p.error for p in engine_problems(_doc(QKV, fmt="nvfp4"), "vllm", target="sm_90a")] == [False]
-    assert not engine_problems(_doc(QKV, fmt="nvfp4"), "vllm", target="sm_100a")
+    assert [p.error for p in engine_problems(_doc(QKV, [QKV_GROUP], fmt="nvfp4"), "vllm", target="sm_90a")] == [False]
+    assert not engine_problems(_doc(QKV, [QKV_GROUP], fmt="nvfp4"), "vllm", target="sm_100a")
 
 
 def test_cli_verify_engine_refuses_fp8_block_kv_rows_of_64(tiny_llama_src, tmp_path, run_cli):

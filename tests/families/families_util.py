@@ -17,7 +17,7 @@ STATIC = {"nvfp4", "fp8"}  # formats with calibrated input scales
 # Quick calibration: random tokens; the statistics only need to exist and be valid.
 CALIB = ("--calib", "random", "--calib-samples", "2", "--calib-seq-len", "32")
 # The CI subset of the family x format matrix: every family twice, every format at least twice, the
-# calibrated ones on every MoE layout. TFCOMPILE_FAMILY_MATRIX=full runs all 8 x 8 (bench/families.py
+# calibrated ones on every MoE layout. TFCOMPILE_FAMILY_MATRIX=full runs all 13 x 8 (bench/families.py
 # runs them too, with the loader checks, into docs/models.md).
 CI_MATRIX = (
     ("deepseek_v3", "nvfp4"), ("deepseek_v3", "fp8-block"), ("kimi_k2", "mxfp4a16"),
@@ -25,6 +25,10 @@ CI_MATRIX = (
     ("qwen3", "fp8-dynamic"), ("qwen3", "nvfp4"), ("qwen3_moe", "nvfp4"), ("qwen3_moe", "mxfp4a16"),
     ("qwen3_next", "fp8"), ("qwen3_next", "nvfp4a16"), ("qwen2_5_vl", "mxfp8"), ("qwen2_5_vl", "fp8-block"),
     ("kimi_k2", "fp8-dynamic"), ("qwen2_5_vl", "mxfp4"),
+    # the 2026 families: DSA with calibration and FP8 blocks, Qwen3.5-MoE (vision wrapper) and MiniMax-M2
+    # (experts w1/w2/w3) calibrated
+    ("deepseek_v32", "fp8-block"), ("glm_moe_dsa", "nvfp4"), ("qwen3_5_moe", "nvfp4"), ("qwen3_5", "mxfp8"),
+    ("minimax_m2", "nvfp4"),
 )
 
 

@@ -17,7 +17,8 @@ from families_util import manifest, matrix, run_cli
 def test_quantize_verify_eval(family, fmt, family_src, family_artifact):
     art = family_artifact(family, fmt)
     m = manifest(art)
-    assert m["scheme"]["name"] == fmt and m["family"] == (family if family != "kimi_k2" else "deepseek_v3")
+    assert m["scheme"]["name"] == fmt and m["family"] == {"kimi_k2": "deepseek_v3", "qwen3_5_moe": "qwen3_5"}.get(
+        family, family)
     assert m["summary"]["quantized_linears"] > 0
     code, out, err = run_cli("verify", art, "--json")  # checksums, shapes vs config, scales, shared global scales
     assert code == 0, out + err

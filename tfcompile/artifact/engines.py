@@ -17,6 +17,10 @@ the artifacts and checks that it refuses exactly what these rules refuse):
   TensorRT-LLM serves it (modelopt view) on Blackwell.
 - MXFP4 weight-only: vLLM 0.32 builds `CompressedTensorsW4A4Mxfp4` whatever `input_activations`
   says, and runs W4A4 where a W4A4 kernel exists (sm_100 with FlashInfer; vLLM #56770).
+- Modules vLLM builds without a quantization config (tfcompile/families/rules.py
+  `Keep.engine_unquantized`: the DSA indexer's fused `wk_weights_proj`, deepseek_v2.py `Indexer`;
+  the MTP `eh_proj` nn.Linear and `shared_head.head` ParallelLMHead, deepseek_mtp.py): quantized
+  (`select.include`), they have no place for `weight_packed` / `weight_scale`: refused.
 - Targets: NVFP4 / MXFP4 / MXFP8 W4A4 / W8A8 GEMMs need sm_100; on sm_90 vLLM serves them
   weight-only (Marlin), activations unquantized.
 """
@@ -27,6 +31,9 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
+from tfcompile.families import engine_unquantized
+from tfcompile.families.rules import fusion_roles
+
 ENGINES = ("vllm", "sglang", "trtllm")
 DEFAULT_ENGINES = ("vllm", "sglang")  # quantize checks these and warns; naming --engine makes it an error
 TARGETS = ("sm_90a", "sm_100a")
@@ -35,6 +42,10 @@ BLOCK = 128
 FUSED_ORDER = {"q_proj": 0, "k_proj": 1, "v_proj": 2, "gate_proj": 0, "up_proj": 1, "q_a_proj": 0,
                "kv_a_proj_with_mqa": 1, "in_proj_qkv": 0, "in_proj_z": 1, "in_proj_b": 0, "in_proj_a": 1}
 ROW_PARALLEL = {"o_proj", "down_proj", "out_proj"}
+# Linears vLLM replicates on every rank (not split by --tp): deepseek_v2.py builds MLA's q_a_proj +
+# kv_a_proj_with_mqa as `DeepSeekV2FusedQkvAProjLinear` (disable_tp=True) and the DSA indexer's wq_b as
+# a ReplicatedLinear, so only the unsplit sizes count (what lets DeepSeek-V3's FP8 blocks serve at TP 8).
+REPLICATED = {"q_a_proj", "kv_a_proj_with_mqa", "wq_b"}
 _EXPERT = re.compile(r"\.experts\.\d+\.(gate_proj|up_proj|down_proj)$")
 _A4_NEEDS_SM100 = {"nvfp4", "mxfp4", "mxfp8"}
 
@@ -52,6 +63,8 @@ def engine_problems(doc: Mapping, engine: str, *, target: str | None = None, tp:
     out: list[EngineProblem] = []
     out += _fp8_block(doc, engine, tp)
     out += _kv_cache(doc, engine)
+    out += _unquantized_modules(doc, engine)
+    out += _unshared_global_scales(doc, engine)
     out += _weight_only_mxfp4(doc, engine, target)
     out += _target(doc, engine, target)
     return out
@@ -81,12 +94,15 @@ def _fp8_block(doc: Mapping, engine: str, tp: int) -> list[EngineProblem]:
     for g in _fused(doc):
         if _fmt(g[0], doc) != "fp8-block":
             continue
-        members = g if tp > 1 else g[:-1]  # merged weights: the last member may end in a partial block
-        bad += [_msg(la["module"], la["shape"][0] // tp, "output_partition_size", "block_n")
-                for la in members if (la["shape"][0] // tp) % BLOCK]
+        t = 1 if _leaf(g[0]) in REPLICATED else tp
+        members = g if t > 1 else g[:-1]  # merged weights: the last member may end in a partial block
+        bad += [_msg(la["module"], la["shape"][0] // t, "output_partition_size", "block_n")
+                for la in members if (la["shape"][0] // t) % BLOCK]
     for la in layers:
         n, k = la["shape"]
-        leaf = la["module"].rsplit(".", 1)[-1]
+        leaf = _leaf(la)
+        if leaf in REPLICATED:
+            continue
         if _EXPERT.search(la["module"]):
             inter = k if leaf == "down_proj" else n
             if (inter // tp) % BLOCK:
@@ -104,6 +120,10 @@ def _fp8_block(doc: Mapping, engine: str, tp: int) -> list[EngineProblem]:
                           "128-blocks")]
 
 
+def _leaf(layer: Mapping) -> str:
+    return layer["module"].rsplit(".", 1)[-1]
+
+
 def _msg(module: str, size: int, what: str, block: str) -> str:
     return f"{module}: Weight {what} = {size} is not divisible by weight quantization {block} = {BLOCK}"
 
@@ -116,6 +136,42 @@ def _kv_cache(doc: Mapping, engine: str) -> list[EngineProblem]:
                           "supported kv cache quantization is num_bits=8, type=float')",
                           "use --kv-cache fp8 for vllm/sglang; --kv-cache nvfp4 is for --engine trtllm "
                           "(--export modelopt)")]
+
+
+def _unquantized_modules(doc: Mapping, engine: str) -> list[EngineProblem]:
+    if engine != "vllm":  # read from vLLM's model code; SGLang / TensorRT-LLM not checked here
+        return []
+    rules = engine_unquantized(doc.get("family") or "generic")
+    bad = [(la["module"], k) for la in doc.get("layers", []) for k in rules if k.matches(la["module"])]
+    if not bad:
+        return []
+    more = f" (and {len(bad) - 3} more)" if len(bad) > 3 else ""
+    shown = "; ".join(f"{m} ({k.what})" for m, k in bad[:3])
+    includes = ", ".join(sorted({k.include for _, k in bad}))
+    return [EngineProblem(engine, True, f"vllm builds these without a quantization config and cannot load them "
+                          f"quantized: {shown}{more}", f"drop {includes} from select.include (they stay in the "
+                          "checkpoint dtype by default)")]
+
+
+def _unshared_global_scales(doc: Mapping, engine: str) -> list[EngineProblem]:
+    """NVFP4 members of one engine-fused layer (families.rules.fusion_roles) outside one manifest group:
+    their global scales differ, and the engine serves them all with the largest (vLLM
+    `CompressedTensorsW4A4Fp4.process_weights_after_loading`, with a warning): coarser than written."""
+    roles = fusion_roles(doc.get("family") or "generic")
+    group_of = {m: i for i, g in enumerate(doc.get("groups", [])) for m in g}
+    fused: dict[tuple[str, str], list[str]] = {}
+    for la in doc.get("layers", []):
+        parent, _, leaf = la["module"].rpartition(".")
+        if leaf in roles and _fmt(la, doc) in ("nvfp4", "nvfp4a16"):
+            fused.setdefault((parent, roles[leaf]), []).append(la["module"])
+    bad = sorted(sorted(ms) for ms in fused.values() if len({group_of.get(m, m) for m in ms}) > 1)
+    if not bad:
+        return []
+    more = f" (and {len(bad) - 1} more fused layers)" if len(bad) > 1 else ""
+    return [EngineProblem(engine, False, f"{engine} fuses {' + '.join(bad[0])} into one layer with one "
+                          f"NVFP4 global scale{more}, but they were written with their own: it serves them all "
+                          "with the largest, coarser than written", "drop --set select.fuse_groups=false: "
+                          "select gives each fused group one shared global scale")]
 
 
 def _weight_only_mxfp4(doc: Mapping, engine: str, target: str | None) -> list[EngineProblem]:
@@ -141,3 +197,24 @@ def _target(doc: Mapping, engine: str, target: str | None) -> list[EngineProblem
 
 def check_engines(doc: Mapping, engines: Iterable[str], **kw) -> list[EngineProblem]:
     return [p for e in engines for p in engine_problems(doc, e, **kw)]
+
+
+def plan_view(plan, kv_cache: str | None = None) -> dict:
+    """The manifest fields these rules read, from a `QuantPlan` (tfcompile/ir.py) before anything is
+    quantized: `plan --estimate` asks the engines from config.json alone. `kv_cache`: calibrate.kv_cache."""
+    kv = {"dtype": "nvfp4" if kv_cache == "nvfp4" else "fp8_e4m3"} if kv_cache else None
+    return {"scheme": {"name": plan.scheme.name, "kv_cache": kv}, "family": plan.family,
+            "layers": [{"module": t.module, "shape": list(t.shape), "format": plan.scheme_of(g).name}
+                       for g in plan.groups for t in g.members],
+            "groups": [[t.module for t in g.members] for g in plan.groups if len(g.members) > 1]}
+
+
+def engine_record(problems: list[EngineProblem], engines: Iterable[str]) -> dict:
+    """{engine: {"verdict", "problems": [{"error", "message", "hint"}]}} for --json output."""
+    out = {}
+    for e in engines:
+        mine = [p for p in problems if p.engine == e]
+        verdict = "refuses" if any(p.error for p in mine) else "warns" if mine else "serves it as written"
+        out[e] = {"verdict": verdict, "problems": [{"error": p.error, "message": p.message, "hint": p.hint}
+                                                   for p in mine]}
+    return out

@@ -21,6 +21,8 @@ from typing import Any, Callable
 
 import click
 
+from tfcompile.artifact.engines import ENGINES
+
 from tfcompile.cli.model_ref import REVISION_HELP
 from tfcompile.io.hub import resolve_model
 from tfcompile.recipe.options import CalibOptions, EvalOptions, LayoutOptions, RunOptions
@@ -88,7 +90,12 @@ load_options = option_group([
     click.option("--allow-unknown-architecture", "allow_unknown_architecture", is_flag=True, default=None,
                  help="Quantize an architecture transformers does not have, by tensor names alone: "
                  "nothing checks that the checkpoint is complete (docs/cli.md \"Safety\")."),
-], lambda v, kw: _update_run(kw, allow_unknown_architecture=v["allow_unknown_architecture"]))
+    click.option("--engine", "engines", multiple=True, type=click.Choice(ENGINES),
+                 help="The serving engine the artifact is for (repeatable): refuse to write what it cannot load "
+                 "(tfcompile/artifact/engines.py; docs/interop.md). Without it, vllm and sglang are checked and "
+                 "only warn. Its GPU and TP size: --set verify.engine_target=sm_100a, verify.engine_tp=8."),
+], lambda v, kw: _update_run(kw, allow_unknown_architecture=v["allow_unknown_architecture"],
+                             engines=tuple(v["engines"])))
 
 
 recipe_options = option_group([

@@ -28,6 +28,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from tfcompile.artifact.engines import check_engines, engine_record, plan_view
 from tfcompile.dist.partition import hessian_owners, shard_owner
 from tfcompile.errors import RecipeError
 from tfcompile.io.writer import TensorSpec, plan_shards
@@ -126,7 +127,16 @@ def estimate(model: Path, recipe, devices: str = "cpu", nodes: int = 1) -> dict:
         "passes": passes,
         "total_s": round(sum(p["seconds"] for p in passes.values()), 1),
     }
+    if "verify" in names and recipe.config("verify").engines:  # what the engines would refuse, before any work
+        doc["engines"] = _engines(plan, recipe.config("verify"), calib.kv_cache if calib is not None else None)
     return doc
+
+
+def _engines(plan, cfg, kv_cache: str | None) -> dict:
+    """verify.engines (default vllm, sglang) at verify.engine_target / engine_tp, on the plan
+    (tfcompile/artifact/engines.py: the rules quantize and `verify --engine` apply)."""
+    problems = check_engines(plan_view(plan, kv_cache), cfg.engines, target=cfg.engine_target, tp=cfg.engine_tp)
+    return {"tp": cfg.engine_tp, "target": cfg.engine_target, **engine_record(problems, cfg.engines)}
 
 
 def _node(cluster: Cluster) -> dict:

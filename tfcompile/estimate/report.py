@@ -36,4 +36,7 @@ def estimate_table(doc: dict) -> Table:
         extra = ", ".join(f"{k} {v}" for k, v in p.items() if k.endswith("_s") or k == "batches_per_rank")
         t.add_row(f"{name}", f"{_s(p['seconds'])} ({extra})" if extra else _s(p["seconds"]))
     t.add_row("total", _s(doc["total_s"]))
+    for engine, r in {k: v for k, v in doc.get("engines", {}).items() if isinstance(v, dict)}.items():
+        said = "; ".join(p["message"] for p in r["problems"])
+        t.add_row(f"{engine} (tp {doc['engines']['tp']})", r["verdict"] + (f": {said}" if said else ""))
     return t

@@ -5,7 +5,7 @@ docs/models.md is the user-facing table of these rules.
 """
 
 from tfcompile.families.rules import (FAMILIES, GENERIC, GPT_OSS, INCLUDES, V5, ExpertLayout, Family, Keep,
-                                      family_of, keep_rules)
+                                      engine_unquantized, family_of, keep_rules)
 
-__all__ = ["FAMILIES", "GENERIC", "GPT_OSS", "INCLUDES", "V5", "ExpertLayout", "Family", "Keep", "family_of",
+__all__ = ["FAMILIES", "GENERIC", "GPT_OSS", "INCLUDES", "V5", "ExpertLayout", "Family", "Keep", "engine_unquantized", "family_of",
            "keep_rules"]

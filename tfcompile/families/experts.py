@@ -39,6 +39,9 @@ def is_expert_group(key: str) -> bool:
 
 
 PROJS = ("gate_proj", "up_proj", "down_proj")
+# Per-expert checkpoint leaves -> their role: transformers v5's names, and Mixtral / MiniMax-M2's w1 (gate),
+# w3 (up), w2 (down), which vLLM loads with `ckpt_gate_proj_name="w1"` ... (minimax_m2.py, mixtral.py).
+EXPERT_ROLES = {"gate_proj": "gate", "up_proj": "up", "down_proj": "down", "w1": "gate", "w3": "up", "w2": "down"}
 
 
 @dataclass(frozen=True)

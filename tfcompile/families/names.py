@@ -8,11 +8,20 @@ rules (transformers.conversion_mapping); `NameMap` applies exactly those rules (
 the expert-fusing `WeightConverter`s: experts are handled by families/experts.py), so
 calibration hooks, eval and the interop tests find the module a checkpoint tensor
 belongs to. The artifact keeps the checkpoint's names, as every loader expects.
+
+Per-expert Linears are named by their role in memory (`experts.{e}.gate_proj` / `up_proj` /
+`down_proj`, what families/experts.py writes into the fused tensors); checkpoints that store them as
+`w1` / `w3` / `w2` (MiniMax-M2, Mixtral) are mapped by the model's own expert-fusing
+`WeightConverter`s (`experts.*.w1` + `experts.*.w3` -> `gate_up_proj`: w1 is the gate half).
 """
 
 from __future__ import annotations
 
+import re
 from typing import Iterable
+
+_EXPERT_LEAF = re.compile(r"(?P<head>.*\.experts\.\d+\.)(?P<leaf>[^.]+)(?P<tail>\.weight|\.bias)?$")
+_SOURCE_LEAF = re.compile(r"\.?experts\.\*\.(?P<leaf>[^.]+)\.weight")
 
 
 class NameMap:
@@ -24,6 +33,7 @@ class NameMap:
 
     def __init__(self, model, ckpt_names: Iterable[str] = ()):
         self._renamings = _renamings(model)
+        self._leaves = expert_leaves(model)
         self._to_ckpt: dict[str, str] = {}
         for n in ckpt_names:
             m = self.to_model(n)
@@ -32,17 +42,23 @@ class NameMap:
 
     @property
     def identity(self) -> bool:
-        return not self._renamings
+        return not self._renamings and not self._leaves
 
     def to_model(self, name: str) -> str:
         """A checkpoint tensor or module name as the model names it."""
-        if not self._renamings:
+        if self.identity:
             return name
-        out = _apply(name, self._renamings)
+        out = self._leaf(_apply(name, self._renamings))
         if out != name or name.endswith((".weight", ".bias")):
             return out
-        as_weight = _apply(name + ".weight", self._renamings)  # a module name: rename its weight
+        as_weight = self._leaf(_apply(name + ".weight", self._renamings))  # a module name: rename its weight
         return as_weight[: -len(".weight")] if as_weight.endswith(".weight") else name
+
+    def _leaf(self, name: str) -> str:
+        m = _EXPERT_LEAF.match(name) if self._leaves else None
+        if m is None or m["leaf"] not in self._leaves:
+            return name
+        return m["head"] + self._leaves[m["leaf"]] + (m["tail"] or "")
 
     def to_ckpt(self, name: str) -> str:
         """A model parameter or module name as the checkpoint names it."""
@@ -64,6 +80,33 @@ def _renamings(model) -> list:
     if not isinstance(model, PreTrainedModel):  # a plain torch module: its names are the checkpoint's
         return []
     return [c for c in get_model_conversion_mapping(model) if isinstance(c, WeightRenaming)]
+
+
+def expert_leaves(model) -> dict[str, str]:
+    """Per-expert checkpoint leaf -> its role (gate_proj, up_proj, down_proj) where they differ, read
+    from the model's expert-fusing WeightConverters (sources `.experts.*.LEAF.weight`)."""
+    try:
+        # lazy: transformers (~2 s to import); only when a model is built
+        from transformers import PreTrainedModel
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import WeightConverter
+    except ImportError:
+        return {}
+    if not isinstance(model, PreTrainedModel):
+        return {}
+    out: dict[str, str] = {}
+    for c in get_model_conversion_mapping(model):
+        if not isinstance(c, WeightConverter) or len(c.target_patterns) != 1:
+            continue
+        leaves = [m["leaf"] if (m := _SOURCE_LEAF.fullmatch(s)) else None for s in c.source_patterns]
+        target = c.target_patterns[0]
+        if None in leaves:
+            continue
+        if target.endswith("experts.gate_up_proj") and len(leaves) == 2:
+            out.update({leaves[0]: "gate_proj", leaves[1]: "up_proj"})
+        elif target.endswith("experts.down_proj") and len(leaves) == 1:
+            out[leaves[0]] = "down_proj"
+    return {k: v for k, v in out.items() if k != v}
 
 
 def _apply(name: str, renamings: list) -> str:

@@ -72,6 +72,7 @@ class RunOptions:
     distill: Mapping[str, Any] | None = None  # tfcompile distill: distill.* fields given
     report: bool | None = None  # --report: OUT/tfcompile/report.html (passes/report.py)
     allow_unknown_architecture: bool | None = None  # load.allow_unknown_architecture
+    engines: tuple[str, ...] = ()  # --engine: verify.engines, refusing what they cannot load
     device: str | None = None  # --device: every scheduled pass's `device` (tfcompile/dist/devices.py)
     skip: tuple[str, ...] = ()
     until: str | None = None
@@ -81,6 +82,8 @@ class RunOptions:
         out: dict[str, dict[str, Any]] = {}
         if self.allow_unknown_architecture:
             out["load"] = {"allow_unknown_architecture": True}
+        if self.engines:
+            out["verify"] = {"engines": list(self.engines), "engine_strict": True}
         if self.report:
             out["report"] = {}
         if self.cutlass:
