@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from fuzz_helpers import ODD_TEXT, check, deep_text, paths_of, quantize_outcome, render, run
 
-settings.register_profile("tfcompile-fuzz-json", max_examples=int(os.environ.get("TFCOMPILE_FUZZ_EXAMPLES", "25")),
+settings.register_profile("tfcompile-fuzz-json", max_examples=int(os.environ.get("TFCOMPILE_FUZZ_EXAMPLES", "40")),
                           deadline=None, derandomize=True, database=None, print_blob=True,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                                  HealthCheck.function_scoped_fixture])
