@@ -175,7 +175,8 @@ SITES = [("m/config.json", "quantize"), ("m/model.safetensors", "quantize"), ("m
          ("key.pem", "quantize --sign"), ("a/tfcompile/manifest.json", "inspect"),
          ("a/tfcompile/manifest.json", "verify"), ("a/tfcompile/manifest.sig", "verify --public-key"),
          ("pub.pem", "verify --public-key"), ("a/tfcompile/kv_cache.json", "report"),
-         ("a/kernels/index.json", "report"), ("eval.json", "report --eval"), ("a/config.json", "export-onnx")]
+         ("a/kernels/index.json", "report"), ("eval.json", "report --eval"), ("a/config.json", "export-onnx"),
+         ("calib.txt", "quantize --calib"), ("text.txt", "eval --text")]
 
 
 @pytest.mark.parametrize("kind", sorted(SPECIAL))
@@ -202,7 +203,10 @@ def test_fifos_and_devices_are_refused_at_once(site, command, kind, tiny_src, si
                                     target if site == "pub.pem" else keys[1]],
             "report": ["report", work / "a", "-o", out], "report --eval": ["report", work / "a", "--eval", target,
                                                                            "-o", out],
-            "export-onnx": ["export-onnx", work / "a", "-o", out]}[command]
+            "export-onnx": ["export-onnx", work / "a", "-o", out],
+            "quantize --calib": ["quantize", work / "m", "-o", out, "--format", "fp8", "-q", "--calib", target,
+                                 "--set", "calibrate.samples=2", "--set", "calibrate.seq_len=8"],
+            "eval --text": ["eval", work / "a", "--reference", work / "m", "--text", target]}[command]
     code, stdout, err = run(*args, bound=30)
     check(code, stdout, err, fuzz_dirs[1], out)
     assert code == 1, f"{site} as a {kind} was accepted by {command}: {err}"
