@@ -117,6 +117,21 @@ def test_fuzz_odd_json_in_what_quantize_reads(tiny_src, fuzz_dirs, data):
     shutil.rmtree(model.parent)
 
 
+@FUZZ
+@given(data=st.data())
+def test_fuzz_odd_json_in_the_config_plan_estimates(tiny_src, fuzz_dirs, data):
+    """`plan --estimate` reads config.json alone (no weights): odd values at any key, bounded."""
+    work = Path(tempfile.mkdtemp(dir=fuzz_dirs[0]))
+    cfg = json.loads((tiny_src / "config.json").read_text())
+    path = data.draw(st.sampled_from(paths_of(cfg, 2) + [("n_layers",), ("num_local_experts",), ("text_config",)]))
+    (work / "config.json").write_text(render(cfg, path, data.draw(ODD_TEXT)))
+    devices = data.draw(st.sampled_from(["1xH200", "8xH200", "0xH200", "3xB200", "1e3xH200", "x"]))
+    code, stdout, err = run("plan", work / "config.json", "--format", "nvfp4", "--estimate", "--devices", devices,
+                            bound=30)
+    check(code, stdout, err, fuzz_dirs[1])
+    shutil.rmtree(work)
+
+
 # ---- what inspect, report and verify read from an artifact
 
 def _damage(draw, art: Path) -> None:
