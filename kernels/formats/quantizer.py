@@ -13,7 +13,9 @@ Weights (`WeightQuantizer`):
   with that stored value, so data and scale agree bit for bit.
 - `group_global_scale(weights)`: NVFP4 gives a fusion group (q/k/v, gate/up, expert w1/w3)
   one global scale, 2688 / the group's max |w| (engines otherwise take the max at load time
-  and lose accuracy); None for the other formats.
+  and lose accuracy); per-tensor FP8 gives it one weight scale, the members' largest
+  amax/448, so every member is quantized with the scale vLLM serves the fused layer with
+  (`requantize_with_max_scale` is then the identity; docs/interop.md); None for the others.
 - `multipliers(q)` / `encode(values)`: the fixed-scale view GPTQ works in (each element's
   dequant multiplier, and values already on the element grid back to stored data).
 Activations (`ActQuantizer`, keyed by `Scheme.act`):
@@ -147,10 +149,23 @@ class MXWeights(WeightQuantizer):
 
 @dataclass(frozen=True)
 class FP8Weights(WeightQuantizer):
+    def group_global_scale(self, weights, names=()):
+        """Per-tensor: the fused group's one fp32 scale, the largest member's amax/448 (shape of one
+        member's). vLLM fuses q/k/v and gate/up (and an expert's w1/w3) into one Linear with one
+        per-tensor scale, requantizing every member to the largest (vllm/model_executor/layers/
+        quantization/utils/w8a8_utils.py `requantize_with_max_scale`); written with it, the
+        artifact is served as it is. Channel and block scales are concatenated as they are: None."""
+        if self.granularity != "tensor":
+            return None
+        names = list(names) or [None] * len(weights)
+        scales = [fp8_weight_scale(w, "tensor", name=n) for w, n in zip(weights, names)]
+        return torch.stack([s.reshape(()) for s in scales]).amax().reshape(scales[0].shape)
+
     def quantize(self, w, *, global_scale=None, rule="", scale_dtype=torch.float32, name=None, impl="auto"):
         block = self.block or (128, 128)
-        stored = round_scale_up(fp8_weight_scale(w, self.granularity, block=block, name=name, impl=impl),
-                                scale_dtype)
+        own = global_scale is None or self.granularity != "tensor"  # else the fused group's (group_global_scale)
+        scale = fp8_weight_scale(w, self.granularity, block=block, name=name, impl=impl) if own else global_scale
+        stored = round_scale_up(scale.float(), scale_dtype)
         return quantize_fp8(w, self.granularity, scale=stored.float(), block=block, name=name, impl=impl)
 
     def stored_scale(self, q, model_dtype):

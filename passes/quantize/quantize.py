@@ -68,7 +68,10 @@ def _supports(recipe: Recipe, cfg: QuantizeConfig) -> list[Unsupported]:
 
 def _implies(settings: dict) -> dict:
     """GPTQ, AWQ and SmoothQuant schedule calibration and ask it for their statistics."""
-    extra = CALIBRATION.get(settings.get("quantize", {}).get("algorithm"))
+    table = settings.get("quantize")
+    algorithm = table.get("algorithm") if isinstance(table, dict) else None
+    # a value of another type (a list, a table) is reported by QuantizeConfig, naming the field
+    extra = CALIBRATION.get(algorithm) if isinstance(algorithm, str) else None
     return {"calibrate": extra} if extra else {}
 
 
@@ -86,6 +89,11 @@ def quantize(ctx, cfg: QuantizeConfig, reporter) -> PassResult:
     act = dict(ctx.calib.input_amax) if ctx.calib is not None else {}
     missing = [t.module for g in plan.groups if plan.scheme_of(g).act_static
                for t in g.members if t.module not in act]
+    if missing and ctx.calib is None:  # a recipe's own `pipeline` without calibrate: the user's recipe
+        raise RecipeError(f"{scheme.name} quantizes activations with static scales, which the calibrate pass "
+                          "measures, and the recipe's pipeline has no calibrate",
+                          hint='add "calibrate" to the recipe\'s pipeline before "quantize", or drop `pipeline` '
+                               "to run the format's preset")
     if missing:
         raise RuntimeError(f"{scheme.name} needs calibrated input scales; none for {missing[:3]}")
     rule = mx_rule(cfg, scheme)

@@ -15,7 +15,7 @@ import click
 import pytest
 
 from tfcompile.cli.lazy import COMMANDS
-from tfcompile.cli.main import cli
+from tfcompile.cli.app import cli
 
 HEAVY = ("torch", "transformers", "onnx", "onnxruntime", "triton", "safetensors.torch", "datasets", "modelopt")
 

@@ -41,9 +41,11 @@ def test_search_never_worse_than_rtn_and_gains_with_outliers(fmt):
     assert fold.loss == pytest.approx(_loss(fmt, ws, members, st.rows, fold.s, st.max_abs), rel=1e-5)
     cands = dict(smooth_candidates(st, [w.float() for w in ws]))
     assert torch.equal(folded, fold_norm(norm_w, cands[fold.alpha])[0])
-    # static activation scales: the outlier channels set the scale. E4M3 has the range to carry
-    # 20x outliers (fp8 gains 3%); NVFP4's E2M1 elements do not (measured: 0.31 of RTN's loss)
-    bound = {"nvfp4": 0.6, "fp8": 0.99}.get(fmt)
+    # static activation scales: the outlier channels set the scale. NVFP4's E2M1 elements cannot
+    # carry 20x outliers (measured: 0.31 of RTN's loss). E4M3 has the range: fp8 gained 3% while each
+    # member had its own weight scale; with the fused group's one scale (issue 26 item 2, what vLLM
+    # serves) every alpha > 0 is 0.7-5% above RTN on this group, so the search keeps RTN (alpha 0)
+    bound = {"nvfp4": 0.6}.get(fmt)
     if bound:
         assert fold.alpha > 0 and fold.loss < bound * fold.rtn_loss, (fold.alpha, fold.loss / fold.rtn_loss)
 

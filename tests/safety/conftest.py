@@ -39,3 +39,22 @@ def paused_run(tmp_path):
     yield start
     for p in runs:
         p.kill()
+
+
+@pytest.fixture(scope="module")
+def fuzz_dirs(tmp_path_factory):
+    """(cases, tmpdir) for a fuzz module: `cases` holds each example's copies; TMPDIR (the
+    environment and tempfile's cached default) is `tmpdir`, kept apart so a test can check that
+    a run left nothing in it."""
+    import os
+    import tempfile
+
+    cases, tmpdir = tmp_path_factory.mktemp("cases"), tmp_path_factory.mktemp("tmpdir")
+    old_env, old_default = os.environ.get("TMPDIR"), tempfile.tempdir
+    os.environ["TMPDIR"], tempfile.tempdir = str(tmpdir), str(tmpdir)
+    yield cases, tmpdir
+    tempfile.tempdir = old_default
+    if old_env is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = old_env

@@ -5,6 +5,10 @@
 The first call of MODULE.ATTR (a module function or `Class.method`) runs the
 original, then writes MARKER (the pid) and sleeps SECONDS in short steps, so a
 signal to the main thread interrupts it. The exit code is tfcompile's.
+
+With PAUSED_RUN_ATEXIT=FILE in the environment, an atexit hook (run after the command
+returned, during interpreter shutdown, as torch's own finalizers are) writes FILE and
+sleeps a few seconds, so a test can signal the process while it exits.
 """
 
 from __future__ import annotations
@@ -38,8 +42,19 @@ def _patch(target: str, marker: Path, seconds: float) -> None:
     setattr(owner, name, paused)
 
 
+def _slow_exit(marker: Path) -> None:
+    marker.write_text(str(os.getpid()))
+    end = time.monotonic() + 3
+    while time.monotonic() < end:
+        time.sleep(0.02)
+
+
 if __name__ == "__main__":
     target, marker, seconds, *args = sys.argv[1:]
+    if os.environ.get("PAUSED_RUN_ATEXIT"):
+        import atexit
+
+        atexit.register(_slow_exit, Path(os.environ["PAUSED_RUN_ATEXIT"]))
     _patch(target, Path(marker), float(seconds))
     from tfcompile.cli.main import entry
 

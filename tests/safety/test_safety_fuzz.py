@@ -2,16 +2,17 @@
 index files, config.json and recipes (issue 16, build list).
 
 Every generated input must end in exit 0 with an artifact that `tfcompile verify` passes, or
-exit 1 with `error:` and `hint:` lines; never exit 2 or a traceback, and a failed run leaves
-nothing at OUT or next to it. The runs are in-process on a one-layer model with a weight-only
-format (no calibration), bounded by `max_examples` and derandomized, so the module is
-reproducible and runs in well under two minutes on two cores (docs/cli.md "Safety").
+exit 1 with `error:` and `hint:` lines; never exit 2 or a traceback, never past a time bound,
+and a run leaves nothing at OUT (when it failed), next to it, or in TMPDIR (fuzz_helpers.py).
+The runs are in-process on a one-layer model with a weight-only format (no calibration),
+bounded by `max_examples` and derandomized, so the module is reproducible; with
+test_safety_fuzz_json.py (deep, huge and odd-typed JSON everywhere, FIFOs and devices, sizes at
+the limits) it runs in under two minutes on two cores (docs/cli.md "Safety").
 """
 
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import os
 import shutil
@@ -23,7 +24,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from safety_helpers import leftovers
+from fuzz_helpers import JSON_ANY, JSON_LEAF, quantize_outcome
 
 # A named profile: 30 examples per input kind keep the module near a minute on 2 cores (CI);
 # TFCOMPILE_FUZZ_EXAMPLES=500 fuzzes deeper locally. Derandomized: every run tries the same inputs.
@@ -41,35 +42,9 @@ def tiny_src(model_factory, tmp_path_factory) -> Path:
                                          layers=1, heads=2, kv_heads=1, vocab=128)
 
 
-def _run(*args) -> tuple[int, str, str]:
-    from tfcompile.cli.main import main
-
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main([str(a) for a in args])
-    return code, out.getvalue(), err.getvalue()
-
-
-def _check_outcome(model: Path, *extra) -> None:
-    """The contract: exit 0 and a verified artifact, or exit 1 with a message and nothing at OUT."""
-    out = model.parent / "out"
-    code, stdout, err = _run("quantize", model, "-o", out, "-q", *extra)
-    assert "Traceback" not in err, err
-    assert code in (0, 1), (code, err)
-    if code == 0:
-        vcode, _, verr = _run("verify", out)
-        assert vcode == 0, verr
-        shutil.rmtree(out)
-    else:
-        assert "error: " in err and "hint: " in err, err
-        assert stdout == ""
-        assert not out.exists()
-    assert leftovers(out) == []
-
-
 @contextlib.contextmanager
-def _copy(src: Path):
-    with tempfile.TemporaryDirectory(prefix="tfc-fuzz-") as d:
+def _copy(src: Path, cases: Path):
+    with tempfile.TemporaryDirectory(prefix="tfc-fuzz-", dir=cases) as d:  # not in TMPDIR: that must stay empty
         dst = Path(d) / "model"
         shutil.copytree(src, dst)
         yield dst
@@ -77,11 +52,6 @@ def _copy(src: Path):
 
 # ---- strategies
 
-JSON_LEAF = st.one_of(st.none(), st.booleans(), st.integers(-2**64, 2**64),
-                      st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=12))
-JSON_ANY = st.recursive(JSON_LEAF, lambda kids: st.one_of(st.lists(kids, max_size=4),
-                                                         st.dictionaries(st.text(max_size=8), kids, max_size=4)),
-                        max_leaves=12)
 INTS = st.one_of(st.sampled_from([-1, 0, 1, 2, 3, 7, 64, 128, 2**31, 2**63, 10**9]), st.integers(-2**70, 2**70))
 DTYPES = st.sampled_from(["BF16", "BF16", "F16", "F32", "F64", "I8", "U8", "F8_E4M3", "BOOL", "I64", "bf16", "",
                           "F4"])
@@ -205,17 +175,17 @@ def recipes(draw):
 
 @FUZZ
 @given(data=st.data())
-def test_fuzz_safetensors_header(tiny_src, data):
+def test_fuzz_safetensors_header(tiny_src, fuzz_dirs, data):
     edits = data.draw(header_edits(_names(tiny_src)))
     fmt = data.draw(st.sampled_from(FORMATS))
-    with _copy(tiny_src) as model:
+    with _copy(tiny_src, fuzz_dirs[0]) as model:
         _apply_header_edits(model / WEIGHTS, edits)
-        _check_outcome(model, "--format", fmt)
+        quantize_outcome(model, fuzz_dirs[1], "--format", fmt)
 
 
 @FUZZ
 @given(data=st.data())
-def test_fuzz_index_file(tiny_src, data):
+def test_fuzz_index_file(tiny_src, fuzz_dirs, data):
     names = _names(tiny_src)
     shard = data.draw(st.sampled_from(["model-00001-of-00001.safetensors", "a.safetensors"]))
     weight_map: object = {n: shard for n in names}
@@ -234,10 +204,10 @@ def test_fuzz_index_file(tiny_src, data):
             weight_map = data.draw(JSON_ANY)
     index = data.draw(st.one_of(st.fixed_dictionaries({"metadata": JSON_ANY, "weight_map": st.just(weight_map)}),
                                 st.fixed_dictionaries({"weight_map": st.just(weight_map)}), st.just(weight_map)))
-    with _copy(tiny_src) as model:
+    with _copy(tiny_src, fuzz_dirs[0]) as model:
         (model / WEIGHTS).rename(model / shard)
         (model / "model.safetensors.index.json").write_text(json.dumps(index, allow_nan=True))
-        _check_outcome(model, "--format", "fp8-dynamic")
+        quantize_outcome(model, fuzz_dirs[1], "--format", "fp8-dynamic")
 
 
 def _names(model: Path) -> list[str]:
@@ -250,14 +220,14 @@ def _names(model: Path) -> list[str]:
 @FUZZ
 @given(changes=st.dictionaries(st.sampled_from(CONFIG_KEYS), CONFIG_VALUES, min_size=1, max_size=3),
        drop=st.lists(st.sampled_from(CONFIG_KEYS), max_size=2), fmt=st.sampled_from(FORMATS))
-def test_fuzz_config(tiny_src, changes, drop, fmt):
-    with _copy(tiny_src) as model:
+def test_fuzz_config(tiny_src, fuzz_dirs, changes, drop, fmt):
+    with _copy(tiny_src, fuzz_dirs[0]) as model:
         cfg = json.loads((model / "config.json").read_text())
         for k in drop:
             cfg.pop(k, None)
         cfg.update(changes)
         (model / "config.json").write_text(json.dumps(cfg, allow_nan=True))
-        _check_outcome(model, "--format", fmt)
+        quantize_outcome(model, fuzz_dirs[1], "--format", fmt)
 
 
 @FUZZ
@@ -265,12 +235,12 @@ def test_fuzz_config(tiny_src, changes, drop, fmt):
        sets=st.lists(st.tuples(st.sampled_from(SET_FIELDS),
                                st.sampled_from(["1", "0", "-1", "inf", "NaN", "x", "[1]", "true", "{}", "", "0.5",
                                                 "rtn", "mse", "*down_proj", "re:(", "false"])), max_size=2))
-def test_fuzz_recipe(tiny_src, recipe, with_format, sets):
+def test_fuzz_recipe(tiny_src, fuzz_dirs, recipe, with_format, sets):
     suffix, body = recipe
-    with _copy(tiny_src) as model:
+    with _copy(tiny_src, fuzz_dirs[0]) as model:
         path = model.parent / f"recipe{suffix}"
         path.write_bytes(body)
         extra = ["--recipe", path] + (["--format", "fp8-dynamic"] if with_format else [])
         for (name, field), value in sets:
             extra += ["--set", f"{name}.{field}={value}"]
-        _check_outcome(model, *extra)
+        quantize_outcome(model, fuzz_dirs[1], *extra)

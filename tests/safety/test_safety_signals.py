@@ -128,3 +128,71 @@ def test_a_failure_being_unwound_ignores_signals():
         signals.unwinding()
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(0.2)
+
+
+def _wait_for(path, proc, timeout: float = 120) -> None:
+    end = time.monotonic() + timeout
+    while not path.exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < end, f"{path} never appeared"
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_signal_during_start_up(sig, code, tiny_llama, tmp_path):
+    """Issue 24 case 8: a signal while `import torch` runs (a second or more) is one line and
+    128 + N, never a KeyboardInterrupt traceback from inside the import. The torch found first on
+    PYTHONPATH here stands for the real one's slow import: it writes a marker and sleeps."""
+    import os
+    import subprocess
+    import sys
+
+    fake = tmp_path / "slow-imports" / "torch"
+    fake.mkdir(parents=True)
+    marker = tmp_path / "importing"
+    (fake / "__init__.py").write_text(
+        "import pathlib, time\n"
+        f"pathlib.Path({str(marker)!r}).write_text('x')\n"
+        "for _ in range(3000):\n    time.sleep(0.01)\n")
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(fake.parent), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-m", "tfcompile", "quantize", tiny_llama, "-o", out, "--format",
+                             "fp8-dynamic"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        _wait_for(marker, proc)
+        proc.send_signal(sig)
+        stdout, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == code, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert err == f"interrupted by {signal.Signals(sig).name} during start-up; nothing was written\n"
+    assert stdout == "" and not out.exists() and leftovers(out) == []
+
+
+@pytest.mark.parametrize("first,code", [(None, 0), (signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_signals_while_the_process_exits(first, code, tiny_llama, tmp_path, paused_run):
+    """Issue 24 case 8: signals after the command returned (its cleanup done, interpreter shutdown
+    running atexit hooks, as torch's finalizers do) leave the command's exit status and print no
+    traceback; they used to raise KeyboardInterrupt in an atexit hook or kill the process
+    (-15 instead of 143, or instead of 0 after a complete run)."""
+    out = tmp_path / "out"
+    exiting = tmp_path / "exiting"
+    run = paused_run("tfcompile.passes.pack:copy_aux_files", "quantize", tiny_llama, "-o", out,
+                     "--format", "fp8-dynamic", "-q", seconds=0 if first is None else 60,
+                     env={"PAUSED_RUN_ATEXIT": str(exiting)})
+    run.wait_paused()
+    if first is not None:
+        run.signal(first)
+    _wait_for(exiting, run.proc)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        run.signal(sig)
+        time.sleep(0.05)
+    rc, _, err = run.finish()
+    assert rc == code, err
+    assert "Traceback" not in err and "Exception ignored" not in err, err
+    if first is None:
+        assert (out / "tfcompile" / "manifest.json").is_file()
+    else:
+        assert err.count("interrupted by") == 1 and signal.Signals(first).name in err, err
+        assert not out.exists() and leftovers(out) == []

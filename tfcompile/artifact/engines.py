@@ -9,7 +9,8 @@ the artifacts and checks that it refuses exactly what these rules refuse):
   output_partition_size = 576 is not divisible by weight quantization block_n = 128"); fused-MoE
   experts' intermediate size per partition always (`validate_fp8_block_shape_moe`).
 - fp8 static (per-tensor weights): vLLM requantizes every fused group to the group's largest weight
-  scale (`w8a8_utils.requantize_with_max_scale`); unequal scales are served coarser than written.
+  scale (`w8a8_utils.requantize_with_max_scale`); tfcompile writes the group with that one scale,
+  so the requantization is the identity (unequal scales would be served coarser than written).
 - NVFP4: a fused layer takes one global scale (the largest, with a warning:
   `CompressedTensorsW4A4Fp4.process_weights_after_loading`).
 - KV cache: vLLM's compressed-tensors loader takes only 8-bit float KV schemes

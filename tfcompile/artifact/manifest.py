@@ -13,12 +13,12 @@ checks, and the sha256 of tfcompile/report.html when there is one); a signature
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 from tfcompile.artifact.integrity import SCHEMA_VERSIONS, check_schema, seal
 from tfcompile.errors import VerifyError
+from tfcompile.io.bounded import load_json
 from tfcompile.io.jsonfile import JsonDict, write_json
 
 MANIFEST = "tfcompile/manifest.json"
@@ -38,13 +38,8 @@ def load_manifest(path: Path) -> JsonDict:
     if not mpath.is_file():
         raise VerifyError(f"{mpath}: no manifest; {path} is not a tfcompile artifact",
                           hint="point at the directory `tfcompile quantize -o` wrote")
-    try:
-        doc = json.loads(mpath.read_bytes())
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
-        raise VerifyError(f"{mpath}: manifest is not valid JSON ({str(e)[:200]})",
-                          hint="the artifact is corrupt; rebuild it") from None
-    except OSError as e:
-        raise VerifyError(f"{mpath}: cannot read the manifest: {e.strerror}", hint="check permissions") from None
+    # a regular file under 16 MiB, nested at most 64 deep, no 5000-digit integer (io/bounded.py)
+    doc = load_json(mpath, "manifest", VerifyError, hint="the artifact is corrupt; rebuild it")
     return check_schema(doc, str(mpath))
 
 

@@ -146,10 +146,10 @@ def check_signature(path: Path, public_key=None) -> tuple[bool, str]:
     if not os.path.lexists(sig_path) or os.path.islink(sig_path) or not sig_path.is_file():
         return False, f"{SIGNATURE} is missing: the artifact is not signed"
     try:
-        doc = json.loads(sig_path.read_bytes()[:_MAX_KEY_BYTES])
+        doc = json.loads(read_regular(sig_path, "signature file", _MAX_KEY_BYTES))  # no FIFO, at most 64 KiB
         signature = base64.b64decode(doc["signature"], validate=True)
         kid, algorithm = doc["key_id"], doc["algorithm"]
-    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+    except (UserError, OSError, ValueError, KeyError, TypeError, RecursionError):
         return False, f"{SIGNATURE} is damaged"
     if algorithm != ALGORITHM:
         return False, f"{SIGNATURE}: unsupported algorithm {str(algorithm)[:20]!r}"

@@ -14,7 +14,6 @@ scale. Only headers and scale tensors are read; packed weights are never loaded.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +28,7 @@ from tfcompile.artifact.shapes import check_against_config
 from tfcompile.artifact.signing import check_signature
 from tfcompile.artifact.tree import checksum_problems, listed_shards, report_problem, safe_entries, unlisted
 from tfcompile.errors import UserError, VerifyError
+from tfcompile.io.bounded import load_json
 from tfcompile.io.dtypes import torch_dtype_of
 from tfcompile.io.jsonfile import JsonDict
 from tfcompile.io.safetensors_header import read_header
@@ -132,8 +132,8 @@ def _dtype(code: str):
 def _check_mixed_config(path: Path, doc: dict, rep: VerifyReport) -> None:
     """Mixed precision: config.json's config groups name every layer once, with its own scheme."""
     try:
-        qc = json.loads((path / "config.json").read_text())["quantization_config"]
-    except (OSError, json.JSONDecodeError, KeyError) as e:
+        qc = load_json(path / "config.json", "config.json")["quantization_config"]
+    except (UserError, KeyError, TypeError) as e:
         rep.add("mixed-precision config groups", False, f"config.json unreadable ({e})")
         return
     bad = config_mismatches(qc, doc.get("layers", []))
@@ -255,7 +255,7 @@ def _check_view(path: Path, doc: dict, scheme, scales: dict, entries: dict, rep:
         rep.add("engine view", False, f"layout.view.dir {str(view)[:60]!r}: not a listed directory of the artifact")
         return
     try:
-        linears = json.loads((path / view / "layout.json").read_text())["linears"]
+        linears = load_json(path / view / "layout.json", "layout.json")["linears"]
         headers = _headers(listed_shards(path, entries, view))
         bad = []
         for m, x in sorted(linears.items()):

@@ -1,90 +1,52 @@
-"""`tfcompile` command line. Exit codes: 0 ok, 1 user error or failed check, 2 usage/internal.
+"""`tfcompile`'s entry points: `main(argv)` (in-process, the tests' and bench's way) and
+`entry()` (the console script, `python -m tfcompile`, torchrun). Exit codes: 0 ok, 1 user
+error or failed check, 2 usage/internal, 128 + N after signal N.
 
-The group and the error handling; each command is its own module (tfcompile/cli/<command>.py),
-imported only when that command is named (tfcompile/cli/lazy.py: `--help` lists them from a table),
-and takes its options through the shared groups of tfcompile/cli/options.py.
+Light on purpose: only the standard library is imported here, so `entry` can take SIGINT,
+SIGTERM and SIGHUP before the command line (tfcompile/cli/app.py: click, torch, transformers)
+is imported. A signal while those load, which takes a second or more, ends the process with
+one line and 128 + N instead of a KeyboardInterrupt traceback from inside `import torch` (or a
+death by SIGTERM). Python's own start-up, before this module runs, is not covered.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
-import traceback
 
-import click
-
-from tfcompile import __version__
-from tfcompile.cli.lazy import LazyGroup
-from tfcompile.errors import TfcompileError
-from tfcompile.io.signals import Terminated, handle_signals
-
-CONTEXT = {"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "TFCOMPILE"}
+_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-@click.group(cls=LazyGroup, context_settings=CONTEXT)
-@click.version_option(__version__, prog_name="tfcompile")
-def cli() -> None:
-    """Compress and compile LLM checkpoints into packed low-precision artifacts."""
+def _startup_handler(signum, frame) -> None:
+    """End the process at once: nothing has been created yet (the command installs its own
+    handlers, tfcompile/io/signals.py, before it touches a file), so there is nothing to clean
+    up. Not an exception: a library's bare `except:` around an import would swallow it and
+    leave a half-imported module behind (seen with numpy under ml_dtypes)."""
+    for s in _SIGNALS:
+        signal.signal(s, signal.SIG_IGN)
+    name = signal.Signals(signum).name
+    # os.write, not sys.stderr: the main thread may be inside a buffered write
+    os.write(2, f"interrupted by {name} during start-up; nothing was written\n".encode())
+    os._exit(128 + signum)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: maps errors to exit codes and `error:` / `hint:` lines."""
-    with handle_signals():  # SIGINT / SIGTERM / SIGHUP: clean unwinding, exit 130 / 143 / 129 (tfcompile/io/signals.py)
-        return _main(argv)
+    """Run `tfcompile ARGV...` in this process and return its exit code."""
+    from tfcompile.cli.app import main as run  # lazy: this module stays stdlib-only (see above)
 
-
-def _main(argv: list[str] | None) -> int:
-    try:
-        cli.main(args=argv, prog_name="tfcompile", standalone_mode=False)
-        return 0
-    except click.exceptions.Exit as e:
-        return e.exit_code
-    except click.ClickException as e:
-        e.show(file=sys.stderr)
-        sys.stderr.write(f"hint: {_usage_hint(e)}\n")
-        return 2
-    except click.exceptions.Abort as e:  # click turns KeyboardInterrupt (and Terminated) into Abort
-        if isinstance(e.__cause__, KeyboardInterrupt):
-            return _interrupted(e.__cause__)
-        sys.stderr.write("aborted\n")
-        return 130
-    except TfcompileError as e:
-        _print_error(e.message, e.hint)
-        return e.exit_code
-    except SystemExit as e:
-        return int(e.code or 0)
-    except KeyboardInterrupt as e:
-        return _interrupted(e)
-    except Exception as e:  # noqa: BLE001 - internal error: exit 2 with the trace
-        traceback.print_exc(file=sys.stderr)
-        _print_error(f"internal error: {type(e).__name__}: {e}",
-                     "this is a tfcompile bug; please report it with the command you ran")
-        return 2
-
-
-def _interrupted(e: KeyboardInterrupt) -> int:
-    """Exit 128 + signal (130 for Ctrl-C, 143 for SIGTERM) with one line, never a traceback."""
-    name = e.name if isinstance(e, Terminated) else "SIGINT"
-    published = getattr(e, "published", None)
-    what = f"{published} was written before it arrived" if published else "nothing was written"
-    sys.stderr.write(f"interrupted by {name}; {what}, temporary files were removed\n")
-    return e.exit_code if isinstance(e, Terminated) else 130
-
-
-def _usage_hint(e: click.ClickException) -> str:
-    """The `hint:` line after click's own usage error (which may already say "Did you mean")."""
-    ctx = getattr(e, "ctx", None)
-    path = ctx.command_path if ctx is not None else "tfcompile"
-    return f"run `{path} --help` for the options and arguments"
-
-
-def _print_error(message: str, hint: str | None) -> None:
-    sys.stderr.write(f"error: {message}\n")
-    sys.stderr.write(f"hint: {hint or 'run with --help for usage'}\n")
+    return run(argv)
 
 
 def entry() -> None:
-    """Console-script wrapper (`tfcompile`)."""
-    sys.exit(main())
+    """Console-script wrapper (`tfcompile`): exits with the command's code."""
+    for s in _SIGNALS:
+        signal.signal(s, _startup_handler)
+    from tfcompile.cli.app import main as run  # lazy: after the handlers, so they cover torch's import
+
+    # `final`: when the command returns, the signals stay ignored through interpreter shutdown
+    code = run(None, final=True)
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from tfcompile.artifact.signing import load_public_key
 from tfcompile.cli.output import emit_json, stderr_console
 from tfcompile.cli.sign_cmd import public_key_option
 from tfcompile.cli.tables import verify_table
+from tfcompile.errors import VerifyError
 
 
 @click.command()
@@ -37,8 +38,13 @@ def verify(artifact: Path, as_json: bool, engines: tuple[str, ...], target: str 
         emit_json({"ok": report.ok, "path": report.path, "checks": report.checks})
     else:
         stderr_console().print(verify_table(report))
-    if not report.ok:
-        raise SystemExit(1)
+    if not report.ok:  # the table says which; the error line repeats the first (exit 1, as for any input)
+        bad = report.failures()
+        first = bad[0]["detail"].splitlines()[0] if bad[0]["detail"] else ""
+        raise VerifyError(f"{artifact}: {len(bad)} check(s) failed: {', '.join(c['check'] for c in bad)}"
+                          + (f" ({bad[0]['check']}: {first[:200]})" if first else ""),
+                          hint="the table above has every check; a damaged or edited artifact: rebuild it, "
+                               "or fetch it again from where it was published")
 
 
 def add_engine_checks(report, doc, engines, *, target, tp) -> None:

@@ -74,7 +74,8 @@ def fake_quant_weight(w: torch.Tensor, scheme: Scheme, gscale: torch.Tensor | No
 
 
 def group_global_scale(scheme: Scheme, weights: list[torch.Tensor]) -> torch.Tensor | None:
-    """NVFP4: 2688 / max |w| over the fusion group, (1,) float32, as pack computes it; else None."""
+    """NVFP4: 2688 / max |w| over the fusion group, (1,) float32, as pack computes it; per-tensor
+    FP8: the group's one weight scale (largest amax / 448); else None."""
     return scheme.weights.group_global_scale([w.detach() for w in weights])
 
 

@@ -10,7 +10,6 @@ mapping when the draft vocabulary is smaller.
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 
 import torch
@@ -20,6 +19,7 @@ from tfcompile.draft.config import shape_of
 from tfcompile.draft.eagle3 import DraftShape, Eagle3Draft
 from tfcompile.errors import UserError
 from tfcompile.io.atomic import write_atomic
+from tfcompile.io.bounded import load_json
 from tfcompile.io.jsonfile import write_json
 
 WEIGHTS = "model.safetensors"
@@ -72,10 +72,10 @@ def read_config(path: Path) -> dict:
     f = Path(path) / "config.json"
     if not f.is_file():
         raise UserError(f"--draft {path}: no config.json", hint="pass a directory written by `tfcompile draft`")
-    cfg = json.loads(f.read_text())
-    if cfg.get("speculators_model_type") != "eagle3":
+    cfg = load_json(f, "--draft config.json", hint="pass a directory written by `tfcompile draft`")
+    if not isinstance(cfg, dict) or cfg.get("speculators_model_type") != "eagle3":
         raise UserError(f"--draft {path}: not an EAGLE-3 speculators draft "
-                        f"(speculators_model_type {cfg.get('speculators_model_type')!r})",
+                        f"(speculators_model_type {cfg.get('speculators_model_type') if isinstance(cfg, dict) else None!r})",
                         hint="pass a directory written by `tfcompile draft` (speculators format, eagle3)")
     return cfg
 

@@ -11,7 +11,6 @@ config write the same bytes).
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from tfcompile.errors import UserError
 from tfcompile.evaluate.models import load_candidate, load_checkpoint_model
 from tfcompile.evaluate.text import load_tokenizer
 from tfcompile.io.atomic import atomic_output_dir
+from tfcompile.io.bounded import load_json
 from tfcompile.io.jsonfile import write_json
 from tfcompile.reporter import NullReporter
 
@@ -47,7 +47,9 @@ def load_target(model: Path, artifact: Path | None) -> tuple[torch.nn.Module, di
 
 
 def _config(path: Path) -> dict:
-    cfg = json.loads((Path(path) / "config.json").read_text())
+    cfg = load_json(Path(path) / "config.json", "config.json", hint="check the artifact with `tfcompile verify`")
+    if not isinstance(cfg, dict):
+        raise UserError(f"{path}/config.json is not a JSON object", hint="check the artifact with `tfcompile verify`")
     cfg.pop("quantization_config", None)
     return cfg
 

@@ -6,7 +6,10 @@ the file and `what` it is) anything but a regular file: a FIFO would block the o
 /dev/zero or /dev/urandom would be read until memory runs out. It then reads at most
 `limit` + 1 bytes, so a file that grows meanwhile cannot exceed the limit either.
 `parse_json(text, where)` refuses JSON nested deeper than MAX_DEPTH (Python's parser would
-end in RecursionError near 1000) before parsing it. The limits (docs/cli.md "Safety"):
+end in RecursionError near 1000) before parsing it, and an integer literal longer than
+Python's 4300 digits (a ValueError that is no JSONDecodeError), and strings that hold
+lone surrogates (`"\\ud800"`: no UTF-8 writer takes them). `load_json(path, what)` is
+the two together: every JSON file tfcompile reads goes through one of them. The limits (docs/cli.md "Safety"):
 MAX_DEPTH 64 levels; SMALL 16 MiB for config.json, index files, recipes, eval documents;
 KEY 64 KiB for key files. Safetensors headers have their own limit (safetensors_header.py).
 """
@@ -75,9 +78,35 @@ def parse_json(data: bytes | str, where: str, error=UserError, hint: str = "fix 
     if json_depth(data) > MAX_DEPTH:
         raise error(f"{where}: JSON nested deeper than {MAX_DEPTH} levels", hint=hint)
     try:
-        return json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+        doc = json.loads(data)
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, bad UTF-8, a 5000-digit integer
         raise error(f"{where}: not valid JSON ({str(e)[:200]})", hint=hint) from None
+    if not unicode_text(doc):
+        raise error(f"{where}: not valid JSON (a string holds a lone surrogate such as \\ud800, "
+                    "which is no Unicode text)", hint=hint)
+    return doc
 
 
-__all__ = ["KEY", "MAX_DEPTH", "SMALL", "json_depth", "parse_json", "read_regular"]
+def unicode_text(doc: Any) -> bool:
+    """Whether every string in a parsed document is Unicode text. JSON's \\ud800 escapes parse
+    into lone surrogates, which no UTF-8 writer takes (the report page, a manifest, a terminal)."""
+    try:
+        json.dumps(doc, ensure_ascii=False, allow_nan=True).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def load_json(path: str | os.PathLike, what: str, error=UserError, hint: str = "fix the file",
+              limit: int = SMALL) -> Any:
+    """The JSON in `path`: a regular file of at most `limit` bytes, nested at most MAX_DEPTH
+    deep; `error` (a UserError class) naming the file and `what` it is otherwise."""
+    try:
+        data = read_regular(path, what, limit)
+    except UserError as e:
+        raise error(e.message, hint=e.hint) from None
+    return parse_json(data, f"{what} {path}", error=error, hint=hint)
+
+
+__all__ = ["KEY", "MAX_DEPTH", "SMALL", "json_depth", "load_json", "parse_json", "read_regular",
+           "unicode_text"]

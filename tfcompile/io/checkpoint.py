@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from tfcompile.io.bounded import MAX_DEPTH, json_depth, read_regular
+from tfcompile.io.bounded import MAX_DEPTH, json_depth, read_regular, unicode_text
 from tfcompile.errors import CheckpointError
 from tfcompile.io.aux_files import AUX_FILE_NAMES
 from tfcompile.io.config_check import check_config_values
@@ -220,8 +220,13 @@ def _load_json_object(path: Path) -> dict[str, Any]:
         raise CheckpointError(
             f"{path}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}", hint="fix or re-download the file"
         ) from e
+    except ValueError as e:  # an integer literal over Python's 4300 digits
+        raise CheckpointError(f"{path}: invalid JSON: {str(e)[:120]}", hint="fix or re-download the file") from None
     if not isinstance(obj, dict):
         raise CheckpointError(f"{path}: expected a JSON object, got {type(obj).__name__}", hint="fix or re-download it")
+    if not unicode_text(obj):
+        raise CheckpointError(f"{path}: a string holds a lone surrogate (\\ud800...), no Unicode text",
+                              hint="fix or re-download the file")
     return obj
 
 

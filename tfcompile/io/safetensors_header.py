@@ -22,7 +22,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from tfcompile.io.bounded import MAX_DEPTH, json_depth
+from tfcompile.io.bounded import MAX_DEPTH, json_depth, unicode_text
 from tfcompile.errors import CheckpointError
 from tfcompile.io.dtypes import BITS, byte_size
 
@@ -111,12 +111,16 @@ def _parse_json(path: Path, raw: bytes) -> dict[str, Any]:
         raise _fail(path, f"header is not valid UTF-8 (byte {e.start})") from e
     except json.JSONDecodeError as e:
         raise _fail(path, f"header is not valid JSON: {e.msg} at character {e.pos}") from e
+    except ValueError as e:  # an integer literal over Python's 4300 digits
+        raise _fail(path, f"header is not valid JSON: {str(e)[:120]}") from None
     except RecursionError:
         raise _fail(path, "header is JSON nested too deep") from None
     except _DuplicateKey as e:
         raise _fail(path, f"header lists {e.args[0]!r} twice") from e
     if not isinstance(obj, dict):
         raise _fail(path, f"header is a JSON {type(obj).__name__}, not an object")
+    if not unicode_text(obj):
+        raise _fail(path, "header holds a string with a lone surrogate (\\ud800...), no Unicode text")
     return obj
 
 

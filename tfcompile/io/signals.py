@@ -11,6 +11,12 @@ while that cleanup runs are noted and ignored, so a second Ctrl-C or a
 
 `deferred()` holds signals back for a few lines that must not be split (the
 rename that publishes an artifact and the check that follows it).
+
+Start-up (importing torch) and interpreter shutdown are covered by the console
+entry point, tfcompile/cli/main.py: a signal while the modules load ends the
+process with one line and 128 + N; after the command, `handle_signals(final=True)`
+leaves the signals ignored, so a late one cannot raise in an atexit hook or
+replace the exit status with death by signal.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ class _State:
     defer_depth = 0
     pending: int | None = None  # arrived while deferred
     unwinding = False  # a failure is being unwound (`unwinding()`): signals are ignored
+    done = False  # the command has returned: what is left is the process's exit
 
 
 _state = _State()
@@ -50,7 +57,7 @@ class Terminated(KeyboardInterrupt):
 
 
 def _handler(signum, frame) -> None:
-    if _state.received is not None or _state.unwinding:
+    if _state.received is not None or _state.unwinding or _state.done:
         return  # cleanup of the first signal, or of a failure, is running: let it finish
     if _state.defer_depth:
         _state.pending = _state.pending or signum
@@ -60,14 +67,23 @@ def _handler(signum, frame) -> None:
 
 
 @contextlib.contextmanager
-def handle_signals() -> Iterator[None]:
-    """Install the handlers for the duration of a command (main thread only; no-op elsewhere)."""
+def handle_signals(final: bool = False) -> Iterator[None]:
+    """Install the handlers for the duration of a command (main thread only; no-op elsewhere).
+    `final`: the process exits next, so the signals are left ignored instead of restored."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     _state.received, _state.pending, _state.defer_depth, _state.unwinding = None, None, 0, False
-    with installed(_handler, SIGNALS):
+    _state.done = False
+    old = {s: signal.getsignal(s) for s in SIGNALS}
+    for s in SIGNALS:
+        signal.signal(s, _handler)
+    try:
         yield
+    finally:
+        _state.done = True  # from here `_handler` ignores what comes while the handlers are swapped back
+        for s, h in old.items():
+            signal.signal(s, signal.SIG_IGN if final else h)
 
 
 @contextlib.contextmanager

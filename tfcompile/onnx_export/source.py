@@ -11,7 +11,6 @@ block, FP4 below opset 23, MoE experts, sliding-window attention.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -19,6 +18,7 @@ from typing import Any, Mapping
 import torch
 
 from tfcompile.artifact.manifest import MANIFEST, load_manifest
+from tfcompile.io.bounded import load_json
 from tfcompile.onnx_export.config import MIN_OPSET_FP4, OnnxExportError
 from tfcompile.schemes import Scheme, get_scheme
 
@@ -56,11 +56,9 @@ def view_from_path(path: Path) -> ArtifactView:
 
 
 def read_config(path: Path) -> dict:
-    try:
-        cfg = json.loads((Path(path) / "config.json").read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise OnnxExportError(f"{path}/config.json cannot be read: {e}",
-                              hint=f"check the artifact with `tfcompile verify {path}`") from None
+    # a regular file, bounded, never a FIFO (io/bounded.py)
+    cfg = load_json(Path(path) / "config.json", "config.json", OnnxExportError,
+                    hint=f"check the artifact with `tfcompile verify {path}`")
     if not isinstance(cfg, dict):
         raise OnnxExportError(f"{path}/config.json is not a JSON object", hint="rebuild the artifact")
     return cfg

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from tfcompile.errors import RecipeError
-from tfcompile.io.bounded import MAX_DEPTH, json_depth, read_regular
+from tfcompile.io.bounded import MAX_DEPTH, json_depth, read_regular, unicode_text
 from tfcompile.pipeline.passes import REGISTRY, SCHEDULE, Selection, Settings, get_pass
 from tfcompile.pipeline.recipe import RECIPE_VERSION, PassEntry, Recipe, build_config
 from tfcompile.schemes import get_scheme
@@ -54,11 +54,14 @@ def load_recipe_file(path: Path) -> dict:
         raise RecipeError(f"recipe {path} is not UTF-8 text", hint="recipes are TOML (.toml) or JSON (.json)") from None
     try:
         data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
-    except (json.JSONDecodeError, tomllib.TOMLDecodeError, RecursionError) as e:
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, TOMLDecodeError, a 5000-digit integer
         raise RecipeError(f"recipe {path} is not valid {path.suffix.lstrip('.') or 'TOML'}: {e}",
                           hint="recipes are TOML (.toml) or JSON (.json)") from None
     if not isinstance(data, dict):
         raise RecipeError(f"recipe {path}: top level must be a table", hint="see docs/cli.md")
+    if not unicode_text(data):
+        raise RecipeError(f"recipe {path}: a string holds a lone surrogate (\\ud800...), no Unicode text",
+                          hint="write the character itself, or its surrogate pair")
     version = data.get("version")
     if version != RECIPE_VERSION:
         raise RecipeError(f"recipe {path}: version {version!r} is not supported",
@@ -212,9 +215,13 @@ def _parse_value(raw: str) -> Any:
         raise RecipeError(f"--set value {raw[:40]!r}... is nested deeper than {MAX_DEPTH} levels",
                           hint="e.g. --set pack.max_shard_mb=2000")
     try:
-        return json.loads(raw)
-    except json.JSONDecodeError:
+        value = json.loads(raw)
+    except ValueError:  # not JSON (or an integer over 4300 digits): the plain string
         return raw
+    if not unicode_text(value):
+        raise RecipeError(f"--set value {raw[:40]!r}: a string holds a lone surrogate, no Unicode text",
+                          hint="write the character itself, or its surrogate pair")
+    return value
 
 
 def _cut(pipeline: list[str], skip: Iterable[str], until: str | None) -> list[str]:

@@ -3,7 +3,6 @@ descriptor, and the evaluation (the manifest's `eval` section, or a `tfcompile e
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass
@@ -84,9 +83,14 @@ def _inside(rel: str) -> bool:
 
 
 def _json(path: Path) -> dict | None:
+    """An optional JSON object of the artifact: None when absent or not a JSON object. A FIFO,
+    a device or a file over 16 MiB is exit 1 naming it (read_regular), never a blocked read."""
+    if not os.path.lexists(path):
+        return None
+    raw = read_regular(path, "artifact file")
     try:
-        doc = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        doc = parse_json(raw, str(path))
+    except UserError:  # not JSON, nested too deep: the page goes without it, as before
         return None
     return doc if isinstance(doc, dict) else None
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Mapping
 
 from tfcompile.errors import UserError
+from tfcompile.io.bounded import load_json
 from tfcompile.tune.hardware import MODEL
 from tfcompile.tune.search import Choice
 from tfcompile.tune.shapes import Problem
@@ -86,13 +87,10 @@ def empty_table() -> dict:
 
 def load_table(path: Path) -> dict:
     """Read a tuning table (an artifact's kernels/tuning.json, or a file); UserError when unusable."""
-    try:
-        doc = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise UserError(f"{path}: no tuning table", hint="run `tfcompile tune ARTIFACT` first") from None
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UserError(f"{path}: cannot read the tuning table ({e})",
-                        hint="delete it and run `tfcompile tune` again") from None
+    if not Path(path).exists():
+        raise UserError(f"{path}: no tuning table", hint="run `tfcompile tune ARTIFACT` first")
+    # a regular file under 16 MiB, at most 64 deep (io/bounded.py)
+    doc = load_json(path, "tuning table", hint="delete it and run `tfcompile tune` again")
     if not isinstance(doc, dict) or doc.get("schema_version") != SCHEMA_VERSION \
             or not isinstance(doc.get("entries"), dict):
         raise UserError(f"{path}: not a tuning table of schema {SCHEMA_VERSION}",
