@@ -6,7 +6,8 @@ safetensors headers with this table instead of building the model through transf
 modeling module (~3-6 s of imports). The table is the model's: tests/checkpoint/test_dense_spec.py
 compares it with transformers' own meta model for each architecture and option.
 
-`dense_spec(config)` is None whenever the config is not one of these or leaves a size to the
+`dense_spec(config)` is None whenever the config is not one of these, holds a key or value
+outside `PLAIN_KEYS` (what transformers accepts without a word), or leaves a size to the
 config class's default (a missing `num_key_value_heads`, Qwen3's `head_dim`): the caller then
 builds the meta model, whose defaults are the authority.
 """
@@ -30,6 +31,54 @@ _SIZES = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attentio
           "vocab_size")
 
 
+def _num(v) -> bool:  # a finite number > 0, not a bool
+    return type(v) in (int, float) and 0 < v < float("inf")
+
+
+def _opt_id(v) -> bool:  # a token id, a list of them, or null
+    return v is None or (type(v) is int and v >= 0) or (type(v) is list and all(type(x) is int and x >= 0 for x in v))
+
+
+# Every other key config.json may hold on this path, with what transformers' config classes accept
+# for it without a complaint. A key outside this table, or a value outside its rule (a rope_scaling
+# dict included: transformers validates its contents), sends the config to the meta model, whose
+# config class is the authority: this path must never accept what transformers would refuse (the
+# fuzz of tests/safety/test_safety_fuzz.py holds it to that).
+PLAIN_KEYS = {
+    "architectures": lambda v: True, "model_type": lambda v: True, "hidden_act": lambda v: True,  # checked below
+    "head_dim": lambda v: True, **{k: lambda v: True for k in _SIZES},
+    "rms_norm_eps": _num, "rope_theta": _num, "initializer_range": _num,
+    "max_position_embeddings": lambda v: type(v) is int and v > 0,
+    "attention_dropout": lambda v: type(v) in (int, float) and 0 <= v < 1,
+    "pretraining_tp": lambda v: type(v) is int and v > 0,
+    **{k: lambda v: type(v) is bool for k in ("tie_word_embeddings", "attention_bias", "mlp_bias", "use_cache",
+                                             "use_sliding_window")},
+    **{k: _opt_id for k in ("bos_token_id", "eos_token_id", "pad_token_id")},
+    **{k: lambda v: v is None or v in ("bfloat16", "float16", "float32") for k in ("torch_dtype", "dtype")},
+    # the default RoPE only (transformers 5 writes {"rope_theta": T, "rope_type": "default"}); any other
+    # rope type or key is validated by transformers, on the meta model's path
+    **{k: lambda v: v is None or (type(v) is dict and v.get("rope_type") == "default"
+                                  and set(v) <= {"rope_type", "rope_theta"} and _num(v.get("rope_theta", 1.0)))
+       for k in ("rope_scaling", "rope_parameters")},
+    # PretrainedConfig's own fields as it writes them
+    **{k: lambda v: type(v) is bool for k in ("output_hidden_states", "output_attentions", "return_dict",
+                                             "is_encoder_decoder")},
+    "chunk_size_feed_forward": lambda v: type(v) is int and v >= 0,
+    "problem_type": lambda v: v is None,
+    **{k: lambda v: type(v) is dict and len(v) <= 2 ** 16 and all(type(a) is str and type(b) in (str, int)
+                                                                   for a, b in v.items())
+       for k in ("id2label", "label2id")},
+    "sliding_window": lambda v: v is None or (type(v) is int and v > 0),
+    "max_window_layers": lambda v: type(v) is int and v >= 0,
+    "transformers_version": lambda v: type(v) is str, "_name_or_path": lambda v: type(v) is str,
+}
+
+
+def plain(config: dict) -> bool:
+    """Every key of `config` is one PLAIN_KEYS knows, with a value it accepts."""
+    return all(k in PLAIN_KEYS and PLAIN_KEYS[k](v) for k, v in config.items())
+
+
 @dataclass(frozen=True)
 class DenseSpec:
     required: dict[str, tuple[int, ...]]  # parameter name -> shape, every one must be in the checkpoint
@@ -39,8 +88,8 @@ class DenseSpec:
 def dense_spec(config: dict) -> DenseSpec | None:
     """The parameter table of `config` (a config.json dict), or None when it is not a plain dense decoder
     this module describes (the meta model decides then)."""
-    arch = (config.get("architectures") or [None])[0]
-    if arch not in ARCHITECTURES or len(config.get("architectures")) != 1:
+    arch = (config.get("architectures") or [None])[0] if type(config.get("architectures")) is list else None
+    if arch not in ARCHITECTURES or len(config.get("architectures")) != 1 or not plain(config):
         return None
     model_type, bias, qk_norm, mlp_bias_flag, need_head_dim = ARCHITECTURES[arch]
     sizes = [config.get(k) for k in _SIZES]
