@@ -233,12 +233,16 @@ def quantize_eval_table(section: dict) -> Table:
 def quantize_eval_failed(err: Exception, *, console, quiet: bool, as_json: bool, recipe,
                          warnings: list[str]) -> None:
     """When `quantize --eval` missed a gate: its figures in a table (stderr) and the --json
-    document ({ok: false, output: null, eval, error}); other errors are left alone."""
+    document ({ok: false, output: null, rejected: OUT.rejected or null, eval, eval_table, error});
+    other errors are left alone."""
     report = getattr(getattr(err, "inner", None), "report", None)
     if report is None:
         return
     if not quiet and not as_json:
         console.print(quantize_eval_table(report))
+        if report.get("worst_layers"):
+            console.print(worst_table(report["worst_layers"]))
     if as_json:
-        emit_json({"ok": False, "output": None, "recipe": recipe.to_dict(), "eval": report,
-                   "error": getattr(err, "message", str(err)), "warnings": list(warnings)})
+        emit_json({"ok": False, "output": None, "rejected": report.get("rejected"), "recipe": recipe.to_dict(),
+                   "eval": report, "eval_table": table_rows(report), "error": getattr(err, "message", str(err)),
+                   "warnings": list(warnings)})

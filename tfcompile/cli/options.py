@@ -22,6 +22,7 @@ from typing import Any, Callable
 import click
 
 from tfcompile.cli.model_ref import REVISION_HELP
+from tfcompile.cli.task_gates import DROP_HELP, JUNIT_HELP, LIMIT_HELP, TASK_HELP
 from tfcompile.io.hub import resolve_model
 from tfcompile.recipe.options import CalibOptions, EvalOptions, LayoutOptions, RunOptions
 
@@ -143,6 +144,15 @@ recipe_options = option_group([
                        kv_per_head=v["kv_per_head"], all_experts=v["calib_all_experts"], strict=v["calib_strict"])))
 
 
+def _eval_values(v: dict[str, Any], kw: dict[str, Any]) -> None:
+    if not v["tasks"] and (v["max_task_drop"] is not None or v["task_limit"] is not None):
+        raise click.UsageError("--max-task-drop and --limit need --task NAME|YAML")
+    _update_run(kw, report=v["report"], evaluation=EvalOptions(
+        enabled=v["eval_"], text=v["eval_text"], max_tokens=v["eval_tokens"], max_kl=v["max_kl"],
+        max_ppl_increase=v["max_ppl_increase"], min_top1=v["min_top1"], tasks=tuple(v["tasks"]) or None,
+        max_task_drop=v["max_task_drop"], task_limit=v["task_limit"], keep_rejected=v["keep_rejected"]))
+
+
 eval_options = option_group([
     click.option("--eval", "eval_", is_flag=True, default=None, help="After verify, evaluate the "
                  "staged artifact against MODEL and store the figures in its manifest."),
@@ -156,9 +166,19 @@ eval_options = option_group([
     click.option("--report", "report", is_flag=True, default=None, help="Also write the HTML report "
                  "(tfcompile report) into OUT/tfcompile/report.html; with --eval it plots the per-layer "
                  "eval figures too."),
-], lambda v, kw: _update_run(kw, report=v["report"], evaluation=EvalOptions(
-    enabled=v["eval_"], text=v["eval_text"], max_tokens=v["eval_tokens"], max_kl=v["max_kl"],
-    max_ppl_increase=v["max_ppl_increase"], min_top1=v["min_top1"])))
+    click.option("--task", "tasks", multiple=True, metavar="NAME|YAML", help=f"Gate (--eval): {TASK_HELP}"),
+    click.option("--max-task-drop", type=float, metavar="POINTS", help=f"Gate (--eval): {DROP_HELP}"),
+    click.option("--limit", "task_limit", type=click.IntRange(min=1), metavar="N", help=LIMIT_HELP),
+    click.option("--keep-rejected/--no-keep-rejected", default=None, help="When a gate is missed, keep the "
+                 "complete, verifiable artifact at OUT.rejected/ to debug (default) or delete it."),
+], _eval_values)
+
+
+# quantize only (plan writes no gate results): `junit` for the command
+junit_option = option_group([
+    click.option("--junit", type=click.Path(path_type=Path, dir_okay=False), metavar="FILE",
+                 help=f"With --eval: {JUNIT_HELP}"),
+], lambda v, kw: kw.update(junit=v["junit"]))
 
 
 emit_options = option_group([

@@ -87,25 +87,25 @@ def task_manager(names: list[str], include: list[str]):
 
 
 @contextlib.contextmanager
-def _tqdm(quiet: bool):
-    """lm-eval's and datasets' progress bars off (TQDM_DISABLE) while `quiet`."""
+def _no_tqdm():
+    """lm-eval's and datasets' progress bars off (TQDM_DISABLE): the adapter reports its own
+    progress through tfcompile's reporter, and stderr stays readable in a CI log."""
     old = os.environ.get("TQDM_DISABLE")
-    if quiet:
-        os.environ["TQDM_DISABLE"] = "1"
+    os.environ["TQDM_DISABLE"] = "1"
     try:
         yield
     finally:
-        if quiet and old is None:
+        if old is None:
             os.environ.pop("TQDM_DISABLE", None)
-        elif quiet:
+        else:
             os.environ["TQDM_DISABLE"] = old
 
 
-def score(lm, names: list[str], tm, limit: int | None, quiet: bool = False) -> dict[str, dict]:
+def score(lm, names: list[str], tm, limit: int | None) -> dict[str, dict]:
     """{task: {metric, value, higher_is_better, samples}} for `lm` (an lm-eval LM instance)."""
     import lm_eval  # lazy: lm-eval (the optional eval extra), only with --task
 
-    with contextlib.redirect_stdout(sys.stderr), _tqdm(quiet):  # stdout is data (--json)
+    with contextlib.redirect_stdout(sys.stderr), _no_tqdm():  # stdout is data (--json)
         out = lm_eval.simple_evaluate(model=lm, tasks=list(names), task_manager=tm, limit=limit,
                                       bootstrap_iters=0, log_samples=False, verbosity="ERROR")
     results, configs = out["results"], out.get("configs", {})
@@ -157,6 +157,6 @@ def run_task_gates(candidate: Path, reference: Path, specs: tuple[str, ...], *, 
         if progress is not None:
             progress.task(f"tasks: {role}", None)
         lm = TfcompileLM(dtype=dtype, device=device, progress=progress, **kw)
-        scores[role] = score(lm, names, tm, limit, quiet=progress is None)
+        scores[role] = score(lm, names, tm, limit)
         del lm  # one model in memory at a time
     return gate_entries(scores["reference"], scores["candidate"], max_drop)
