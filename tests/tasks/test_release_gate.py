@@ -42,6 +42,12 @@ def test_missed_task_gate_keeps_a_verifiable_rejected_artifact(run_cli, cloze_ya
     assert v.code == 0, v.out
     manifest = json.loads((rejected / "tfcompile" / "manifest.json").read_text())
     assert manifest["eval"]["ok"] is False and manifest["eval"]["tasks"] == doc["eval"]["tasks"]
+    # the report shows the task table and the worst layers
+    html = tmp_path / "report.html"
+    assert run_cli("report", rejected, "-o", html).code == 0
+    page = html.read_text()
+    assert '<h2 id="tasks">' in page and "<td>pydoc_cloze</td><td>acc</td>" in page and "FAIL" in page
+    assert f"<code>{worst[0]['module']}</code>" in page
     ev = run_cli("eval", rejected, "--reference", DEMO, "--max-tokens", "256", "--seq-len", "128", "--json")
     assert ev.code == 0 and ev.json()["metrics"]["kl_mean"] == pytest.approx(doc["eval"]["metrics"]["kl_mean"],
                                                                               rel=1e-5)

@@ -97,12 +97,40 @@ def evaluation(d: ReportData) -> str:
             ["tokens", escape(f"{m['tokens']} ({t.get('source', '?')}, {t.get('sequences', '?')} sequences)")],
             ["KV cache", escape(describe(ev.get("kv_cache")))]]
     gates = [[escape(f"--{g['gate']}"), escape(g["metric"]), f(g["value"], ".6g"), f(g["threshold"], "g"),
-              f'<span class="{"pass" if g["ok"] else "fail"}">{"pass" if g["ok"] else "FAIL"}</span>']
-             for g in ev.get("gates", [])]
+              _result(g["ok"])] for g in ev.get("gates", [])]
     gate_html = (_table(["gate", "metric", "value", "threshold", "result"], gates, {2, 3}) if gates
                  else '<p class="note">No gate was given (--max-kl, --max-ppl-increase, --min-top1).</p>')
     return (f'<h2 id="eval">Evaluation</h2>{_table(["metric", "value"], rows)}'
-            f'<h2 id="gates">Eval gates</h2>{gate_html}')
+            f'<h2 id="gates">Eval gates</h2>{gate_html}{_tasks(ev.get("tasks") or [])}'
+            f'{_worst(ev.get("worst_layers") or [])}')
+
+
+def _result(ok: bool) -> str:
+    return f'<span class="{"pass" if ok else "fail"}">{"pass" if ok else "FAIL"}</span>'
+
+
+def _tasks(tasks: list[dict]) -> str:
+    """The task gates (lm-evaluation-harness): both scores in points, the drop, the limit."""
+    if not tasks:
+        return ""
+    rows = [[escape(t["task"]), escape(t["metric"]), f"{t['reference']:.2f}", f"{t['candidate']:.2f}",
+             f"{t['drop']:.2f}", "-" if t.get("threshold") is None else f"{t['threshold']:g}", _result(t["passed"])]
+            for t in tasks]
+    return ('<h2 id="tasks">Task gates</h2><p class="note">lm-evaluation-harness tasks scored on the artifact as '
+            "served (emulated) and on the reference; points = metric x 100.</p>"
+            + _table(["task", "metric", "reference", "candidate", "drop", "max drop", "result"], rows, {2, 3, 4, 5}))
+
+
+def _worst(worst: list[dict]) -> str:
+    """A missed gate's worst layers: the usual --ignore candidates."""
+    if not worst:
+        return ""
+    rows = [[f"<code>{escape(w['module'])}</code>", "-" if w["sqnr_db"] is None else f"{w['sqnr_db']:.2f}",
+             "-" if w.get("e2e_sqnr_db") is None else f"{w['e2e_sqnr_db']:.2f}",
+             "-" if w.get("noise_share") is None else f"{100 * w['noise_share']:.0f}%"] for w in worst]
+    return ('<h2 id="worst">Worst layers</h2><p class="note">Lowest output SQNR first; share = of the summed '
+            "relative output noise. Leave them in BF16 with <code>--ignore</code>, or choose a stronger "
+            "<code>--format</code>.</p>" + _table(["module", "isolated dB", "end to end dB", "share"], rows, {1, 2, 3}))
 
 
 def layer_plots(d: ReportData) -> str:
