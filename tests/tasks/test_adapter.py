@@ -8,7 +8,7 @@ import pytest
 
 from conftest import DEMO  # noqa: E402  (tests/tasks/conftest.py, on sys.path under pytest's rootdir)
 
-lm_eval = pytest.importorskip("lm_eval", reason="the eval extra: pip install 'tfcompile[eval]'")
+import lm_eval  # the eval extra (in the test extra too): a missing install fails loudly
 
 LIMIT = 40  # documents (4 requests each)
 

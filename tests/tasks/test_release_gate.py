@@ -14,7 +14,6 @@ EVAL = ("--eval", "--eval-tokens", "256", "--set", "eval.seq_len=128")
 
 
 def test_missed_task_gate_keeps_a_verifiable_rejected_artifact(run_cli, cloze_yaml, tmp_path):
-    pytest.importorskip("lm_eval")
     out, junit = tmp_path / "demo-nvfp4", tmp_path / "gates.xml"
     # a drop limit below zero: no artifact can meet it (the drop is >= 0 unless the artifact is better)
     r = run_cli("quantize", DEMO, "-o", out, "--format", "nvfp4a16", *EVAL, "--task", cloze_yaml, "--limit", "10",

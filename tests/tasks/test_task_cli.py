@@ -5,7 +5,6 @@ from __future__ import annotations
 import sys
 import xml.etree.ElementTree as ET
 
-import pytest
 
 from conftest import DEMO  # noqa: E402
 
@@ -26,7 +25,6 @@ def test_task_options_need_task(run_cli):
 
 
 def test_missing_task_yaml_is_a_user_error(run_cli, tmp_path):
-    pytest.importorskip("lm_eval")
     r = run_cli("eval", DEMO, "--reference", DEMO, "--task", tmp_path / "nope.yaml")
     assert r.code == 1 and "no such task YAML" in r.err and "hint:" in r.err
 
@@ -34,7 +32,6 @@ def test_missing_task_yaml_is_a_user_error(run_cli, tmp_path):
 def test_task_gate_json_table_and_junit(run_cli, cloze_yaml, tmp_path):
     """The checkpoint against itself: drop 0 passes --max-task-drop 0; a limit below zero fails
     (exit 1) with the measured drop and the limit in the error and in the JUnit failure."""
-    pytest.importorskip("lm_eval")
     junit = tmp_path / "gates.xml"
     r = run_cli("eval", DEMO, "--reference", DEMO, *EVAL, "--task", cloze_yaml, "--max-task-drop", "0",
                 "--max-kl", "0.001", "--junit", junit, "--json")
