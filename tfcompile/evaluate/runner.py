@@ -15,7 +15,7 @@ from tfcompile.dist.world import World
 from tfcompile.evaluate.errors import EvalError
 from tfcompile.evaluate.gates import check_gates
 from tfcompile.evaluate.kvcache import KV_MODES, not_emulated
-from tfcompile.evaluate.lens import LayerKL
+from tfcompile.evaluate.lens import LayerKL, decoder_parts
 from tfcompile.evaluate.metrics import LayerSQNR, LogitMetrics
 from tfcompile.evaluate.models import load_candidate, load_checkpoint_model
 from tfcompile.evaluate.text import batches, load_text, load_tokenizer, token_rows
@@ -128,8 +128,7 @@ def _run(cand, ref, work: list[torch.Tensor], progress: Progress | None, lens: L
     starts = [0]  # batch b's first global position (the lens counts positions in batch order)
     for ids in work:
         starts.append(starts[-1] + ids.numel())
-    if progress is not None:
-        progress.task("eval", len(mine))
+    steps = _LayerSteps(progress, cand.model, ref, len(mine))  # progress per decoder layer, inside a batch
     terms = {}  # batch -> (row terms, layer terms, lens terms): what other ranks replay
     try:
         with torch.inference_mode():
@@ -144,15 +143,49 @@ def _run(cand, ref, work: list[torch.Tensor], progress: Progress | None, lens: L
                     lens.batch_done(ids)
                 if world.distributed:
                     terms[b] = (rows, layer_m.take(), lens.take() if lens is not None else None)
-                if progress is not None:
-                    progress.advance(1, f"{ids.numel()} tokens")
+                steps.batch_done(ids.numel())
     finally:
+        steps.detach()
         layer_m.detach()
         if lens is not None:
             lens.detach()
     if world.distributed:
         logit_m, layer_m = _replay(world, cand, terms, len(work), layer_m, lens, starts[-1])
     return logit_m, layer_m
+
+
+class _LayerSteps:
+    """Eval progress in units of one decoder layer of one model (candidate, then reference), so
+    a long batch reports inside itself and the ETA follows measured work; models without
+    `<base>.layers` report per batch. Total: batches x (candidate layers + reference layers)."""
+
+    def __init__(self, progress: Progress | None, candidate, reference, batches: int):
+        self.progress, self.hooks, self.batch, self.batches = progress, [], 1, batches
+        parts = [decoder_parts(candidate), decoder_parts(reference)]
+        self.per_batch = sum(len(p[0]) for p in parts if p is not None) if all(parts) else 0
+        if progress is None:
+            return
+        progress.task(f"eval {batches} batches" + (f" x {self.per_batch} layers" if self.per_batch else ""),
+                      batches * (self.per_batch or 1))
+        if self.per_batch:
+            for role, (layers, _, _) in zip(("candidate", "reference"), parts):
+                for i, layer in enumerate(layers):
+                    self.hooks.append(layer.register_forward_hook(self._step(role, i + 1, len(layers))))
+
+    def _step(self, role: str, i: int, n: int):
+        def hook(_mod, _args, _out):
+            self.progress.advance(1, f"batch {self.batch}/{self.batches}, {role} layer {i}/{n}")
+        return hook
+
+    def batch_done(self, tokens: int) -> None:
+        if self.progress is not None and not self.per_batch:
+            self.progress.advance(1, f"{tokens} tokens")
+        self.batch += 1
+
+    def detach(self) -> None:
+        for h in self.hooks:
+            h.remove()
+        self.hooks.clear()
 
 
 def _replay(world, cand, terms: dict, n: int, layer_m: LayerSQNR, lens: LayerKL | None,
