@@ -43,11 +43,14 @@ def evaluate(model_path: Path, reference: Path, *, text: Path | None = None, max
              seq_len: int | None = None, batch_size: int = 4, dtype: str = "float32",
              kv_cache: str = "auto", thresholds: dict[str, float | None] | None = None,
              progress: Progress | None = None, layer_kl: bool = False,
-             manifest: JsonDict | None = None, device: str = "auto", world: World | None = None) -> dict:
+             manifest: JsonDict | None = None, device: str = "auto", world: World | None = None,
+             layers: bool = True) -> dict:
     """The report as a JSON-ready dict (see docs/ci.md for the fields).
 
     kv_cache: "auto" emulates an artifact's FP8 KV cache (kvcache.py), "off" does not.
     layer_kl: also KL per decoder layer through the logit lens (lens.py), as "layer_kl".
+    layers: the per-Linear output SQNR rows (False: `layers` is empty; bench/eval_layers.py's
+    plain eval, the baseline of what the per-layer figures cost).
     manifest: the artifact's manifest when it is not on disk yet (`quantize --eval`).
     device: where both models run (tfcompile/dist/devices.py). Under torchrun (`world`) batch b
     runs on rank b mod N and every rank gets the figures one process computes, bit for bit."""
@@ -74,7 +77,8 @@ def evaluate(model_path: Path, reference: Path, *, text: Path | None = None, max
     cand.model.to(dev)
     ref.to(dev)
     lens = LayerKL() if layer_kl else None
-    logit_m, layer_m = _run(cand, ref, batches(rows, batch_size), progress, lens, world or LOCAL, dev)
+    logit_m, layer_m = _run(cand, ref, batches(rows, batch_size), progress, lens, world or LOCAL, dev,
+                            per_layer=layers)
     kv_entry, kv_warnings = _kv_report(cand, kv_cache)
     metrics = logit_m.result()
     shapes = {n: list(q.module.weight.shape) for n, q in cand.linears.items()}
@@ -117,11 +121,12 @@ def _seq_len(ref, seq_len: int | None) -> int:
 
 
 def _run(cand, ref, work: list[torch.Tensor], progress: Progress | None, lens: LayerKL | None = None,
-         world=LOCAL, device: torch.device | str = "cpu") -> tuple[LogitMetrics, LayerSQNR]:
+         world=LOCAL, device: torch.device | str = "cpu", per_layer: bool = True) -> tuple[LogitMetrics, LayerSQNR]:
     """Both models over every [B, L] batch (this rank's, under torchrun); the metrics (and
     `lens`, if given, filled in place)."""
     logit_m, layer_m = LogitMetrics(), LayerSQNR()
-    layer_m.attach(cand.linears, ref)
+    if per_layer:
+        layer_m.attach(cand.linears, ref)
     if lens is not None and not lens.attach(cand.model, ref):
         lens = None
     mine = range(world.rank, len(work), world.size)
