@@ -13,6 +13,7 @@ from tfcompile.artifact.verify import verify_artifact
 from tfcompile.cli.output import emit_json, stderr_console
 from tfcompile.cli.sign_cmd import public_key_option
 from tfcompile.cli.tables import verify_table
+from tfcompile.errors import VerifyError
 
 
 @click.command()
@@ -34,8 +35,28 @@ def verify(artifact: Path, as_json: bool, engines: tuple[str, ...], target: str 
         emit_json({"ok": report.ok, "path": report.path, "checks": report.checks})
     else:
         stderr_console().print(verify_table(report))
-    if not report.ok:
-        raise SystemExit(1)
+    if not report.ok:  # after the report: main prints `error:` and `hint:` lines, exit 1
+        raise verify_error(report)
+
+
+# what to do about a failed check, by check name (the first that matches; else the generic hint)
+_HINTS = (
+    ("signature", "check --public-key is the release key's public half, or sign the artifact again: "
+                  "tfcompile sign ARTIFACT --key KEY"),
+    ("engine", "see each engine's hint in the detail above, or rebuild for that engine (--layout, --format)"),
+    ("manifest", "the manifest is missing, unreadable or edited: rebuild the artifact (tfcompile quantize ... "
+                 "--overwrite) or fetch it again"),
+)
+_FILES_HINT = ("the artifact's files changed since it was built: rebuild it (tfcompile quantize ... --overwrite) "
+               "or fetch it again")
+
+
+def verify_error(report) -> VerifyError:
+    """The error naming every failed check (first line of each detail) and what to do."""
+    bad = report.failures()
+    parts = "; ".join(f"'{c['check']}' ({(c['detail'] or 'failed').splitlines()[0]})" for c in bad)
+    hint = next((h for key, h in _HINTS for c in bad if c["check"].startswith(key)), _FILES_HINT)
+    return VerifyError(f"{report.path}: {len(bad)} of {len(report.checks)} verify checks failed: {parts}", hint=hint)
 
 
 def add_engine_checks(report, doc, engines, *, target, tp) -> None:
