@@ -46,3 +46,23 @@ def test_fixture_checkpoints_follow_the_umask(tiny_llama_src):
     os.umask(mask)
     for f in tiny_llama_src.iterdir():
         assert f.stat().st_mode & 0o777 == 0o666 & ~mask, f.name
+
+
+def test_report_title_is_the_model_and_shows_the_signer(run_cli, tiny_llama, tmp_path):
+    import json
+
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    cfg = json.loads((tiny_llama / "config.json").read_text())
+    (tiny_llama / "config.json").write_text(json.dumps({**cfg, "_model_name_or_path": "Tiny Llama 2M"}))
+    key = tmp_path / "release.pem"
+    key.write_bytes(Ed25519PrivateKey.generate().private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    out, html = tmp_path / "cache-dir-name-1234", tmp_path / "r.html"
+    assert run_cli("quantize", tiny_llama, "-o", out, "--format", "fp8-dynamic", "-q", "--sign", key).code == 0
+    assert run_cli("report", out, "-o", html).code == 0
+    page = html.read_text()
+    assert "<h1>Tiny Llama 2M: fp8-dynamic</h1>" in page and "<title>tfcompile report: Tiny Llama 2M</title>" in page
+    sig = json.loads((out / "tfcompile" / "manifest.sig").read_text())
+    assert f"ed25519, key id <code>{sig['key_id']}</code>" in page and "built by</td><td>tfcompile " in page

@@ -229,6 +229,15 @@ def kernels(d: ReportData) -> str:
     return "".join(out)
 
 
+def _signature(sig: dict | None) -> str:
+    """Signed, and by which key (the key id, sha256 of the public key); `verify --public-key` checks it."""
+    if not sig:
+        return ("not signed when this page was written (a <code>--sign</code> signature is added after the "
+                "report; <code>tfcompile verify OUT --public-key PUB</code> checks it)")
+    return (f"{escape(str(sig.get('algorithm')))}, key id <code>{escape(str(sig.get('key_id')))}</code> "
+            "(checked by <code>tfcompile verify --public-key</code>, not by this page)")
+
+
 def provenance(d: ReportData) -> str:
     m = d.manifest
     src = m.get("source", {})
@@ -243,6 +252,8 @@ def provenance(d: ReportData) -> str:
         rows.append(["calibration data", f"{escape(str(calib.get('data')))}, {escape(str(calib.get('tokens')))} tokens"])
         if calib.get("fallback"):
             rows.append(["calibration fallback", f'<span class="fail">{escape(str(calib["fallback"]))}</span>'])
+    rows.append(["signature", _signature(d.signature)])
+    rows.append(["built by", f"tfcompile {escape(str(m['tool']['version']))}"])
     rows += [[escape(k), escape(str(v))] for k, v in sorted(m.get("dependencies", {}).items())]
     recipe = escape(json.dumps(m.get("recipe"), indent=2, sort_keys=True))
     return (f'<h2 id="provenance">Provenance</h2>{_table(["", ""], rows)}'
