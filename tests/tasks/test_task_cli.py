@@ -53,3 +53,11 @@ def test_task_gate_json_table_and_junit(run_cli, cloze_yaml, tmp_path):
     cases = ET.parse(junit).getroot().find("testsuite").findall("testcase")
     [failure] = cases[0].findall("failure")
     assert "dropped 0 points > -5" in failure.get("message")
+
+
+def test_quantize_usage_errors(run_cli, tmp_path):
+    r = run_cli("quantize", DEMO, "-o", tmp_path / "o", "--junit", tmp_path / "j.xml")
+    assert r.code == 2 and "--junit needs --eval" in r.err
+    r = run_cli("quantize", DEMO, "-o", tmp_path / "o", "--eval", "--limit", "5")
+    assert r.code == 2 and "--max-task-drop and --limit need --task" in r.err
+    assert not (tmp_path / "o").exists()
