@@ -10,6 +10,7 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import pytest
 import yaml
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -68,6 +69,10 @@ def test_release_job_runs_every_step(tmp_path):
     assert (suite.get("tests"), suite.get("failures")) == ("3", "0")
     v = json.loads((work / "verify.json").read_text())
     assert v["ok"] is True and any(c["check"] == "signature" and c["ok"] for c in v["checks"])
-    assert (out / "tfcompile" / "report.html").is_file()
+    # the report's KL plot and the eval table's KL: the same positions, and the lens's last layer agrees
+    page = (out / "tfcompile" / "report.html").read_text()
+    tokens = q["eval"]["metrics"]["tokens"]
+    assert f"on all {tokens} evaluation positions (the last one is the table&#x27;s KL)" in page
+    assert q["eval"]["layer_kl"][-1]["kl_mean"] == pytest.approx(q["eval"]["metrics"]["kl_mean"], rel=1e-3)
     assert (tmp_path / "srv-models" / out.name / "tfcompile" / "manifest.json").is_file()
     assert oct((work / "release.pem").stat().st_mode & 0o777) == "0o600"  # umask 077

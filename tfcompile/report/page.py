@@ -9,6 +9,7 @@ from html import escape
 
 from tfcompile import __version__
 from tfcompile.evaluate.kvcache import describe
+from tfcompile.evaluate.lens import MAX_POSITIONS as LENS_POSITIONS
 from tfcompile.report import svg
 from tfcompile.report.data import ReportData, decoder_layer, kv_cache_text, model_order, projection
 
@@ -149,10 +150,22 @@ def layer_plots(d: ReportData) -> str:
                                xlabel="decoder layer (logit lens)", cls="layer-kl",
                                xticks=[(p[0], str(int(p[0]))) for p in pts])
         out.append(_figure("layer-kl", "KL per decoder layer: both models' hidden states after layer i read "
-                           "through their own final norm and lm_head (the last one is the model's KL)", chart))
+                           "through their own final norm and lm_head" + _lens_positions(ev), chart))
     elif ev:
         out.append('<p class="note">KL per layer: not recorded (quantize --eval --report, or eval --layer-kl).</p>')
     return "".join(out)
+
+
+def _lens_positions(ev: dict) -> str:
+    """Which positions the lens covers, so its last point and the table's KL can be compared."""
+    tokens = (ev.get("metrics") or {}).get("tokens")
+    if not isinstance(tokens, int):
+        return " (the last one is the model's KL)"
+    n = min(tokens, LENS_POSITIONS)
+    if n == tokens:
+        return f", on all {tokens} evaluation positions (the last one is the table's KL)"
+    return (f", on the first {n} of the {tokens} evaluation positions (the last one is the model's KL on "
+            f"those positions; the table's KL is over all {tokens})")
 
 
 def _figure(fid: str, caption: str, chart: str) -> str:
