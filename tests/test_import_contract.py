@@ -45,7 +45,8 @@ LAYERS = [
 # defer them to the function that uses them.
 HEAVY = {"torch", "triton", "transformers", "datasets", "huggingface_hub", "onnx", "onnxruntime",
          "tokenizers", "modelopt", "compressed_tensors", "accelerate", "gguf",
-         "lm_eval"}  # lm-evaluation-harness: the optional eval extra (tfcompile/tasks), only with --task
+         "lm_eval",  # lm-evaluation-harness: the optional eval extra (tfcompile/tasks), only with --task
+         "yaml"}  # PyYAML: only to read a --task YAML (tfcompile/tasks/gate.py)
 
 
 @dataclass(frozen=True)

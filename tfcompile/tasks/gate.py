@@ -25,8 +25,6 @@ import os
 import sys
 from pathlib import Path
 
-import yaml
-
 from tfcompile.errors import UserError
 from tfcompile.tasks import cloze
 
@@ -62,6 +60,8 @@ def resolve(specs: tuple[str, ...]) -> tuple[list[str], list[str]]:
 
 
 def _yaml_task_name(path: Path) -> str:
+    import yaml  # lazy: PyYAML (~10 ms), only for --task YAML; CLI start-up does not pay it
+
     try:
         doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
