@@ -3,10 +3,14 @@
 `tfcompile quantize --eval` schedules this pass after `verify`. It runs
 `tfcompile eval`'s evaluation (tfcompile.evaluate: the artifact with its
 dequantized weights, activation and KV-cache emulation, against the source
-checkpoint, on the same tokens) and returns the figures as a fact
-(`ctx.evaluation`), which the manifest records under an `"eval"` key when it is
-written after the last pass. A missed gate raises `GateFailed`: the run exits 1
-and the staging directory is deleted, so nothing is published.
+checkpoint, on the same tokens), and with `tasks` the lm-eval task gates
+(tfcompile/tasks) on the staged artifact and the source, and returns the
+figures as a fact (`ctx.evaluation`), which the manifest records under an
+`"eval"` key when it is written after the last pass. A missed gate raises
+`GateFailed` (exit 1): nothing is published at OUT; the error carries the
+manifest the artifact would have had (its eval section with the worst layers),
+and run_pipeline keeps the staged artifact with it at OUT.rejected
+(tfcompile/artifact/rejected.py; `keep_rejected = false` deletes it).
 
 The section holds no paths of the staging directory, no timings, and floats
 rounded to 6 significant digits, so reruns stay byte-identical (the
