@@ -15,7 +15,7 @@ the lens one norm + lm_head per decoder layer on at most 2,048 positions. Target
 plain eval ... the same with per-layer KL"): layers + KL at most 1.5x the default eval (layers);
 the ratio to plain is printed too.
 
-    python bench/eval_layers.py [--model smollm2|demo] [--tokens 4096] [--repeat 3] [--write-docs]
+    python bench/eval_layers.py [--model smollm2|demo] [--format nvfp4] [--tokens 4096] [--repeat 3] [--write-docs]
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from common import cpu_busy, git_revision, machine_line, median, replace_doc_sec
 
 REPO = Path(__file__).resolve().parents[1]
 WORK = Path("/tmp/tfc-bench-eval-layers")
-HEADING = "## Eval: per-layer figures vs a plain eval"
+HEADING = "## Eval: per-layer figures vs a plain eval"  # + " (MODEL)": one section per --model
 MODES = ("plain", "layers", "layers + KL")
 TARGET = 1.5
 
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     text = section(args.model, art, args.tokens, times, busy)
     print(text)
     if args.write_docs:
-        replace_doc_section(HEADING, text)
+        replace_doc_section(f"{HEADING} ({args.model})", text)
     return 0
 
 
