@@ -119,7 +119,8 @@ recipe_options = option_group([
     click.option("--calib-all-experts", "calib_all_experts", is_flag=True, default=None,
                  help="MoE: every calibration token also goes through every expert for the statistics "
                  "(routing and outputs unchanged), so no expert is left uncalibrated (docs/models.md)."),
-    click.option("--observer", type=click.Choice(["max", "percentile", "mse"], case_sensitive=False), help="Static activation "
+    click.option("--observer", type=click.Choice(["max", "percentile", "mse"], case_sensitive=False),
+                 help="Static activation "
                  "amax: max (default), percentile (99.99th of |x|; --set calibrate.percentile=P), mse "
                  "(clipping that minimises the format's quantization error)."),
     click.option("--algorithm", type=click.Choice(["rtn", "mse", "gptq", "awq", "smoothquant"], case_sensitive=False),
@@ -214,19 +215,23 @@ _DISTILL_FIELDS = {"train_": "train", "distill_data": "data"}
 distill_options = option_group([
     click.option("--steps", type=int, help="Optimizer steps (default 200; layerwise: per layer)."),
     click.option("--lr", type=float, help="Peak learning rate (default: 1e-4 weights, 2e-3 scales, 1e-3 lora)."),
-    click.option("--train", "train_", type=click.Choice(["weights", "scales", "lora"], case_sensitive=False), help="What trains: "
+    click.option("--train", "train_", type=click.Choice(["weights", "scales", "lora"], case_sensitive=False),
+                 help="What trains: "
                  "the weights (default), the quantization scales only, or LoRA adapters merged before packing."),
-    click.option("--mode", type=click.Choice(["model", "layerwise"], case_sensitive=False), help="model: logit distillation "
+    click.option("--mode", type=click.Choice(["model", "layerwise"], case_sensitive=False),
+                 help="model: logit distillation "
                  "(default); layerwise: each decoder layer against the teacher layer's output."),
     click.option("--data", "distill_data", metavar="DATA", help="Training text: python-doc (default: its "
                  "train split; held-out split for the figures), a file or data set, self or random."),
     click.option("--batch", type=int, help="Blocks per micro-batch (default 8)."),
     click.option("--grad-accum", type=int, help="Micro-batches per optimizer step (default 1)."),
     click.option("--temperature", type=float, help="Softmax temperature of the KL loss (default 1)."),
-    click.option("--teacher", type=click.Choice(["online", "cache"], case_sensitive=False), help="Teacher logits computed every "
+    click.option("--teacher", type=click.Choice(["online", "cache"], case_sensitive=False),
+                 help="Teacher logits computed every "
                  "step (default) or cached on disk first (top-k, --set distill.topk=K)."),
     click.option("--seed", type=int, help="Seed for data order and LoRA init (default 0)."),
-    click.option("--sharding", type=click.Choice(["auto", "ddp", "fsdp"], case_sensitive=False), help="Under torchrun: ddp (every "
+    click.option("--sharding", type=click.Choice(["auto", "ddp", "fsdp"], case_sensitive=False),
+                 help="Under torchrun: ddp (every "
                  "rank holds the whole student), fsdp (FSDP2: the student's parameters, gradients and "
                  "optimizer state sharded over the ranks), auto (default: fsdp when the student does not "
                  "fit one device)."),
