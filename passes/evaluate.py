@@ -3,10 +3,14 @@
 `tfcompile quantize --eval` schedules this pass after `verify`. It runs
 `tfcompile eval`'s evaluation (tfcompile.evaluate: the artifact with its
 dequantized weights, activation and KV-cache emulation, against the source
-checkpoint, on the same tokens) and returns the figures as a fact
-(`ctx.evaluation`), which the manifest records under an `"eval"` key when it is
-written after the last pass. A missed gate raises `GateFailed`: the run exits 1
-and the staging directory is deleted, so nothing is published.
+checkpoint, on the same tokens), and with `tasks` the lm-eval task gates
+(tfcompile/tasks) on the staged artifact and the source, and returns the
+figures as a fact (`ctx.evaluation`), which the manifest records under an
+`"eval"` key when it is written after the last pass. A missed gate raises
+`GateFailed` (exit 1): nothing is published at OUT; the error carries the
+manifest the artifact would have had (its eval section with the worst layers),
+and run_pipeline keeps the staged artifact with it at OUT.rejected
+(tfcompile/artifact/rejected.py; `keep_rejected = false` deletes it).
 
 The section holds no paths of the staging directory, no timings, and floats
 rounded to 6 significant digits, so reruns stay byte-identical (the
@@ -21,13 +25,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tfcompile.dist.devices import check_device
+from tfcompile.errors import UserError
 from tfcompile.evaluate import evaluate, gate_error
+from tfcompile.evaluate.gates import worst_layers
 from tfcompile.evaluate.kvcache import KV_MODES
 from tfcompile.evaluate.runner import DTYPES
 from tfcompile.evaluate.text import CORPUS
 from tfcompile.io.jsonfile import JsonDict
 from tfcompile.pipeline.passes import PassResult, Unsupported, given, register_pass
 from tfcompile.pipeline.recipe import Recipe
+from tfcompile.passes.manifest import manifest_doc
+from tfcompile.tasks.gate import require_lm_eval, resolve, run_task_gates
 
 SIG_DIGITS = 6  # manifest floats: insensitive to summation order in the last bits
 
@@ -47,6 +55,13 @@ class EvalConfig:
     # also store per-layer figures: each Linear's output SQNR and the KL per decoder layer (logit
     # lens); quantize --report sets it, for the report's plots
     details: bool = False
+    # lm-eval task gates (--task, tfcompile/tasks): task names or YAML paths, each scored on the
+    # staged artifact and on the source; max_task_drop in points; task_limit documents (0 = all)
+    tasks: tuple[str, ...] = ()
+    max_task_drop: float | None = None
+    task_limit: int = 0
+    # a missed gate keeps the staged artifact, manifest written, at OUT.rejected/ (--no-keep-rejected)
+    keep_rejected: bool = field(default=True, metadata={"runtime": True})
 
 
 def _supports(recipe: Recipe, cfg: EvalConfig) -> list[Unsupported]:
@@ -64,6 +79,12 @@ def _supports(recipe: Recipe, cfg: EvalConfig) -> list[Unsupported]:
     if cfg.text != CORPUS and not Path(cfg.text).is_file():  # fail before quantizing, not after
         reasons.append(Unsupported(f"evaluation text {cfg.text} does not exist or is not a file "
                                    "(--eval-text python-doc|FILE)"))
+    if cfg.tasks:  # lm-eval installed, every YAML readable: before quantizing
+        try:
+            require_lm_eval()
+            resolve(tuple(cfg.tasks))
+        except UserError as e:
+            reasons.append(Unsupported(f"{e.message} ({e.hint})"))
     return reasons
 
 
@@ -78,12 +99,21 @@ def evaluate_artifact(ctx, cfg: EvalConfig, reporter) -> PassResult:
                    device=cfg.device, world=ctx.world,
                    thresholds={"max-kl": cfg.max_kl, "max-ppl-increase": cfg.max_ppl_increase,
                                "min-top1": cfg.min_top1})
+    if cfg.tasks:
+        doc["tasks"] = run_task_gates(Path(ctx.out_dir), Path(ctx.source_path), tuple(cfg.tasks),
+                                      max_drop=cfg.max_task_drop, limit=cfg.task_limit or None, dtype=cfg.dtype,
+                                      kv_cache=cfg.kv_cache, device=cfg.device, manifest=ctx.manifest,
+                                      progress=reporter)
+        doc["ok"] = doc["ok"] and all(t["passed"] for t in doc["tasks"])
     section = manifest_section(doc, details=cfg.details)
     for w in doc["warnings"]:
         reporter.warn(f"eval: {w}")
-    err = gate_error(doc["gates"])
+    err = gate_error(doc["gates"], doc.get("tasks", []), doc["layers"])
     if err is not None:
+        section = {**section, "worst_layers": _rounded(worst_layers(doc["layers"]))}
         err.report = section  # the CLI's --json prints the figures that missed
+        if cfg.keep_rejected:  # run_pipeline writes it into the staged artifact and keeps that
+            err.rejected_manifest = manifest_doc(ctx.with_(evaluation=section))
         raise err
     m = section["metrics"]
     return PassResult(ctx.with_(evaluation=section),
@@ -97,7 +127,7 @@ def manifest_section(doc: dict, details: bool = False) -> JsonDict:
     """The eval report (tfcompile.evaluate.evaluate) as stored in the manifest: no paths of the
     staging directory, no timings, rounded floats; per-layer rows (`layers`: output SQNR per
     Linear; `layer_kl`: KL per decoder layer) only with `details`, else their summary only."""
-    keep = ("ok", "activations", "dtype", "text", "kv_cache", "metrics", "layer_summary", "gates")
+    keep = ("ok", "activations", "dtype", "text", "kv_cache", "metrics", "layer_summary", "gates", "tasks")
     keep += ("layers", "layer_kl") if details else ()
     return _rounded({k: doc[k] for k in keep if k in doc})
 

@@ -33,7 +33,7 @@ LAYERS = [
     ["tfcompile.artifact"],
     ["tfcompile.calibration", "tfcompile.layout", "tfcompile.tune", "tfcompile.onnx_export", "tfcompile.rotate"],
     ["tfcompile.evaluate"],
-    ["tfcompile.runtime", "tfcompile.distill", "tfcompile.report", "tfcompile.mixed"],
+    ["tfcompile.runtime", "tfcompile.distill", "tfcompile.report", "tfcompile.mixed", "tfcompile.tasks"],
     ["tfcompile.pipeline", "tfcompile.draft"],
     ["tfcompile.recipe", "tfcompile.estimate"],
     ["tfcompile.passes"],
@@ -44,7 +44,9 @@ LAYERS = [
 # Third-party packages slow enough to import (or needed only on some paths) that a module may
 # defer them to the function that uses them.
 HEAVY = {"torch", "triton", "transformers", "datasets", "huggingface_hub", "onnx", "onnxruntime",
-         "tokenizers", "modelopt", "compressed_tensors", "accelerate", "gguf"}
+         "tokenizers", "modelopt", "compressed_tensors", "accelerate", "gguf",
+         "lm_eval",  # lm-evaluation-harness: the optional eval extra (tfcompile/tasks), only with --task
+         "yaml"}  # PyYAML: only to read a --task YAML (tfcompile/tasks/gate.py)
 
 
 @dataclass(frozen=True)

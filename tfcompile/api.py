@@ -11,11 +11,12 @@ from pathlib import Path
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 import tfcompile.passes.builtin  # noqa: F401  (registers the built-in passes)
+from tfcompile.artifact.rejected import keep_rejected, rejected_path
 from tfcompile.artifact.signing import load_private_key, sign_artifact
 from tfcompile.dist import world as dist_world
 from tfcompile.dist.devices import cuda_index
 from tfcompile.dist.world import World
-from tfcompile.errors import UserError
+from tfcompile.errors import TfcompileError, UserError
 from tfcompile.io.atomic import atomic_output_dir
 from tfcompile.io.locks import sweep_work_dirs
 from tfcompile.io.paths import allowed_roots
@@ -61,10 +62,34 @@ def run_pipeline(model_dir: Path, out_dir: Path | None, recipe: Recipe, *,
     warn = reporter.warn if reporter is not None else None
     with atomic_output_dir(out_dir, overwrite=overwrite, protect=allowed_roots(Path(model_dir)), warn=warn) as staging:
         ctx = Context(source_path=Path(model_dir), out_dir=staging, recipe=recipe)
-        ctx = manager.run(ctx, recipe, reporter)
+        try:
+            ctx = manager.run(ctx, recipe, reporter)
+        except TfcompileError as e:  # a missed --eval gate: keep the staged artifact at OUT.rejected
+            _keep_rejected(e, staging, Path(out_dir), warn)
+            raise
         if signer is not None:
             sign_artifact(staging, signer)
     return ctx.with_(out_dir=Path(out_dir))
+
+
+def _keep_rejected(err: TfcompileError, staging: Path, out_dir: Path, warn) -> None:
+    """The eval pass' GateFailed carries the would-be manifest (`rejected_manifest`); keep the
+    artifact with it at OUT.rejected and say so in the error (and its --json report)."""
+    inner = getattr(err, "inner", err)
+    manifest = getattr(inner, "rejected_manifest", None)
+    if manifest is None:
+        return
+    kept = keep_rejected(staging, out_dir, manifest)
+    if kept is None:
+        (warn or (lambda m: None))(f"{rejected_path(out_dir)} exists and is not an artifact: the rejected "
+                                   "artifact was not kept")
+        return
+    err.message += f"; the rejected artifact is kept at {kept}"
+    err.args = (err.message,)
+    err.hint = f"{err.hint}; inspect it: tfcompile report {kept}" if err.hint else None
+    report = getattr(inner, "report", None)
+    if isinstance(report, dict):
+        report["rejected"] = str(kept)
 
 
 def _signer(sign_key: Path | None, out_dir: Path | None, packs: bool) -> Ed25519PrivateKey | None:

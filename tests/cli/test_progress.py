@@ -64,8 +64,9 @@ def test_eval_off_a_tty_reports_batches(tiny_llama, tmp_path, run_cli, monkeypat
                   "--seq-len", "32", "--batch-size", "2", "--json")
     assert res.code == 0, res.err
     assert json.loads(res.out)["metrics"]["tokens"] > 0
-    lines = _lines(res.err, "eval")
-    assert lines and lines[-1]["done"] == lines[-1]["total"] == "4"
+    lines = _lines(res.err, "eval 4 batches x 4 layers")  # progress per decoder layer, inside each batch
+    assert [int(m["done"]) for m in lines] == list(range(1, 17)) and lines[-1]["total"] == "16"
+    assert "batch 1/4, candidate layer 1/2" in lines[0].string and "batch 4/4, reference layer 2/2" in lines[-1].string
 
 
 @pytest.mark.parametrize("live", [True, False])

@@ -60,9 +60,10 @@ def test_missed_gate_publishes_nothing(run_cli, tiny_llama, eval_text, tmp_path,
     r = run_cli("quantize", tiny_llama, "-o", out, "--format", "nvfp4a16", "--eval", "--eval-text", eval_text,
                 *EVAL, "--max-kl", "1e-9", "--min-top1", "0.1", "--json")
     assert r.code == 1
-    assert not out.exists() and list(tmp_path.iterdir()) == [tmp_path / "tiny-llama"]  # no staging left
+    # no staging left; the rejected artifact is kept beside OUT (tests/tasks/test_release_gate.py)
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["out.rejected", "tiny-llama"]
     doc = r.json()
-    assert doc["ok"] is False and doc["output"] is None
+    assert doc["ok"] is False and doc["output"] is None and doc["rejected"] == str(tmp_path / "out.rejected")
     gates = {g["gate"]: g for g in doc["eval"]["gates"]}
     assert gates["max-kl"]["ok"] is False and gates["min-top1"]["ok"] is True
     kl = doc["eval"]["metrics"]["kl_mean"]
@@ -73,7 +74,7 @@ def test_missed_gate_publishes_nothing(run_cli, tiny_llama, eval_text, tmp_path,
     assert doc["error"] in msg and err[-1].startswith("hint:")
     # people's output: the figures on stderr, nothing on stdout
     r = run_cli("quantize", tiny_llama, "-o", out, "--format", "nvfp4a16", "--eval-text", eval_text, *EVAL,
-                "--max-ppl-increase", "-1")
+                "--max-ppl-increase", "-1", "--no-keep-rejected")
     assert r.code == 1 and r.out == "" and not out.exists()
     assert "gate --max-ppl-increase" in r.err and "FAIL" in r.err and "error: pass 'eval' failed" in r.err
 

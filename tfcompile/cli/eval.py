@@ -10,6 +10,7 @@ from rich.table import Table
 from tfcompile.artifact.manifest import MANIFEST, load_manifest
 from tfcompile.cli.model_ref import resolve_params
 from tfcompile.cli.output import RichReporter, emit_json, rank_output
+from tfcompile.cli.task_gates import check_task_args, finish_doc, task_options, tasks_table, worst_table
 from tfcompile.dist import current
 from tfcompile.dist.failure import supervise
 from tfcompile.errors import VerifyError
@@ -25,26 +26,41 @@ def _db(v) -> str:
     return "inf" if v is None else f"{v:.2f}"  # null SQNR: no error at all
 
 
-def metrics_table(doc: dict, title: str | None = None) -> Table:
-    """The report (or quantize --eval's manifest section, which has no model/format keys)."""
+def table_rows(doc: dict) -> list[dict]:
+    """The eval table as [{row, value}] plain text (stderr's table; `table` in --json). `doc`: the
+    report, or quantize --eval's manifest section (which has no model/format keys)."""
     m = doc["metrics"]
+    fmt = (doc["format"] or "none (checkpoint)") if "format" in doc else "artifact"
+    rows = [("format", f"{fmt}, activations {doc['activations'] or 'not quantized'}"),
+            ("KV cache", describe(doc.get("kv_cache"))),
+            ("tokens", f"{m['tokens']} in {doc['text']['sequences']} sequences ({doc['text']['source']})"),
+            ("perplexity", f"{_fmt(m['perplexity'])} (reference {_fmt(m['reference_perplexity'])}, "
+                           f"{_fmt(None if m['ppl_increase'] is None else 100 * m['ppl_increase'], '+.2f')}%)"),
+            ("KL(ref || model)", f"{_fmt(m['kl_mean'], '.6f')} nats/token (max {_fmt(m['kl_max'], '.4f')})"),
+            ("top-1 agreement", _fmt(m["top1_agreement"]))]
+    s = doc["layer_summary"]
+    if s["count"]:
+        rows.append(("worst layer SQNR", f"{_fmt(s['worst_sqnr_db'], '.2f')} dB ({s['worst_module']})"))
+    for g in doc["gates"]:
+        rows.append((f"gate --{g['gate']}", f"{'pass' if g['ok'] else 'FAIL'} {_fmt(g['value'], '.6g')} "
+                                            f"vs {g['threshold']:g}"))
+    for e in doc.get("tasks", []):
+        rows.append((f"task {e['task']}", f"{'pass' if e['passed'] else 'FAIL'} {e['metric']} "
+                     f"{e['candidate']:.2f} (reference {e['reference']:.2f}, drop {e['drop']:.2f} points)"))
+    return [{"row": r, "value": v} for r, v in rows]
+
+
+def metrics_table(doc: dict, title: str | None = None) -> Table:
+    """The report (or quantize --eval's manifest section) as a two-column table."""
     t = Table(title=title or f"eval {doc['model']} vs {doc['reference']}", show_header=False)
     t.add_column("", style="bold")
     t.add_column("")
-    fmt = (doc["format"] or "none (checkpoint)") if "format" in doc else "artifact"
-    t.add_row("format", f"{fmt}, activations {doc['activations'] or 'not quantized'}")
-    t.add_row("KV cache", describe(doc.get("kv_cache")))
-    t.add_row("tokens", f"{m['tokens']} in {doc['text']['sequences']} sequences ({doc['text']['source']})")
-    t.add_row("perplexity", f"{_fmt(m['perplexity'])} (reference {_fmt(m['reference_perplexity'])}, "
-                            f"{_fmt(None if m['ppl_increase'] is None else 100 * m['ppl_increase'], '+.2f')}%)")
-    t.add_row("KL(ref || model)", f"{_fmt(m['kl_mean'], '.6f')} nats/token (max {_fmt(m['kl_max'], '.4f')})")
-    t.add_row("top-1 agreement", _fmt(m["top1_agreement"]))
-    s = doc["layer_summary"]
-    if s["count"]:
-        t.add_row("worst layer SQNR", f"{_fmt(s['worst_sqnr_db'], '.2f')} dB ({s['worst_module']})")
-    for g in doc["gates"]:
-        status = "[green]pass[/]" if g["ok"] else "[red]FAIL[/]"
-        t.add_row(f"gate --{g['gate']}", f"{status} {_fmt(g['value'], '.6g')} vs {g['threshold']:g}")
+    for r in table_rows(doc):
+        value = r["value"]
+        if r["row"].startswith(("gate ", "task ")):  # pass / FAIL in colour
+            status, _, rest = value.partition(" ")
+            value = f"{'[green]pass[/]' if status == 'pass' else '[red]FAIL[/]'} {rest}"
+        t.add_row(r["row"], value)
     return t
 
 
@@ -90,19 +106,22 @@ def layers_table(layers: list[dict]) -> Table:
 @click.option("--draft-new-tokens", type=int, default=64, show_default=True, help="Tokens decoded per prompt.")
 @click.option("--min-acceptance", type=float, help="Gate: mean acceptance length (tokens per target forward) "
               "at the first --draft-k must be >= this.")
+@task_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress on stderr.")
 @click.option("--no-verify", "no_verify", is_flag=True, help="Skip the integrity checks of an artifact MODEL "
               "(verify's manifest integrity, paths, extra files and checksums) run before evaluating it.")
 def eval_cmd(model, reference, revision, text, max_tokens, seq_len, batch_size, dtype, kv_cache, max_kl,
              max_ppl_increase, min_top1, device, layers, layer_kl, draft, draft_k, draft_prompts, draft_prompt_len,
-             draft_new_tokens, min_acceptance, as_json, quiet, no_verify):
+             draft_new_tokens, min_acceptance, tasks, max_task_drop, task_limit, junit, as_json, quiet, no_verify):
     """Evaluate MODEL (artifact or checkpoint) against --reference: perplexity, KL, top-1, layer SQNR.
 
     An artifact is checked first as `verify` checks its files (--no-verify skips it).
-    Exit 1 when a gate (--max-kl, --max-ppl-increase, --min-top1, --min-acceptance) is missed."""
+    Exit 1 when a gate (--max-kl, --max-ppl-increase, --min-top1, --min-acceptance, --max-task-drop)
+    is missed."""
     if min_acceptance is not None and not draft:
         raise click.UsageError("--min-acceptance needs --draft DIR|ngram")
+    check_task_args(tasks, max_task_drop, task_limit)
     ks = _ks(draft_k)
     paths = {"reference": reference, "model": model, "quiet": quiet}
     resolve_params(paths, ("reference", "model"), revision)  # Hub ids -> the Hugging Face cache
@@ -124,20 +143,41 @@ def eval_cmd(model, reference, revision, text, max_tokens, seq_len, batch_size, 
         doc = _with_draft(doc, model, reference, draft, ks, text=text, prompts=draft_prompts,
                           prompt_len=draft_prompt_len, new_tokens=draft_new_tokens, dtype=dtype, kv_cache=kv_cache,
                           device=device, reporter=reporter, min_acceptance=min_acceptance)
+    if tasks and world.is_root:
+        doc = _with_tasks(doc, model, reference, tasks, max_drop=max_task_drop, limit=task_limit, dtype=dtype,
+                          kv_cache=kv_cache, device=device, reporter=None if quiet else reporter)
+    doc = finish_doc(doc, junit if world.is_root else None, name=Path(model).name)
+    doc["table"] = table_rows(doc)
     reporter._stop()
     for w in doc["warnings"]:
         reporter.warn(w)
     if as_json:
         emit_json(doc)
     elif not quiet:
-        console.print(metrics_table(doc))
-        if layers and doc["layers"]:
-            console.print(layers_table(doc["layers"]))
-        if doc.get("draft"):
-            console.print(draft_table(doc["draft"]))
-    err = gate_error(doc["gates"])
+        _print_tables(console, doc, layers)
+    err = gate_error(doc["gates"], doc["tasks"], doc["layers"])
     if err is not None and world.is_root:  # under torchrun rank 0 reports the missed gate (exit 1)
         raise err
+
+
+def _print_tables(console, doc: dict, layers: bool) -> None:
+    console.print(metrics_table(doc))
+    if layers and doc["layers"]:
+        console.print(layers_table(doc["layers"]))
+    if doc["tasks"]:
+        console.print(tasks_table(doc["tasks"]))
+    if doc.get("draft"):
+        console.print(draft_table(doc["draft"]))
+    if doc.get("worst_layers"):
+        console.print(worst_table(doc["worst_layers"]))
+
+
+def _with_tasks(doc: dict, model, reference, tasks, *, reporter, **kw) -> dict:
+    """The report with `tasks`: each lm-eval task scored on MODEL (as served) and the reference."""
+    from tfcompile.tasks.gate import run_task_gates  # lazy: lm-eval and the model, only with --task
+
+    entries = run_task_gates(Path(model), Path(reference), tasks, progress=reporter, **kw)
+    return {**doc, "tasks": entries}
 
 
 def _ks(value: str) -> tuple[int, ...]:
@@ -197,12 +237,16 @@ def quantize_eval_table(section: dict) -> Table:
 def quantize_eval_failed(err: Exception, *, console, quiet: bool, as_json: bool, recipe,
                          warnings: list[str]) -> None:
     """When `quantize --eval` missed a gate: its figures in a table (stderr) and the --json
-    document ({ok: false, output: null, eval, error}); other errors are left alone."""
+    document ({ok: false, output: null, rejected: OUT.rejected or null, eval, eval_table, error});
+    other errors are left alone."""
     report = getattr(getattr(err, "inner", None), "report", None)
     if report is None:
         return
     if not quiet and not as_json:
         console.print(quantize_eval_table(report))
+        if report.get("worst_layers"):
+            console.print(worst_table(report["worst_layers"]))
     if as_json:
-        emit_json({"ok": False, "output": None, "recipe": recipe.to_dict(), "eval": report,
-                   "error": getattr(err, "message", str(err)), "warnings": list(warnings)})
+        emit_json({"ok": False, "output": None, "rejected": report.get("rejected"), "recipe": recipe.to_dict(),
+                   "eval": report, "eval_table": table_rows(report), "error": getattr(err, "message", str(err)),
+                   "warnings": list(warnings)})

@@ -24,6 +24,7 @@ import click
 from tfcompile.artifact.engines import ENGINES
 
 from tfcompile.cli.model_ref import REVISION_HELP
+from tfcompile.cli.task_gates import DROP_HELP, JUNIT_HELP, LIMIT_HELP, TASK_HELP
 from tfcompile.io.hub import resolve_model
 from tfcompile.recipe.options import CalibOptions, EvalOptions, LayoutOptions, RunOptions
 
@@ -107,7 +108,7 @@ recipe_options = option_group([
                  help="Set a pass option, e.g. --set pack.max_shard_mb=2000."),
     click.option("--ignore", multiple=True, metavar="PATTERN",
                  help="Leave matching Linear modules unquantized (glob, or re:REGEX)."),
-    click.option("--export", "exports", multiple=True, type=click.Choice(["modelopt", "onnx"]),
+    click.option("--export", "exports", multiple=True, type=click.Choice(["modelopt", "onnx"], case_sensitive=False),
                  help="Also write the modelopt (TensorRT-LLM) view under OUT/modelopt, or an ONNX "
                  "model with quantize/dequantize nodes under OUT/onnx (docs/onnx.md)."),
     click.option("--calib", metavar="DATA", help="Calibration data: a .txt/.jsonl/.json/.csv/.parquet "
@@ -125,15 +126,16 @@ recipe_options = option_group([
     click.option("--calib-all-experts", "calib_all_experts", is_flag=True, default=None,
                  help="MoE: every calibration token also goes through every expert for the statistics "
                  "(routing and outputs unchanged), so no expert is left uncalibrated (docs/models.md)."),
-    click.option("--observer", type=click.Choice(["max", "percentile", "mse"]), help="Static activation "
+    click.option("--observer", type=click.Choice(["max", "percentile", "mse"], case_sensitive=False),
+                 help="Static activation "
                  "amax: max (default), percentile (99.99th of |x|; --set calibrate.percentile=P), mse "
                  "(clipping that minimises the format's quantization error)."),
-    click.option("--algorithm", type=click.Choice(["rtn", "mse", "gptq", "awq", "smoothquant"]),
+    click.option("--algorithm", type=click.Choice(["rtn", "mse", "gptq", "awq", "smoothquant"], case_sensitive=False),
                  help="Weight rounding: rtn (default), mse (block-scale search), gptq (Hessian-aware; adds "
                  "calibration), awq (activation-aware scales folded into the norms; adds calibration), "
                  "smoothquant (activation outliers migrated into the weights through the norms; adds "
                  "calibration)."),
-    click.option("--kv-cache", type=click.Choice(["fp8", "nvfp4"]), help="Quantize the KV cache: "
+    click.option("--kv-cache", type=click.Choice(["fp8", "nvfp4"], case_sensitive=False), help="Quantize the KV cache: "
                  "calibrate k_scale/v_scale for an FP8 E4M3 or an NVFP4 cache (adds the calibrate pass)."),
     click.option("--kv-per-head", is_flag=True, default=None, help="One KV scale per KV head."),
     click.option("--device", metavar="auto|cpu|cuda|cuda:N", help="Where calibration, GPTQ, "
@@ -150,6 +152,15 @@ recipe_options = option_group([
                        kv_per_head=v["kv_per_head"], all_experts=v["calib_all_experts"], strict=v["calib_strict"])))
 
 
+def _eval_values(v: dict[str, Any], kw: dict[str, Any]) -> None:
+    if not v["tasks"] and (v["max_task_drop"] is not None or v["task_limit"] is not None):
+        raise click.UsageError("--max-task-drop and --limit need --task NAME|YAML")
+    _update_run(kw, report=v["report"], evaluation=EvalOptions(
+        enabled=v["eval_"], text=v["eval_text"], max_tokens=v["eval_tokens"], max_kl=v["max_kl"],
+        max_ppl_increase=v["max_ppl_increase"], min_top1=v["min_top1"], tasks=tuple(v["tasks"]) or None,
+        max_task_drop=v["max_task_drop"], task_limit=v["task_limit"], keep_rejected=v["keep_rejected"]))
+
+
 eval_options = option_group([
     click.option("--eval", "eval_", is_flag=True, default=None, help="After verify, evaluate the "
                  "staged artifact against MODEL and store the figures in its manifest."),
@@ -163,16 +174,26 @@ eval_options = option_group([
     click.option("--report", "report", is_flag=True, default=None, help="Also write the HTML report "
                  "(tfcompile report) into OUT/tfcompile/report.html; with --eval it plots the per-layer "
                  "eval figures too."),
-], lambda v, kw: _update_run(kw, report=v["report"], evaluation=EvalOptions(
-    enabled=v["eval_"], text=v["eval_text"], max_tokens=v["eval_tokens"], max_kl=v["max_kl"],
-    max_ppl_increase=v["max_ppl_increase"], min_top1=v["min_top1"])))
+    click.option("--task", "tasks", multiple=True, metavar="NAME|YAML", help=f"Gate (--eval): {TASK_HELP}"),
+    click.option("--max-task-drop", type=float, metavar="POINTS", help=f"Gate (--eval): {DROP_HELP}"),
+    click.option("--limit", "task_limit", type=click.IntRange(min=1), metavar="N", help=LIMIT_HELP),
+    click.option("--keep-rejected/--no-keep-rejected", default=None, help="When a gate is missed, keep the "
+                 "complete, verifiable artifact at OUT.rejected/ to debug (default) or delete it."),
+], _eval_values)
+
+
+# quantize only (plan writes no gate results): `junit` for the command
+junit_option = option_group([
+    click.option("--junit", type=click.Path(path_type=Path, dir_okay=False), metavar="FILE",
+                 help=f"With --eval: {JUNIT_HELP}"),
+], lambda v, kw: kw.update(junit=v["junit"]))
 
 
 emit_options = option_group([
     click.option("--target", "targets", metavar="sm_90a,sm_100a", help="Also compile the GPU "
                  "kernels for these targets into OUT/kernels/ (tuned by the cost model, or by "
                  "--set emit.tuning=TABLE)."),
-    click.option("--cutlass", "emit_cutlass", type=click.Choice(["auto", "always", "never"]),
+    click.option("--cutlass", "emit_cutlass", type=click.Choice(["auto", "always", "never"], case_sensitive=False),
                  help="Also generate CUTLASS GEMMs for the --target targets into OUT/kernels/<target>/"
                  "cutlass/ and compile them with nvcc: auto (when CUDA 12.8+ and the nvidia-cutlass "
                  "headers are found, else sources only), always (an error without them), never "
@@ -181,12 +202,12 @@ emit_options = option_group([
 
 
 layout_options = option_group([
-    click.option("--layout", "layout_target", type=click.Choice(["vllm", "sglang", "trtllm"]),
+    click.option("--layout", "layout_target", type=click.Choice(["vllm", "sglang", "trtllm"], case_sensitive=False),
                  help="Target engine: validate the KV cache against it, write OUT/tfcompile/kv_cache.json "
                  "and, when its weights differ (trtllm: fused qkv/gate_up), the view OUT/<engine>/."),
     click.option("--tp", "layout_tp", type=int, help="Tensor-parallel size the view's heads are grouped "
                  "for (KV heads replicated when it exceeds them)."),
-    click.option("--kv-layout", "layout_kv_layout", type=click.Choice(["NHD", "HND"]),
+    click.option("--kv-layout", "layout_kv_layout", type=click.Choice(["NHD", "HND"], case_sensitive=False),
                  help="KV-cache page layout (default: the backend's own)."),
     click.option("--kv-block-size", "layout_block_size", type=int, help="Tokens per KV-cache page "
                  "(default: the backend's)."),
@@ -201,19 +222,23 @@ _DISTILL_FIELDS = {"train_": "train", "distill_data": "data"}
 distill_options = option_group([
     click.option("--steps", type=int, help="Optimizer steps (default 200; layerwise: per layer)."),
     click.option("--lr", type=float, help="Peak learning rate (default: 1e-4 weights, 2e-3 scales, 1e-3 lora)."),
-    click.option("--train", "train_", type=click.Choice(["weights", "scales", "lora"]), help="What trains: "
+    click.option("--train", "train_", type=click.Choice(["weights", "scales", "lora"], case_sensitive=False),
+                 help="What trains: "
                  "the weights (default), the quantization scales only, or LoRA adapters merged before packing."),
-    click.option("--mode", type=click.Choice(["model", "layerwise"]), help="model: logit distillation "
+    click.option("--mode", type=click.Choice(["model", "layerwise"], case_sensitive=False),
+                 help="model: logit distillation "
                  "(default); layerwise: each decoder layer against the teacher layer's output."),
     click.option("--data", "distill_data", metavar="DATA", help="Training text: python-doc (default: its "
                  "train split; held-out split for the figures), a file or data set, self or random."),
     click.option("--batch", type=int, help="Blocks per micro-batch (default 8)."),
     click.option("--grad-accum", type=int, help="Micro-batches per optimizer step (default 1)."),
     click.option("--temperature", type=float, help="Softmax temperature of the KL loss (default 1)."),
-    click.option("--teacher", type=click.Choice(["online", "cache"]), help="Teacher logits computed every "
+    click.option("--teacher", type=click.Choice(["online", "cache"], case_sensitive=False),
+                 help="Teacher logits computed every "
                  "step (default) or cached on disk first (top-k, --set distill.topk=K)."),
     click.option("--seed", type=int, help="Seed for data order and LoRA init (default 0)."),
-    click.option("--sharding", type=click.Choice(["auto", "ddp", "fsdp"]), help="Under torchrun: ddp (every "
+    click.option("--sharding", type=click.Choice(["auto", "ddp", "fsdp"], case_sensitive=False),
+                 help="Under torchrun: ddp (every "
                  "rank holds the whole student), fsdp (FSDP2: the student's parameters, gradients and "
                  "optimizer state sharded over the ranks), auto (default: fsdp when the student does not "
                  "fit one device)."),

@@ -29,10 +29,14 @@ from tfcompile.settings import settings
 
 
 
+LOG_WIDTH = 240  # columns off a TTY (a log file, a CI pipe): rich's default there is 80, which wraps tables
+
+
 def stderr_console() -> Console:
     plain = bool(os.environ.get("NO_COLOR")) or os.environ.get("TERM") == "dumb"
-    return Console(stderr=True, no_color=plain, highlight=False,
-                   force_terminal=None if sys.stderr.isatty() else False)
+    tty = sys.stderr.isatty()
+    return Console(stderr=True, no_color=plain, highlight=False, force_terminal=None if tty else False,
+                   width=None if tty or os.environ.get("COLUMNS") else LOG_WIDTH)
 
 
 def rank_output(quiet: bool, as_json: bool) -> tuple[Console, bool, bool]:

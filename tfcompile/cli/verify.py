@@ -38,13 +38,28 @@ def verify(artifact: Path, as_json: bool, engines: tuple[str, ...], target: str 
         emit_json({"ok": report.ok, "path": report.path, "checks": report.checks})
     else:
         stderr_console().print(verify_table(report))
-    if not report.ok:  # the table says which; the error line repeats the first (exit 1, as for any input)
-        bad = report.failures()
-        first = bad[0]["detail"].splitlines()[0] if bad[0]["detail"] else ""
-        raise VerifyError(f"{artifact}: {len(bad)} check(s) failed: {', '.join(c['check'] for c in bad)}"
-                          + (f" ({bad[0]['check']}: {first[:200]})" if first else ""),
-                          hint="the table above has every check; a damaged or edited artifact: rebuild it, "
-                               "or fetch it again from where it was published")
+    if not report.ok:  # after the report: main prints `error:` and `hint:` lines, exit 1
+        raise verify_error(report)
+
+
+# what to do about a failed check, by check name (the first that matches; else the generic hint)
+_HINTS = (
+    ("signature", "check --public-key is the release key's public half, or sign the artifact again: "
+                  "tfcompile sign ARTIFACT --key KEY"),
+    ("engine", "see each engine's hint in the detail above, or rebuild for that engine (--layout, --format)"),
+    ("manifest", "the manifest is missing, unreadable or edited: rebuild the artifact (tfcompile quantize ... "
+                 "--overwrite) or fetch it again"),
+)
+_FILES_HINT = ("the artifact's files changed since it was built: rebuild it (tfcompile quantize ... --overwrite) "
+               "or fetch it again")
+
+
+def verify_error(report) -> VerifyError:
+    """The error naming every failed check (first line of each detail) and what to do."""
+    bad = report.failures()
+    parts = "; ".join(f"'{c['check']}' ({(c['detail'] or 'failed').splitlines()[0]})" for c in bad)
+    hint = next((h for key, h in _HINTS for c in bad if c["check"].startswith(key)), _FILES_HINT)
+    return VerifyError(f"{report.path}: {len(bad)} of {len(report.checks)} verify checks failed: {parts}", hint=hint)
 
 
 def add_engine_checks(report, doc, engines, *, target, tp) -> None:

@@ -142,7 +142,7 @@ class Loop:
         rate = elapsed / max(1, self.done - self.resumed_at)  # seconds per step in this process
         eta = rate * (self.total - self.done)
         loss = self.last.get("loss", float("nan"))
-        self.reporter.advance(1, f"loss {loss:.4f}  lr {self.last['lr']:.2e}  eta {_hms(eta)}")
+        self.reporter.advance(1, f"loss {loss:.4f}  lr {self.last['lr']:.2e}")  # the progress line has the ETA
         if self.done % self.cfg.log_every and local + 1 != seg.steps:
             return
         rec = {"step": self.done, "segment": seg.name, "tokens": self.done * self.tokens_per_step,

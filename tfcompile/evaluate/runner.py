@@ -15,7 +15,7 @@ from tfcompile.dist.world import World
 from tfcompile.evaluate.errors import EvalError
 from tfcompile.evaluate.gates import check_gates
 from tfcompile.evaluate.kvcache import KV_MODES, not_emulated
-from tfcompile.evaluate.lens import LayerKL
+from tfcompile.evaluate.lens import LayerKL, decoder_parts
 from tfcompile.evaluate.metrics import LayerSQNR, LogitMetrics
 from tfcompile.evaluate.models import load_candidate, load_checkpoint_model
 from tfcompile.evaluate.text import batches, load_text, load_tokenizer, token_rows
@@ -43,11 +43,14 @@ def evaluate(model_path: Path, reference: Path, *, text: Path | None = None, max
              seq_len: int | None = None, batch_size: int = 4, dtype: str = "float32",
              kv_cache: str = "auto", thresholds: dict[str, float | None] | None = None,
              progress: Progress | None = None, layer_kl: bool = False,
-             manifest: JsonDict | None = None, device: str = "auto", world: World | None = None) -> dict:
+             manifest: JsonDict | None = None, device: str = "auto", world: World | None = None,
+             layers: bool = True) -> dict:
     """The report as a JSON-ready dict (see docs/ci.md for the fields).
 
     kv_cache: "auto" emulates an artifact's FP8 KV cache (kvcache.py), "off" does not.
     layer_kl: also KL per decoder layer through the logit lens (lens.py), as "layer_kl".
+    layers: the per-Linear output SQNR rows (False: `layers` is empty; bench/eval_layers.py's
+    plain eval, the baseline of what the per-layer figures cost).
     manifest: the artifact's manifest when it is not on disk yet (`quantize --eval`).
     device: where both models run (tfcompile/dist/devices.py). Under torchrun (`world`) batch b
     runs on rank b mod N and every rank gets the figures one process computes, bit for bit."""
@@ -74,7 +77,8 @@ def evaluate(model_path: Path, reference: Path, *, text: Path | None = None, max
     cand.model.to(dev)
     ref.to(dev)
     lens = LayerKL() if layer_kl else None
-    logit_m, layer_m = _run(cand, ref, batches(rows, batch_size), progress, lens, world or LOCAL, dev)
+    logit_m, layer_m = _run(cand, ref, batches(rows, batch_size), progress, lens, world or LOCAL, dev,
+                            per_layer=layers)
     kv_entry, kv_warnings = _kv_report(cand, kv_cache)
     metrics = logit_m.result()
     shapes = {n: list(q.module.weight.shape) for n, q in cand.linears.items()}
@@ -117,19 +121,19 @@ def _seq_len(ref, seq_len: int | None) -> int:
 
 
 def _run(cand, ref, work: list[torch.Tensor], progress: Progress | None, lens: LayerKL | None = None,
-         world=LOCAL, device: torch.device | str = "cpu") -> tuple[LogitMetrics, LayerSQNR]:
+         world=LOCAL, device: torch.device | str = "cpu", per_layer: bool = True) -> tuple[LogitMetrics, LayerSQNR]:
     """Both models over every [B, L] batch (this rank's, under torchrun); the metrics (and
     `lens`, if given, filled in place)."""
     logit_m, layer_m = LogitMetrics(), LayerSQNR()
-    layer_m.attach(cand.linears, ref)
+    if per_layer:
+        layer_m.attach(cand.linears, ref)
     if lens is not None and not lens.attach(cand.model, ref):
         lens = None
     mine = range(world.rank, len(work), world.size)
     starts = [0]  # batch b's first global position (the lens counts positions in batch order)
     for ids in work:
         starts.append(starts[-1] + ids.numel())
-    if progress is not None:
-        progress.task("eval", len(mine))
+    steps = _LayerSteps(progress, cand.model, ref, len(mine))  # progress per decoder layer, inside a batch
     terms = {}  # batch -> (row terms, layer terms, lens terms): what other ranks replay
     try:
         with torch.inference_mode():
@@ -144,15 +148,49 @@ def _run(cand, ref, work: list[torch.Tensor], progress: Progress | None, lens: L
                     lens.batch_done(ids)
                 if world.distributed:
                     terms[b] = (rows, layer_m.take(), lens.take() if lens is not None else None)
-                if progress is not None:
-                    progress.advance(1, f"{ids.numel()} tokens")
+                steps.batch_done(ids.numel())
     finally:
+        steps.detach()
         layer_m.detach()
         if lens is not None:
             lens.detach()
     if world.distributed:
         logit_m, layer_m = _replay(world, cand, terms, len(work), layer_m, lens, starts[-1])
     return logit_m, layer_m
+
+
+class _LayerSteps:
+    """Eval progress in units of one decoder layer of one model (candidate, then reference), so
+    a long batch reports inside itself and the ETA follows measured work; models without
+    `<base>.layers` report per batch. Total: batches x (candidate layers + reference layers)."""
+
+    def __init__(self, progress: Progress | None, candidate, reference, batches: int):
+        self.progress, self.hooks, self.batch, self.batches = progress, [], 1, batches
+        parts = [decoder_parts(candidate), decoder_parts(reference)]
+        self.per_batch = sum(len(p[0]) for p in parts if p is not None) if all(parts) else 0
+        if progress is None:
+            return
+        progress.task(f"eval {batches} batches" + (f" x {self.per_batch} layers" if self.per_batch else ""),
+                      batches * (self.per_batch or 1))
+        if self.per_batch:
+            for role, (layers, _, _) in zip(("candidate", "reference"), parts):
+                for i, layer in enumerate(layers):
+                    self.hooks.append(layer.register_forward_hook(self._step(role, i + 1, len(layers))))
+
+    def _step(self, role: str, i: int, n: int):
+        def hook(_mod, _args, _out):
+            self.progress.advance(1, f"batch {self.batch}/{self.batches}, {role} layer {i}/{n}")
+        return hook
+
+    def batch_done(self, tokens: int) -> None:
+        if self.progress is not None and not self.per_batch:
+            self.progress.advance(1, f"{tokens} tokens")
+        self.batch += 1
+
+    def detach(self) -> None:
+        for h in self.hooks:
+            h.remove()
+        self.hooks.clear()
 
 
 def _replay(world, cand, terms: dict, n: int, layer_m: LayerSQNR, lens: LayerKL | None,

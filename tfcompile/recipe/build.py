@@ -104,6 +104,7 @@ def build_recipe(
     `device` (--device) sets the `device` of every scheduled pass that has one."""
     data = load_recipe_file(recipe_file) if recipe_file else {"version": RECIPE_VERSION}
     fmt = fmt or data.get("format")
+    fmt = fmt.strip().lower() if isinstance(fmt, str) else fmt  # --format NVFP4 = nvfp4 (names are lower case)
     edits = [(n, t, f"recipe passes.{n}") for n, t in (data.get("passes") or {}).items()]
     edits += [(n, t, f"option for pass {n}") for n, t in (overrides or {}).items()]
     for item in sets:

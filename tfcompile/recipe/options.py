@@ -45,6 +45,10 @@ class EvalOptions:
     max_kl: float | None = None
     max_ppl_increase: float | None = None
     min_top1: float | None = None
+    tasks: tuple[str, ...] | None = None  # --task: lm-eval task gates (tfcompile/tasks)
+    max_task_drop: float | None = None
+    task_limit: int | None = None  # --limit
+    keep_rejected: bool | None = None  # --no-keep-rejected: False
 
 
 @dataclass(frozen=True)
@@ -95,7 +99,7 @@ class RunOptions:
         if self.targets:
             out["emit"] = {"targets": self.targets}
         ev = {k: v for k, v in _given(self.evaluation).items() if k != "enabled"}
-        if self.evaluation.enabled or ev:  # --eval, or any eval option, runs the eval pass
+        if self.evaluation.enabled or set(ev) - {"keep_rejected"}:  # --eval, or any eval option, runs it
             out["eval"] = ev
         if self.algorithm:
             out["quantize"] = {"algorithm": self.algorithm}

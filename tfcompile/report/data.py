@@ -11,6 +11,7 @@ from pathlib import Path
 from tfcompile.artifact.fields import EVAL, TRITON_INDEX as TRITON_FIELDS, check_fields
 from tfcompile.artifact.integrity import canonical_digest
 from tfcompile.artifact.manifest import load_manifest
+from tfcompile.artifact.signing import SIGNATURE
 from tfcompile.errors import UserError
 from tfcompile.io.bounded import parse_json, read_regular
 
@@ -27,6 +28,7 @@ class ReportData:
     kv: dict | None  # tfcompile/kv_cache.json
     triton: dict | None  # kernels/index.json
     evaluation: dict | None  # manifest "eval", merged with an `eval --json` document when given
+    signature: dict | None = None  # tfcompile/manifest.sig as read (checked by verify, shown here)
 
 
 def load(artifact: Path, eval_doc: dict | None = None) -> ReportData:
@@ -39,8 +41,23 @@ def load(artifact: Path, eval_doc: dict | None = None) -> ReportData:
     if triton is not None:
         check_fields(triton, TRITON_FIELDS, str(artifact / TRITON_INDEX), "the artifact is damaged or was edited; "
                      "rebuild it with tfcompile quantize")
-    return ReportData(manifest.get("source", {}).get("name") or artifact.name, manifest,
-                      canonical_digest(manifest), sizes, _json(artifact / KV_DESCRIPTOR), triton, evaluation)
+    return ReportData(model_name(artifact, manifest), manifest, canonical_digest(manifest), sizes,
+                      _json(artifact / KV_DESCRIPTOR), triton, evaluation, _json(artifact / SIGNATURE))
+
+
+def model_name(artifact: Path, manifest: dict) -> str:
+    """The model the report is about: its Hub id, else the name its config.json gives it (not a
+    path: a cache folder's name says nothing), else the source directory's name."""
+    src = manifest.get("source", {})
+    hub = src.get("hub") if isinstance(src.get("hub"), dict) else None
+    if hub and isinstance(hub.get("repo_id"), str):
+        return hub["repo_id"]
+    config = _json(artifact / "config.json") or {}
+    for key in ("_model_name_or_path", "_name_or_path"):
+        name = config.get(key)
+        if isinstance(name, str) and name.strip() and not name.startswith((os.sep, ".", "~")):
+            return name.strip()  # "SmolLM2 135M ...", or a Hub id ORG/NAME; a local path is not a name
+    return str(src.get("name") or artifact.name)
 
 
 def kv_cache_text(manifest: dict) -> str:
@@ -72,7 +89,7 @@ def _merge_eval(section: dict | None, doc: dict | None) -> dict | None:
     if doc is None:
         return section
     keep = ("ok", "activations", "dtype", "text", "kv_cache", "metrics", "layer_summary", "gates", "layers",
-            "layer_kl", "reference")
+            "layer_kl", "reference", "tasks", "worst_layers")
     return {**(section or {}), **{k: doc[k] for k in keep if k in doc}}
 
 

@@ -9,6 +9,7 @@ from html import escape
 
 from tfcompile import __version__
 from tfcompile.evaluate.kvtext import describe
+from tfcompile.evaluate.lens import MAX_POSITIONS as LENS_POSITIONS
 from tfcompile.report import svg
 from tfcompile.report.data import ReportData, decoder_layer, kv_cache_text, model_order, projection
 
@@ -97,12 +98,40 @@ def evaluation(d: ReportData) -> str:
             ["tokens", escape(f"{m['tokens']} ({t.get('source', '?')}, {t.get('sequences', '?')} sequences)")],
             ["KV cache", escape(describe(ev.get("kv_cache")))]]
     gates = [[escape(f"--{g['gate']}"), escape(g["metric"]), f(g["value"], ".6g"), f(g["threshold"], "g"),
-              f'<span class="{"pass" if g["ok"] else "fail"}">{"pass" if g["ok"] else "FAIL"}</span>']
-             for g in ev.get("gates", [])]
+              _result(g["ok"])] for g in ev.get("gates", [])]
     gate_html = (_table(["gate", "metric", "value", "threshold", "result"], gates, {2, 3}) if gates
                  else '<p class="note">No gate was given (--max-kl, --max-ppl-increase, --min-top1).</p>')
     return (f'<h2 id="eval">Evaluation</h2>{_table(["metric", "value"], rows)}'
-            f'<h2 id="gates">Eval gates</h2>{gate_html}')
+            f'<h2 id="gates">Eval gates</h2>{gate_html}{_tasks(ev.get("tasks") or [])}'
+            f'{_worst(ev.get("worst_layers") or [])}')
+
+
+def _result(ok: bool) -> str:
+    return f'<span class="{"pass" if ok else "fail"}">{"pass" if ok else "FAIL"}</span>'
+
+
+def _tasks(tasks: list[dict]) -> str:
+    """The task gates (lm-evaluation-harness): both scores in points, the drop, the limit."""
+    if not tasks:
+        return ""
+    rows = [[escape(t["task"]), escape(t["metric"]), f"{t['reference']:.2f}", f"{t['candidate']:.2f}",
+             f"{t['drop']:.2f}", "-" if t.get("threshold") is None else f"{t['threshold']:g}", _result(t["passed"])]
+            for t in tasks]
+    return ('<h2 id="tasks">Task gates</h2><p class="note">lm-evaluation-harness tasks scored on the artifact as '
+            "served (emulated) and on the reference; points = metric x 100.</p>"
+            + _table(["task", "metric", "reference", "candidate", "drop", "max drop", "result"], rows, {2, 3, 4, 5}))
+
+
+def _worst(worst: list[dict]) -> str:
+    """A missed gate's worst layers: the usual --ignore candidates."""
+    if not worst:
+        return ""
+    rows = [[f"<code>{escape(w['module'])}</code>", "-" if w["sqnr_db"] is None else f"{w['sqnr_db']:.2f}",
+             "-" if w.get("e2e_sqnr_db") is None else f"{w['e2e_sqnr_db']:.2f}",
+             "-" if w.get("noise_share") is None else f"{100 * w['noise_share']:.0f}%"] for w in worst]
+    return ('<h2 id="worst">Worst layers</h2><p class="note">Lowest output SQNR first; share = of the summed '
+            "relative output noise. Leave them in BF16 with <code>--ignore</code>, or choose a stronger "
+            "<code>--format</code>.</p>" + _table(["module", "isolated dB", "end to end dB", "share"], rows, {1, 2, 3}))
 
 
 def layer_plots(d: ReportData) -> str:
@@ -121,10 +150,22 @@ def layer_plots(d: ReportData) -> str:
                                xlabel="decoder layer (logit lens)", cls="layer-kl",
                                xticks=[(p[0], str(int(p[0]))) for p in pts])
         out.append(_figure("layer-kl", "KL per decoder layer: both models' hidden states after layer i read "
-                           "through their own final norm and lm_head (the last one is the model's KL)", chart))
+                           "through their own final norm and lm_head" + _lens_positions(ev), chart))
     elif ev:
         out.append('<p class="note">KL per layer: not recorded (quantize --eval --report, or eval --layer-kl).</p>')
     return "".join(out)
+
+
+def _lens_positions(ev: dict) -> str:
+    """Which positions the lens covers, so its last point and the table's KL can be compared."""
+    tokens = (ev.get("metrics") or {}).get("tokens")
+    if not isinstance(tokens, int):
+        return " (the last one is the model's KL)"
+    n = min(tokens, LENS_POSITIONS)
+    if n == tokens:
+        return f", on all {tokens} evaluation positions (the last one is the table's KL)"
+    return (f", on the first {n} of the {tokens} evaluation positions (the last one is the model's KL on "
+            f"those positions; the table's KL is over all {tokens})")
 
 
 def _figure(fid: str, caption: str, chart: str) -> str:
@@ -201,6 +242,15 @@ def kernels(d: ReportData) -> str:
     return "".join(out)
 
 
+def _signature(sig: dict | None) -> str:
+    """Signed, and by which key (the key id, sha256 of the public key); `verify --public-key` checks it."""
+    if not sig:
+        return ("not signed when this page was written (a <code>--sign</code> signature is added after the "
+                "report; <code>tfcompile verify OUT --public-key PUB</code> checks it)")
+    return (f"{escape(str(sig.get('algorithm')))}, key id <code>{escape(str(sig.get('key_id')))}</code> "
+            "(checked by <code>tfcompile verify --public-key</code>, not by this page)")
+
+
 def provenance(d: ReportData) -> str:
     m = d.manifest
     src = m.get("source", {})
@@ -215,6 +265,8 @@ def provenance(d: ReportData) -> str:
         rows.append(["calibration data", f"{escape(str(calib.get('data')))}, {escape(str(calib.get('tokens')))} tokens"])
         if calib.get("fallback"):
             rows.append(["calibration fallback", f'<span class="fail">{escape(str(calib["fallback"]))}</span>'])
+    rows.append(["signature", _signature(d.signature)])
+    rows.append(["built by", f"tfcompile {escape(str(m['tool']['version']))}"])
     rows += [[escape(k), escape(str(v))] for k, v in sorted(m.get("dependencies", {}).items())]
     recipe = escape(json.dumps(m.get("recipe"), indent=2, sort_keys=True))
     return (f'<h2 id="provenance">Provenance</h2>{_table(["", ""], rows)}'
