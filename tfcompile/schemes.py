@@ -90,9 +90,14 @@ _SCHEMES = (
 SCHEMES: dict[str, Scheme] = {s.name: s for s in _SCHEMES}
 
 
+def format_name(name):
+    """A --format as given (any case, stray spaces) -> the scheme name (lower case); others as they are."""
+    return name.strip().lower() if isinstance(name, str) else name
+
+
 def get_scheme(name: str) -> Scheme:
     try:
-        return SCHEMES[name]
+        return SCHEMES[format_name(name)]
     except KeyError:
         raise RecipeError(
             f"unknown format {name!r}",

@@ -128,6 +128,10 @@ FAMILIES: tuple[Family, ...] = (
     Family("qwen3_5", ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"), keep=(LINEAR_ATTN, MTP_FC),
            fuse=QWEN3_5_FUSE),
     Family("qwen2_5_vl", ("qwen2_5_vl", "qwen2_vl", "qwen3_vl", "qwen3_vl_moe")),
+    # BERT encoders (MiniLM): every encoder-layer Linear is one vLLM builds with quant_config (bert.py:
+    # BertSelfAttention's QKVParallelLinear packs query/key/value, BertSelfOutput / BertOutput
+    # RowParallelLinear `dense`, BertIntermediate ColumnParallelLinear); the pooler is outside the layers.
+    Family("bert", ("bert",)),
 )
 GENERIC = Family("generic", (), linears="standard")
 _BY_TYPE = {t: f for f in FAMILIES for t in f.model_types}

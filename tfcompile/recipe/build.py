@@ -18,7 +18,7 @@ from tfcompile.errors import RecipeError
 from tfcompile.io.bounded import MAX_DEPTH, json_depth, read_regular, unicode_text
 from tfcompile.pipeline.passes import REGISTRY, SCHEDULE, Selection, Settings, get_pass
 from tfcompile.pipeline.recipe import RECIPE_VERSION, PassEntry, Recipe, build_config
-from tfcompile.schemes import get_scheme
+from tfcompile.schemes import format_name, get_scheme
 
 
 def implied_settings(settings: Settings) -> dict[str, dict[str, Any]]:
@@ -104,7 +104,7 @@ def build_recipe(
     `device` (--device) sets the `device` of every scheduled pass that has one."""
     data = load_recipe_file(recipe_file) if recipe_file else {"version": RECIPE_VERSION}
     fmt = fmt or data.get("format")
-    fmt = fmt.strip().lower() if isinstance(fmt, str) else fmt  # --format NVFP4 = nvfp4 (names are lower case)
+    fmt = format_name(fmt)  # --format NVFP4 = nvfp4 (names are lower case)
     edits = [(n, t, f"recipe passes.{n}") for n, t in (data.get("passes") or {}).items()]
     edits += [(n, t, f"option for pass {n}") for n, t in (overrides or {}).items()]
     for item in sets:
