@@ -16,6 +16,7 @@ from tfcompile.dist.failure import supervise
 from tfcompile.errors import VerifyError
 from tfcompile.evaluate import gate_error
 from tfcompile.evaluate.kvtext import KV_MODES, describe
+from tfcompile.tasks.gate import run_task_gates
 
 
 def _fmt(v, spec: str = ".4f") -> str:
@@ -174,8 +175,6 @@ def _print_tables(console, doc: dict, layers: bool) -> None:
 
 def _with_tasks(doc: dict, model, reference, tasks, *, reporter, **kw) -> dict:
     """The report with `tasks`: each lm-eval task scored on MODEL (as served) and the reference."""
-    from tfcompile.tasks.gate import run_task_gates  # lazy: lm-eval and the model, only with --task
-
     entries = run_task_gates(Path(model), Path(reference), tasks, progress=reporter, **kw)
     return {**doc, "tasks": entries}
 

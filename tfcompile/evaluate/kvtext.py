@@ -1,4 +1,5 @@
-"""The KV-cache emulation's names and its one line for people, without torch.
+"""The KV-cache emulation's names and its one line for people, and the lens's position limit,
+without torch.
 
 kvcache.py (the emulation itself, torch) re-exports these; the CLI's `--kv-cache` choice and the
 report page read them from here, so neither imports torch to build its help or its page.
@@ -6,6 +7,7 @@ report page read them from here, so neither imports torch to build its help or i
 
 from __future__ import annotations
 
+LENS_MAX_POSITIONS = 2048  # per-layer KL (evaluate/lens.py) covers at most this many positions
 KV_MODES = ("auto", "off")  # --kv-cache: auto = emulate when the artifact has a KV-cache scheme
 STRATEGIES = {"tensor": "per tensor", "attn_head": "per KV head"}
 

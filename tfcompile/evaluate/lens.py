@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-MAX_POSITIONS = 2048
+from tfcompile.evaluate.kvtext import LENS_MAX_POSITIONS as MAX_POSITIONS  # noqa: E402 (torch-free home)
 
 
 def decoder_parts(model: nn.Module) -> tuple[nn.ModuleList, nn.Module, nn.Module] | None:

@@ -8,8 +8,7 @@ import json
 from html import escape
 
 from tfcompile import __version__
-from tfcompile.evaluate.kvtext import describe
-from tfcompile.evaluate.lens import MAX_POSITIONS as LENS_POSITIONS
+from tfcompile.evaluate.kvtext import LENS_MAX_POSITIONS as LENS_POSITIONS, describe
 from tfcompile.report import svg
 from tfcompile.report.data import ReportData, decoder_layer, kv_cache_text, model_order, projection
 
