@@ -10,6 +10,8 @@ Slow job: one vLLM process inspects every case (~2-3 min on the 2-core CI machin
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from conftest import CASES, REFUSED
@@ -28,6 +30,9 @@ DEFECTS = {
                          "up_proj / down_proj (+ .bias) layout raises KeyError "
                          "'layers.0.mlp.experts.0.w2_bias' (https://github.com/vllm-project/vllm/issues/40358)"),
 }
+
+# the CPU has AMX tiles (Intel Sapphire Rapids and later): vLLM's CPU build then takes AMX kernels
+AMX = "amx_bf16" in Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else False
 
 
 def _defect(case: str, what: str):
@@ -95,7 +100,13 @@ def test_moe_families_load_but_vllm_cpu_has_no_fp8_moe_backend(vllm_reports):
     """Why docs/interop.md says 'generates: no' for MoE families on CPU: the weights load, and only
     the FP8 fused-MoE kernel is missing from the CPU build (fused_moe/oracle/fp8.py)."""
     for case in ("deepseek_v3-fp8-dynamic", "glm4_moe-fp8-dynamic", "qwen3_next-fp8-dynamic"):
-        errors = vllm_reports[case]["process_errors"]
+        errors = dict(vllm_reports[case]["process_errors"])
+        if AMX:  # vLLM's CPU build on an AMX CPU serves MLA with its AMX backend
+            # (vllm/v1/attention/backends/mla/amx_mla.py, `uses_amx_bmm`), whose packed W_UK/W_UV bmm
+            # refuses the tiny model's 16-wide heads at load ("invalid weight input features 16", from
+            # _C's bmm_cpu packing): a limit of that kernel for this toy shape, not of the artifact
+            errors = {n: e for n, e in errors.items()
+                      if not (n.endswith(".mla_attn") and "invalid weight input features" in e)}
         assert errors and all("Unsupported FP8 MoE backend" in e for e in errors.values()), (case, errors)
         assert all(n.endswith(".experts.routed_experts") for n in errors), errors
     assert not vllm_reports["qwen3-fp8-dynamic"]["process_errors"]
