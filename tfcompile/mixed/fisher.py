@@ -36,6 +36,7 @@ class _Member:
     """One Linear of a group: its candidate formats' dequantized weights, made when scored."""
 
     def __init__(self, module: nn.Linear, source: str, group_scales: dict):
+        # group_scales: format -> the group's shared global scale, for the formats its shapes fit
         self.module, self.source, self.group_scales = module, source, group_scales
         self.x: torch.Tensor | None = None
         self.score: dict[str, float] = {}
@@ -53,24 +54,24 @@ def _group_scales(group, modules: dict, fmts: list[str]) -> dict:
     return {f: get_scheme(f).weights.group_global_scale(ws, [t.source for t in group.members]) for f in fmts}
 
 
-def _score(m: _Member, g: torch.Tensor, fmts: list[str], rule: str, dtype: torch.dtype) -> None:
-    """Add 1/2 sum G^2 dY^2 of every candidate format to m.score (G: the output's gradient)."""
+def _score(m: _Member, g: torch.Tensor, rule: str, dtype: torch.dtype) -> None:
+    """Add 1/2 sum G^2 dY^2 of each format the member fits to m.score (G: the output's gradient)."""
     x = m.x.float()
     y = x @ m.module.weight.detach().float().t()
-    g2 = g.float().square()
-    for fmt in fmts:
+    g2, amax = g.float().square(), float(x.abs().max())
+    for fmt in m.group_scales:
         acts = get_scheme(fmt).acts
-        xq = x if acts is None else acts.emulate(float(x.abs().max()), torch.float32, name=m.source)(x)
+        xq = x if acts is None else acts.emulate(amax, torch.float32, name=m.source)(x)
         dy = xq @ m.weight(fmt, rule, dtype).t() - y
         m.score[fmt] = m.score.get(fmt, 0.0) + 0.5 * float((g2 * dy.square()).sum())
     m.x = None
 
 
-def _hooks(members: dict[str, _Member], fmts: list[str], rule: str, dtype: torch.dtype) -> list:
+def _hooks(members: dict[str, _Member], rule: str, dtype: torch.dtype) -> list:
     def fwd(m: _Member):
         def hook(_mod, args, out):
             m.x = args[0].detach()
-            out.register_hook(lambda g: _score(m, g, fmts, rule, dtype))
+            out.register_hook(lambda g: _score(m, g, rule, dtype))
         return hook
     return [m.module.register_forward_hook(fwd(m)) for m in members.values()]
 
@@ -96,7 +97,7 @@ def measure_fisher(model_dir, plan, formats: list[str], *, data: str, samples: i
         groups.append((g, fits))
     if reporter is not None:
         reporter.task("mixed: sensitivity (one forward + backward)", None)
-    hooks = _hooks(members, quantized, mx_rule, dtype)
+    hooks = _hooks(members, mx_rule, dtype)
     try:
         _forward_backward(model, ids, seed)
     finally:
@@ -107,9 +108,11 @@ def measure_fisher(model_dir, plan, formats: list[str], *, data: str, samples: i
     for g, fits in groups:
         params = sum(t.shape[0] * t.shape[1] for t in g.members)
         ms = [members.get(t.module) for t in g.members]
-        kl = {f: 0.0 for f in names if f == "bf16" or (None in ms and f in quantized)}
-        if None not in ms:
-            kl.update({f: sum(m.score.get(f, 0.0) for m in ms) / tokens for f in fits})
+        if None in ms:  # not measured: every format costs nothing, the group stays in the base
+            kl = {f: 0.0 for f in names}
+        else:
+            kl = {**{f: 0.0 for f in names if f == "bf16"},
+                  **{f: sum(m.score.get(f, 0.0) for m in ms) / tokens for f in fits}}
         costs.append(GroupCost(g.key, params, kl))
     record = {"method": "fisher", "data": f"{data}(seed={seed})", "tokens": int(tokens), "formats": names,
               "seconds": round(time.perf_counter() - t0, 1)}
