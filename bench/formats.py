@@ -8,7 +8,7 @@
 
 Copy baseline: `dst.copy_(w)` into a preallocated bf16 tensor of the same shape, timed in the same
 run, before the kernels of each thread count. Each figure is the median of --runs timed runs after
-one warm-up; quantizer timings include allocating their outputs. The paths are the builds of
+three warm-ups; quantizer timings include allocating their outputs. The paths are the builds of
 kernels/formats/_native.py (`native` = -march=native; `avx2` = x86-64-v3 code, real AVX2 running on
 this CPU; `scalar` = the portable loops). The aarch64 build is only tested (under qemu), not timed.
 """
@@ -25,12 +25,16 @@ import time
 import torch
 
 
+WARMUPS = 3  # the first ~3 calls after a change of thread count ran 3-4x slower (issue 32 rerun)
+
+
 def timed(fn, runs: int) -> tuple[float, float]:
-    """(median wall seconds, median CPU seconds of this process) of `runs` calls after a warm-up.
+    """(median wall seconds, median CPU seconds of this process) of `runs` calls after WARMUPS.
 
     CPU time (all threads, user + system) does not count the time spent waiting for a core, so
     on a machine shared with other jobs it is the steadier of the two."""
-    fn()  # warm-up (page-faults the allocator, loads the kernel library)
+    for _ in range(WARMUPS):  # page-faults the allocator's fresh outputs, loads the kernel library
+        fn()
     ws, cs = [], []
     for _ in range(runs):
         t0, c0 = time.perf_counter(), time.process_time()
