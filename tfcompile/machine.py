@@ -41,9 +41,14 @@ def _cpuinfo() -> tuple[str, frozenset[str]]:
     return vendor, flags
 
 
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags (x86 "flags", Arm "Features"); empty where /proc/cpuinfo is absent."""
+    return _cpuinfo()[1]
+
+
 def native_bf16() -> bool:
     """bf16 matmuls run natively here (else torch emulates them in fp32, several times slower)."""
-    return any(f in _cpuinfo()[1] for f in BF16_FLAGS)
+    return any(f in cpu_flags() for f in BF16_FLAGS)
 
 
 def cpu_profile() -> dict[str, str | bool]:

@@ -10,13 +10,13 @@ Slow job: one vLLM process inspects every case (~2-3 min on the 2-core CI machin
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from conftest import CASES, REFUSED
 from engine_util import kv_problems, loader_problems, scheme_problems
 from families_util import manifest
+
+from tfcompile.machine import cpu_flags
 
 pytestmark = pytest.mark.slow
 
@@ -32,7 +32,7 @@ DEFECTS = {
 }
 
 # the CPU has AMX tiles (Intel Sapphire Rapids and later): vLLM's CPU build then takes AMX kernels
-AMX = "amx_bf16" in Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else False
+AMX = "amx_bf16" in cpu_flags()
 
 
 def _defect(case: str, what: str):
