@@ -143,6 +143,54 @@ INLINE int fp8_quant(const void* x, i64 rows, i64 K, const float* s, i64 srs, i6
     return worst >= BAD;
 }
 
+/* FP8 with the scale of each tile computed in the same pass: for every tile of
+   bn rows x bk columns (the last ones clipped), s = max|x| / 448 (0 -> 1.0, as
+   fp8.scale_from_amax) goes to s_out[tile row, tile column] and the tile is
+   quantized e4m3(x / s) while it is still in cache (a 128 x 128 bf16 tile is
+   32 KiB; a row of channel scaling, bn = 1, is K elements): one pass over
+   memory where amax_grid + fp8_quant read the input twice. Data of a tile
+   that holds NaN/Inf is left unwritten (the caller raises). */
+INLINE int fp8_tiles(const void* x, i64 rows, i64 K, i64 bn, i64 bk, float* s_out, u8* out,
+                     ld_fn LD VEC_ARG) {
+    i64 nkb = (K + bk - 1) / bk; u32 worst = 0;
+    for (i64 r0 = 0; r0 < rows; r0 += bn) {
+        i64 r1 = r0 + bn < rows ? r0 + bn : rows;
+        for (i64 kb = 0; kb < nkb; kb++) {
+            i64 c0 = kb * bk, c1 = c0 + bk < K ? c0 + bk : K;
+            u32 m = 0;
+#ifndef SCALAR_ONLY
+            VI vm = v_zero();
+#endif
+            for (i64 r = r0; r < r1; r++) {
+                i64 k = r * K + c0, k1 = r * K + c1;
+#ifndef SCALAR_ONLY
+                for (; k + 16 <= k1; k += 16) vm = v_maxu(vm, v_absbits(VLD(x, k)));
+#endif
+                for (; k < k1; k++) { u32 a = absbits(LD(x, k)); m = a > m ? a : m; }
+            }
+#ifndef SCALAR_ONLY
+            u32 mv = v_hmax(vm); m = mv > m ? mv : m;
+#endif
+            float sc = u2f(m) / 448.0f;
+            sc = sc == 0.0f ? 1.0f : sc;
+            s_out[(r0 / bn) * nkb + kb] = sc;
+            worst = m > worst ? m : worst;
+            if (m >= BAD) continue;
+#ifndef SCALAR_ONLY
+            V vs = v_set1(sc);
+#endif
+            for (i64 r = r0; r < r1; r++) {
+                i64 k = r * K + c0, k1 = r * K + c1;
+#ifndef SCALAR_ONLY
+                for (; k + 16 <= k1; k += 16) v_bytes(v_e4m3(v_div(VLD(x, k), vs)), out + k);
+#endif
+                for (; k < k1; k++) out[k] = (u8)e4m3_code(LD(x, k) / sc);
+            }
+        }
+    }
+    return worst >= BAD;
+}
+
 /* NVFP4 block scale code: e4m3(amax / 6 * g), all-zero/underflow -> 1.0 */
 static inline u32 nvfp4_scale_code(u32 m, float g) {
     u32 sc = e4m3_code(u2f(m) / 6.0f * g);
@@ -258,6 +306,8 @@ int amax_grid_##SFX(const void* x, i64 rows, i64 K, i64 bk, float* out) {       
     return amax_grid(x, rows, K, bk, out, ld_##SFX VEC(SFX)); }                             \
 int fp8_quant_##SFX(const void* x, i64 rows, i64 K, const float* s, i64 srs, i64 bk, u8* out) { \
     return fp8_quant(x, rows, K, s, srs, bk, out, ld_##SFX VEC(SFX)); }                     \
+int fp8_tiles_##SFX(const void* x, i64 rows, i64 K, i64 bn, i64 bk, float* s, u8* out) {    \
+    return fp8_tiles(x, rows, K, bn, bk, s, out, ld_##SFX VEC(SFX)); }                      \
 int nvfp4_quant_##SFX(const void* x, i64 nblocks, float g, u8* packed, u8* scales) {        \
     return nvfp4_quant(x, nblocks, g, packed, scales, ld_##SFX VEC(SFX)); }                 \
 int mx_quant_##SFX(const void* x, i64 nblocks, int elem, int ceil_rule, u8* data, u8* scales) { \

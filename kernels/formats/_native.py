@@ -169,6 +169,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     for sfx in DTYPE_SUFFIX.values():
         getattr(lib, f"amax_grid_{sfx}").argtypes = [p, i64, i64, i64, p]
         getattr(lib, f"fp8_quant_{sfx}").argtypes = [p, i64, i64, p, i64, i64, p]
+        getattr(lib, f"fp8_tiles_{sfx}").argtypes = [p, i64, i64, i64, i64, p, p]
         getattr(lib, f"nvfp4_quant_{sfx}").argtypes = [p, i64, f32, p, p]
         getattr(lib, f"mx_quant_{sfx}").argtypes = [p, i64, ctypes.c_int, ctypes.c_int, p, p]
     lib.tfc_isa.restype = ctypes.c_char_p

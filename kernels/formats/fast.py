@@ -84,6 +84,29 @@ def fp8_rows(x: torch.Tensor, scale_rows: torch.Tensor, bk: int, name: str | Non
     return out.view(torch.float8_e4m3fn)
 
 
+def fp8_tiles(x: torch.Tensor, bn: int, bk: int, name: str | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """x viewed [rows, K] -> (e4m3 data [rows, K] in x's shape, float32 scales [ceil(rows/bn), ceil(K/bk)]).
+
+    scale = max|x| / 448 over each bn x bk tile (0 -> 1.0), data = cast_e4m3(x / scale), in one
+    pass over x (per-channel scaling: bn = 1, bk = K; 128 x 128 blocks: bn = bk = 128)."""
+    x = _c(x)
+    k = x.shape[-1]
+    rows = x.numel() // k
+    bands, nkb = -(-rows // bn), -(-k // bk)
+    s = torch.empty(bands, nkb, dtype=torch.float32)
+    out = empty_u8(tuple(x.shape))
+    f, es = _native.fn("fp8_tiles", x.dtype), x.element_size()
+    xp, sp, op = x.data_ptr(), s.data_ptr(), out.data_ptr()
+
+    def call(a: int, b: int) -> int:  # bands [a, b)
+        r0, r1 = a * bn, min(b * bn, rows)
+        return f(xp + r0 * k * es, r1 - r0, k, bn, bk, sp + a * nkb * 4, op + r0 * k)
+
+    if _native.parallel(bands, call):
+        raise_nonfinite(name)
+    return out.view(torch.float8_e4m3fn), s
+
+
 def nvfp4_blocks(x: torch.Tensor, g: float, name: str | None) -> tuple[torch.Tensor, torch.Tensor]:
     """x [..., K] (K % 16 == 0), global multiplier g -> (packed [..., K/2], e4m3 [..., K/16])."""
     x = _c(x)

@@ -115,6 +115,9 @@ def quantize_fp8(w: torch.Tensor, granularity: str = "tensor", *, scale: torch.T
     check_input(w, name, 2, "FP8")
     block = tuple(block) if granularity == "block" else ()
     fastpath = use_fast(impl, w)
+    if scale is None and fastpath and _fused_tiles(w.shape, granularity, block):
+        data, s = _quantize_tiles(w, granularity, block, name)
+        return QTensor("fp8", data, s, None, tuple(w.shape), granularity, None, block)
     if scale is None:
         amax = _weight_amax(w, granularity, block, fastpath, name)
         check_finite(amax, name)
@@ -123,6 +126,20 @@ def quantize_fp8(w: torch.Tensor, granularity: str = "tensor", *, scale: torch.T
         s = _check_scale(scale, _scale_shape(w.shape, granularity, block), name)
     data = _apply(w, s, granularity, block, fastpath, name)
     return QTensor("fp8", data, s, None, tuple(w.shape), granularity, None, block)
+
+
+def _fused_tiles(shape, gran: str, block) -> bool:
+    """Whether the one-pass tile kernel computes this granularity's scales: per channel always; 128 x 128
+    blocks when no tile spans two experts of a [E, N, K] weight."""
+    return gran == "channel" or (gran == "block" and (len(shape) == 2 or shape[-2] % block[0] == 0))
+
+
+def _quantize_tiles(w, gran, block, name) -> tuple[torch.Tensor, torch.Tensor]:
+    """(data, scale) in one pass (fast.fp8_tiles), the scale in the granularity's shape."""
+    lead, (n, k) = w.shape[:-2], w.shape[-2:]
+    bn, bk = (1, k) if gran == "channel" else block
+    data, s = fast.fp8_tiles(w, bn, bk, name)
+    return data.reshape(w.shape), s.reshape(*lead, -(-n // bn), -(-k // bk))
 
 
 def _apply(w, s, gran, block, fastpath, name) -> torch.Tensor:

@@ -6,12 +6,12 @@
    returns with the plain-torch reference.
 
    `harness isa` prints tfc_isa(). `harness < calls > outputs` reads records
-       i32 kernel (0 amax_grid, 1 fp8_quant, 2 nvfp4_quant, 3 mx_quant)
+       i32 kernel (0 amax_grid, 1 fp8_quant, 2 nvfp4_quant, 3 mx_quant, 4 fp8_tiles)
        i32 dtype (0 f32, 1 bf16, 2 f16), i64 a[4], f32 g, i32 pad,
        i64 nx, x bytes, i64 ns, s bytes (fp8 scales; ns 0 otherwise)
-   with a[] = amax: rows K bk -; fp8: rows K srs bk; nvfp4: nblocks; mx: nblocks elem ceil,
-   and writes per record: i32 return, i32 pad, then i64 n + n bytes for each output
-   (amax: out; fp8: out; nvfp4 and mx: data, scales). Little-endian both ends. */
+   with a[] = amax: rows K bk -; fp8: rows K srs bk; nvfp4: nblocks; mx: nblocks elem ceil;
+   fp8_tiles: rows K bn bk, and writes per record: i32 return, i32 pad, then i64 n + n bytes for
+   each output (amax: out; fp8: out; nvfp4, mx and fp8_tiles: data, scales). Little-endian both ends. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,17 +24,20 @@ const char* tfc_isa(void);
     int amax_grid_##SFX(const void*, i64, i64, i64, float*);                            \
     int fp8_quant_##SFX(const void*, i64, i64, const float*, i64, i64, u8*);            \
     int nvfp4_quant_##SFX(const void*, i64, float, u8*, u8*);                           \
-    int mx_quant_##SFX(const void*, i64, int, int, u8*, u8*);
+    int mx_quant_##SFX(const void*, i64, int, int, u8*, u8*);                           \
+    int fp8_tiles_##SFX(const void*, i64, i64, i64, i64, float*, u8*);
 DECL(f32) DECL(bf16) DECL(f16)
 
 typedef int (*amax_t)(const void*, i64, i64, i64, float*);
 typedef int (*fp8_t)(const void*, i64, i64, const float*, i64, i64, u8*);
 typedef int (*nvfp4_t)(const void*, i64, float, u8*, u8*);
 typedef int (*mx_t)(const void*, i64, int, int, u8*, u8*);
+typedef int (*tiles_t)(const void*, i64, i64, i64, i64, float*, u8*);
 static const amax_t AMAX[3] = {amax_grid_f32, amax_grid_bf16, amax_grid_f16};
 static const fp8_t FP8[3] = {fp8_quant_f32, fp8_quant_bf16, fp8_quant_f16};
 static const nvfp4_t NVFP4[3] = {nvfp4_quant_f32, nvfp4_quant_bf16, nvfp4_quant_f16};
 static const mx_t MX[3] = {mx_quant_f32, mx_quant_bf16, mx_quant_f16};
+static const tiles_t TILES[3] = {fp8_tiles_f32, fp8_tiles_bf16, fp8_tiles_f16};
 
 static void get(void* p, size_t n) {
     if (n && fread(p, 1, n, stdin) != n) { fprintf(stderr, "harness: short read\n"); exit(2); }
@@ -65,6 +68,9 @@ int main(int argc, char** argv) {
                 ret = NVFP4[d](x, a[0], g, o1, o2); break;
         case 3: n1 = a[0] * (a[1] == 4 ? 16 : 32); n2 = a[0]; o1 = malloc(n1); o2 = malloc(n2);
                 ret = MX[d](x, a[0], (int)a[1], (int)a[2], o1, o2); break;
+        case 4: n1 = a[0] * a[1]; n2 = ((a[0] + a[2] - 1) / a[2]) * ((a[1] + a[3] - 1) / a[3]) * 4;
+                o1 = malloc(n1); o2 = calloc((size_t)n2, 1);
+                ret = TILES[d](x, a[0], a[1], a[2], a[3], (float*)o2, o1); break;
         default: fprintf(stderr, "harness: bad kernel %d\n", head[0]); return 2;
         }
         int32_t r[2] = {ret, 0};

@@ -30,7 +30,7 @@ from test_fast import QUANTIZERS, assert_same, make
 
 CC, QEMU, SYSROOT = "aarch64-linux-gnu-gcc", "qemu-aarch64", Path("/usr/aarch64-linux-gnu")
 PACKAGES = "gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user"
-KERNEL_ID = {"amax_grid": 0, "fp8_quant": 1, "nvfp4_quant": 2, "mx_quant": 3}
+KERNEL_ID = {"amax_grid": 0, "fp8_quant": 1, "nvfp4_quant": 2, "mx_quant": 3, "fp8_tiles": 4}
 DTYPE = {"f32": (0, 4), "bf16": (1, 2), "f16": (2, 2)}  # suffix -> (harness id, bytes per element)
 BUILDS = {"neon": [], "scalar": ["-DTFC_SCALAR"]}  # extra flags on top of cflags("neon", "aarch64")
 
@@ -79,6 +79,10 @@ def encode(name: str, args: tuple) -> tuple[bytes, list[tuple[int, int]]]:
         a, n = (rows, k, srs, bk), rows * k
         s = ctypes.string_at(sp, (rows * srs if srs else -(-k // bk)) * 4)
         outs = [(o, rows * k)]
+    elif kern == "fp8_tiles":  # data first, scales second, as the harness writes them
+        x, rows, k, bn, bk, sp, o = args
+        a, n = (rows, k, bn, bk), rows * k
+        outs = [(o, rows * k), (sp, -(-rows // bn) * -(-k // bk) * 4)]
     elif kern == "nvfp4_quant":
         x, nb, g, p, sc = args
         a, n = (nb, 0, 0, 0), nb * 16

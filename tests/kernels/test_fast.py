@@ -73,7 +73,7 @@ def make(shape, dtype, seed, spread):
 
 @pytest.mark.parametrize("name,fn,blk", QUANTIZERS, ids=[q[0] for q in QUANTIZERS])
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", [(64, 512), (3, 40, 96), (17, 4096), (1, 96)])
+@pytest.mark.parametrize("shape", [(64, 512), (3, 40, 96), (17, 4096), (1, 96), (2, 128, 224), (130, 288)])
 def test_fast_equals_reference(name, fn, blk, dtype, shape):
     w = make(shape, dtype, seed=len(name) + shape[-1], spread=3.0)
     assert_same(fn(w, "fast"), fn(w, "reference"))
@@ -87,6 +87,21 @@ def test_fast_equals_reference_random(rows, kb, lead, dtype, spread, seed, which
     name, fn, _ = QUANTIZERS[which]
     w = make(lead + (rows, kb * 32), dtype, seed, spread)
     assert_same(fn(w, "fast"), fn(w, "reference"))
+
+
+@pytest.mark.parametrize("gran,shape,fused", [("channel", (130, 270), True), ("block", (130, 270), True),
+                                               ("block", (2, 128, 200), True), ("block", (3, 40, 96), False),
+                                               ("tensor", (130, 270), False)])
+def test_fp8_one_pass_kernel_is_the_one_taken(monkeypatch, gran, shape, fused):
+    """Channel and block scales come from the one-pass tile kernel (the equality tests above then test
+    it); per-tensor scales and blocks that would span two experts take amax_grid + fp8_quant."""
+    calls = []
+    real = fast.fp8_tiles
+    monkeypatch.setattr(fast, "fp8_tiles", lambda *a: calls.append(a[1:3]) or real(*a))
+    w = make(shape, torch.bfloat16, 3, 2.0)
+    assert_same(quantize_fp8(w, gran, impl="fast"), quantize_fp8(w, gran, impl="reference"))
+    want = {"channel": [(1, shape[-1])], "block": [(128, 128)]}.get(gran) if fused else []
+    assert calls == want
 
 
 def test_fast_threads_equal_single_thread():
