@@ -26,7 +26,7 @@ from tfcompile.errors import FormatError
 from tfcompile.kernels.formats import _native, kernel_threads
 from tfcompile.kernels.formats._csrc import C_SOURCE
 
-from test_fast import QUANTIZERS, assert_same, make
+from test_fast import QUANTIZERS, assert_same, make, midpoint_row
 
 CC, QEMU, SYSROOT = "aarch64-linux-gnu-gcc", "qemu-aarch64", Path("/usr/aarch64-linux-gnu")
 PACKAGES = "gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user"
@@ -177,6 +177,10 @@ def cases() -> list[tuple[str, int, torch.dtype, torch.Tensor]]:
         for tname, w in tensors.items():
             for qi, (qname, _, _) in enumerate(QUANTIZERS):
                 out.append((f"{qname}-{str(dtype)[6:]}-{tname}", qi, dtype, w))
+    for amax in (3.3, 7.77e-3):  # FP8's divide-free path at E4M3 rounding midpoints (test_fast)
+        for qi, (qname, _, _) in enumerate(QUANTIZERS):
+            if qname.startswith("fp8"):
+                out.append((f"{qname}-float32-midpoints-{amax}", qi, torch.float32, midpoint_row(amax)[0]))
     return out
 
 

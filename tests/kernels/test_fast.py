@@ -147,3 +147,35 @@ def test_kernel_threads_caps_and_restores_without_changing_bytes():
         _native.parallel = real
     assert seen and set(seen) == {1} and _native._limit["n"] is None
     assert torch.equal(got.data, want.data) and torch.equal(got.scale.view(torch.uint8), want.scale.view(torch.uint8))
+
+
+def midpoint_row(amax: float) -> tuple[torch.Tensor, float]:
+    """A float32 row whose x / s (s = amax / 448, the scale every FP8 granularity computes from it) lies
+    within 8 ulps of each E4M3 rounding midpoint (normal and subnormal grid, both signs) and of 2^-6: the
+    inputs where x * (1/s), the kernels' divide-free path, can round to another code than x / s.
+    Each 128-element chunk starts with amax, so the tensor, channel and 128-block scales are all s."""
+    codes = torch.arange(0, 0x7F, dtype=torch.uint8).view(torch.float8_e4m3fn).float()  # 0 .. 448
+    pts = torch.cat([(codes[:-1] + codes[1:]) / 2, torch.tensor([2.0 ** -6])])  # midpoints, exact in fp32
+    s = (torch.tensor([amax]) / 448).item()
+    near = (pts.double() * s).float().view(torch.int32)[:, None] + torch.arange(-8, 9)[None, :]
+    x = near.flatten().view(torch.float32)
+    x = torch.cat([x, -x])
+    x = torch.cat([x, torch.zeros(-x.numel() % 127)]).reshape(-1, 127)
+    x = torch.cat([torch.full((x.shape[0], 1), amax), x], 1)  # [chunks, 128]
+    return x.reshape(1, -1), s
+
+
+@pytest.mark.parametrize("gran", ["tensor", "channel", "block"])
+def test_fp8_codes_at_rounding_midpoints_equal_torch_division(gran):
+    """Oracle: torch's own (x / s).to(float8_e4m3fn). The row is built so that a plain x * (1/s) misses it
+    on some inputs (asserted), so a kernel that multiplies without the midpoint fallback fails here."""
+    naive_misses = 0
+    for amax in (1.0, 3.3, 0.0123, 7.77e-3, 123.456, 5e-20, 2.5e30):
+        x, s = midpoint_row(amax)
+        q = quantize_fp8(x, gran, impl="fast")
+        assert torch.equal(q.scale.flatten().unique(), torch.tensor([s])), (amax, q.scale.flatten()[:4])
+        want = (x / s).to(torch.float8_e4m3fn).view(torch.uint8)
+        assert torch.equal(q.data.view(torch.uint8), want), amax
+        naive = (x * (1 / torch.tensor(s))).to(torch.float8_e4m3fn).view(torch.uint8)
+        naive_misses += int((naive != want).sum())
+    assert naive_misses > 0
