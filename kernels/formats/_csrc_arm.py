@@ -66,17 +66,6 @@ static inline uint32x4_t q_e4m3(float32x4_t y) {         /* = e4m3_code, 4 lanes
     return vorrq_u32(vbslq_u32(sub, vcvtq_u32_f32(q), cn), sign);
 }
 static inline VI v_e4m3(V y) { EACH(VI, r, q_e4m3(y.q[j])); return r; }
-static inline int v_near_tie(V y) {                      /* as the x86 v_near_tie */
-    uint32x4_t acc = vdupq_n_u32(0);
-    for (int j = 0; j < 4; j++) {
-        uint32x4_t ab = vandq_u32(vreinterpretq_u32_f32(y.q[j]), vdupq_n_u32(0x7fffffffu));
-        int32x4_t d = vabsq_s32(vsubq_s32(vreinterpretq_s32_u32(vandq_u32(ab, vdupq_n_u32(0xfffffu))),
-                                          vdupq_n_s32(0x80000)));
-        uint32x4_t sub = vandq_u32(vcltq_u32(ab, vdupq_n_u32(0x3c800000u)), vtstq_u32(ab, ab));
-        acc = vorrq_u32(acc, vorrq_u32(vcltq_s32(d, vdupq_n_s32(5)), sub));
-    }
-    return vmaxvq_u32(acc) != 0;
-}
 static inline float32x4_t q_e4m3_value(uint32x4_t c) {   /* codes 0..0x7e -> fp32 */
     float32x4_t nrm = vreinterpretq_f32_u32(vaddq_u32(vshlq_n_u32(c, 20), vdupq_n_u32(120u << 23)));
     float32x4_t sub = vmulq_f32(vcvtq_f32_u32(c), vdupq_n_f32(0.001953125f));

@@ -57,17 +57,6 @@ static inline VI v_e4m3(V y) {                         /* = e4m3_code, 16 lanes 
     __mmask16 sub = _mm512_cmp_ps_mask(a, _mm512_set1_ps(0.015625f), _CMP_LT_OQ);
     return _mm512_or_si512(_mm512_mask_blend_epi32(sub, cn, cs), sign);
 }
-/* Any lane where e4m3(y) of y = x * (1/s) may differ from e4m3 of x / s (see
-   row_e4m3 in _csrc): |y| within 4 ulps of an E4M3 rounding midpoint (the low 20
-   bits near 0x80000), or 0 < |y| < 2^-6 (the E4M3 subnormal range). */
-static inline int v_near_tie(V y) {
-    __m512i ab = _mm512_and_si512(_mm512_castps_si512(y), _mm512_set1_epi32(0x7fffffff));
-    __m512i d = _mm512_abs_epi32(_mm512_sub_epi32(_mm512_and_si512(ab, _mm512_set1_epi32(0xfffff)),
-                                                  _mm512_set1_epi32(0x80000)));
-    __mmask16 near = _mm512_cmplt_epi32_mask(d, _mm512_set1_epi32(5));
-    __mmask16 sub = _mm512_mask_cmplt_epu32_mask(_mm512_test_epi32_mask(ab, ab), ab, _mm512_set1_epi32(0x3c800000));
-    return (near | sub) != 0;
-}
 static inline V v_e4m3_value(VI c) {                   /* codes 0..0x7e -> fp32 */
     __m512 nrm = _mm512_castsi512_ps(_mm512_add_epi32(_mm512_slli_epi32(c, 20), _mm512_set1_epi32(120 << 23)));
     __m512 sub = _mm512_mul_ps(_mm512_cvtepi32_ps(c), _mm512_set1_ps(0.001953125f));
@@ -203,17 +192,6 @@ static inline __m256i h_e4m3(__m256 y) {
     return _mm256_or_si256(code, sign);
 }
 static inline VI v_e4m3(V y) { return vi_pair(h_e4m3(y.a), h_e4m3(y.b)); }
-static inline __m256i h_near_tie(__m256 y) {             /* as the AVX-512 v_near_tie, 8 lanes */
-    __m256i ab = _mm256_and_si256(SI(y), C32(0x7fffffff));
-    __m256i d = _mm256_abs_epi32(_mm256_sub_epi32(_mm256_and_si256(ab, C32(0xfffff)), C32(0x80000)));
-    __m256i sub = _mm256_andnot_si256(_mm256_cmpeq_epi32(ab, _mm256_setzero_si256()),
-                                      _mm256_cmpgt_epi32(C32(0x3c800000), ab));
-    return _mm256_or_si256(_mm256_cmpgt_epi32(C32(5), d), sub);
-}
-static inline int v_near_tie(V y) {
-    __m256i m = _mm256_or_si256(h_near_tie(y.a), h_near_tie(y.b));
-    return !_mm256_testz_si256(m, m);
-}
 static inline __m256 h_e4m3_value(__m256i c) {           /* codes 0..0x7e -> fp32 */
     __m256 nrm = PS(_mm256_add_epi32(_mm256_slli_epi32(c, 20), C32(120 << 23)));
     __m256 sub = _mm256_mul_ps(_mm256_cvtepi32_ps(c), _mm256_set1_ps(0.001953125f));
