@@ -6,6 +6,7 @@ nothing from tfcompile. Calibration tokens come from a file bench/peers.py wrote
 own `--calib python-doc` tokens, so both tools calibrate on the same ids.
 
     python bench/peers_llmc.py MODEL OUT --scheme NVFP4A16 --method rtn|gptq --tokens ids.npy [--dump DIR]
+    python bench/peers_llmc.py MODEL OUT --scheme NVFP4A16 --method rtn      (data-free: no tokens, no tokenizer)
 
 --dump DIR (GPTQ): the inputs of each of llm-compressor's `quantize_weight` calls, one torch file per
 call (module names, normalized Hessians [B, K, K], observer block scales, global scales), for
@@ -28,7 +29,7 @@ def main() -> int:
     ap.add_argument("out")
     ap.add_argument("--scheme", required=True, help="compressed-tensors preset, e.g. NVFP4A16, FP8_DYNAMIC")
     ap.add_argument("--method", choices=["rtn", "gptq"], required=True)
-    ap.add_argument("--tokens", required=True, help=".npy int64 [samples, seq_len]")
+    ap.add_argument("--tokens", help=".npy int64 [samples, seq_len] (required for gptq; rtn runs data-free without)")
     ap.add_argument("--dump", help="directory for the GPTQ solves' inputs (module docstring)")
     args = ap.parse_args()
 
@@ -38,10 +39,15 @@ def main() -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.manual_seed(0)
-    ids = np.load(args.tokens)
-    ds = Dataset.from_dict({"input_ids": ids.tolist(), "attention_mask": np.ones_like(ids).tolist()})
+    if args.tokens is None and args.method != "rtn":
+        ap.error("--tokens is required for --method gptq")
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16)
-    tok = AutoTokenizer.from_pretrained(args.model)
+    data = {}  # data-free RTN: oneshot with no dataset, as llm-compressor's FP8_DYNAMIC/NVFP4A16 examples
+    if args.tokens is not None:
+        ids = np.load(args.tokens)
+        ds = Dataset.from_dict({"input_ids": ids.tolist(), "attention_mask": np.ones_like(ids).tolist()})
+        data = dict(dataset=ds, max_seq_length=ids.shape[1], num_calibration_samples=ids.shape[0],
+                    tokenizer=AutoTokenizer.from_pretrained(args.model))
     if args.dump:
         _dump_gptq_inputs(model, args.dump)
     ignore = ["lm_head"]
@@ -50,10 +56,10 @@ def main() -> int:
     else:
         recipe = QuantizationModifier(targets="Linear", scheme=args.scheme, ignore=ignore)
     t0 = time.perf_counter()
-    oneshot(model=model, dataset=ds, recipe=recipe, max_seq_length=ids.shape[1],
-            num_calibration_samples=ids.shape[0], tokenizer=tok)
+    oneshot(model=model, recipe=recipe, **data)
     model.save_pretrained(args.out, save_compressed=True)
-    tok.save_pretrained(args.out)
+    if "tokenizer" in data:
+        data["tokenizer"].save_pretrained(args.out)
     print(json.dumps({"seconds": round(time.perf_counter() - t0, 1)}))
     return 0
 

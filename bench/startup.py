@@ -14,7 +14,13 @@ RTN: a random bf16 Llama (hidden 2048, intermediate 5632, 32 heads, 4 KV heads, 
 dir under /tmp and deleted at the end; then bench/quantize.py's alternating baseline / tfcompile
 runs (its first tfcompile run builds the C kernels: "cold").
 
-    python bench/startup.py [--repeat 7] [--rtn-repeat 5] [--skip-rtn] [--before REV] [--profile] [--write-docs]
+    python bench/startup.py [--repeat 7] [--rtn-repeat 5] [--skip-rtn] [--before REV] [--profile]
+                            [--llmc-python PY] [--write-docs]
+
+--llmc-python PY also runs llm-compressor's data-free NVFP4A16 RTN (QuantizationModifier, bench/peers_llmc.py,
+in its own venv: `python3 -m venv V && V/bin/pip install torch==2.13.0 llmcompressor==0.14.0.1`) on the same
+checkpoint in the same alternating rounds; target (issue 32): tfcompile at least 10x faster with at most 1/4
+of its peak RSS.
 
 --before REV also runs the code of another commit (git archive into a temp dir, `python -m tfcompile`
 with PYTHONPATH on it) in the same interleaved rounds: the change measured against where it started.
@@ -40,6 +46,7 @@ from quantize import (BASELINE_SRC, clear_output, make_checkpoint, profile_run, 
 DOC_HEADING = "## Start-up and data-free RTN vs the read floor"
 STARTUP_LIMIT_S = 0.5
 RTN_MAX_RATIO = 1.5
+LLMC_MIN_SPEEDUP, LLMC_MAX_RSS = 10.0, 0.25  # tfcompile vs llm-compressor, issue 32
 SHAPE_09B = dict(hidden=2048, intermediate=5632, heads=32, kv_heads=4, vocab=32000)
 LAYERS_09B = 18
 # label -> argv after `tfcompile` (None: a plain Python reference)
@@ -107,9 +114,14 @@ def startup_table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-def bench_rtn(repeat: int, profile: bool, before: Path | None) -> tuple[dict, str]:
-    """Alternating runs: the read floor, tfcompile (and the --before tree); the first tfcompile run of
-    each tree builds the C kernels into an empty TFCOMPILE_CACHE (`cold`)."""
+def _llmc_argv(python: str, model: Path, out: Path) -> list[str]:
+    return [python, str(Path(__file__).resolve().parent / "peers_llmc.py"), str(model), str(out),
+            "--scheme", "NVFP4A16", "--method", "rtn"]
+
+
+def bench_rtn(repeat: int, profile: bool, before: Path | None, llmc: str | None = None) -> tuple[dict, str]:
+    """Alternating runs: the read floor, tfcompile (and the --before tree, and llm-compressor with
+    `llmc`); the first tfcompile run of each tree builds the C kernels into an empty TFCOMPILE_CACHE."""
     work = Path(tempfile.mkdtemp(prefix="tfc-startup-", dir="/tmp"))
     try:
         model = make_checkpoint(work / "llama-0.9b", 0, shape=SHAPE_09B, layers=LAYERS_09B)
@@ -119,7 +131,7 @@ def bench_rtn(repeat: int, profile: bool, before: Path | None) -> tuple[dict, st
         argv = {name: [*_tfcompile(t), "quantize", "--format", "nvfp4a16", str(model), "-o", str(work / "out"),
                        "--overwrite", "-q"] for name, t in trees.items()}
         envs = {name: {**_env(t), "TFCOMPILE_CACHE": str(work / f"cache-{name}")} for name, t in trees.items()}
-        runs: dict[str, list[Timed]] = {"floor": [], **{name: [] for name in trees}}
+        runs: dict[str, list[Timed]] = {"floor": [], **{name: [] for name in trees}, **({"llmc": []} if llmc else {})}
         loads = []  # the 1-minute load average after each round: the machine is shared
         for r in range(repeat):
             runs["floor"].append(_checked(run_timed([sys.executable, "-c", BASELINE_SRC, *map(str, files)])))
@@ -129,6 +141,10 @@ def bench_rtn(repeat: int, profile: bool, before: Path | None) -> tuple[dict, st
                                                      cwd=str(trees[name]) if trees[name] else None)))
                 print(f"  run {r + 1}/{repeat}: floor {runs['floor'][-1].wall_s:.2f} s, {name} "
                       f"{runs[name][-1].wall_s:.2f} s (load {_load()})", file=sys.stderr)
+            if llmc:
+                clear_output(work / "out")
+                runs["llmc"].append(_checked(run_timed(_llmc_argv(llmc, model, work / "out"))))
+                print(f"  run {r + 1}/{repeat}: llm-compressor {runs['llmc'][-1].wall_s:.2f} s", file=sys.stderr)
             clear_output(work / "out")
             loads.append(float(_load()))
         prof = profile_run(model, work, envs["tfcompile"]) if profile else ""
@@ -153,11 +169,24 @@ def rtn_table(res: dict) -> str:
         target = "" if name != "tfcompile" else \
             ("ok" if wall / floor <= RTN_MAX_RATIO else "**missed**") + f" (<= {RTN_MAX_RATIO}x)"
         label = {"floor": "read floor (`import torch` + read every file)", "tfcompile": "tfcompile (this tree)",
-                 "before": "tfcompile before (--before tree)"}[name]
+                 "before": "tfcompile before (--before tree)",
+                 "llmc": "llm-compressor 0.14 RTN NVFP4A16 (own venv)"}[name]
         out.append(f"| {label} | {wall:.2f} s | **{wall / floor:.2f}x** | {target} | "
                    f"{median([t.user_s + t.sys_s for t in ts]):.2f} s | {max(t.max_rss_bytes for t in ts) / 1e9:.2f} GB "
                    f"| {[round(t.wall_s, 2) for t in ts]} |")
-    return "\n".join(out)
+    return "\n".join(out) + (llmc_line(runs) if "llmc" in runs else "")
+
+
+def llmc_line(runs: dict) -> str:
+    """tfcompile against llm-compressor on the same checkpoint, same rounds: speed-up and RSS share."""
+    wall = {k: median([t.wall_s for t in runs[k]]) for k in ("tfcompile", "llmc")}
+    cpu = {k: median([t.user_s + t.sys_s for t in runs[k]]) for k in ("tfcompile", "llmc")}
+    rss = {k: max(t.max_rss_bytes for t in runs[k]) for k in ("tfcompile", "llmc")}
+    speed, share = wall["llmc"] / wall["tfcompile"], rss["tfcompile"] / rss["llmc"]
+    ok = lambda c: "met" if c else "**missed**"  # noqa: E731
+    return (f"\n\ntfcompile vs llm-compressor: **{speed:.1f}x faster** (wall; CPU {cpu['llmc'] / cpu['tfcompile']:.1f}x), "
+            f"target >= {LLMC_MIN_SPEEDUP:.0f}x: {ok(speed >= LLMC_MIN_SPEEDUP)}; peak RSS **{share:.2f}** of "
+            f"llm-compressor's, target <= {LLMC_MAX_RSS}: {ok(share <= LLMC_MAX_RSS)}.")
 
 
 def _load() -> str:
@@ -191,9 +220,9 @@ def docs_body(cmd: str, startup: list[dict], rtn: dict | None, machine: str, loa
               before: str | None) -> str:
     parts = [f"Command: `{cmd}`", "",
              f"Machine: {machine}; CPU extensions {cpu_flags()}. Load average {load} when the bench started and "
-             f"{busy:.2f} cores used by other processes just before it: the machine was shared with other "
-             "engineers' test runs and not idle, so absolute seconds are inflated (up to ~2x); the ratios compare "
-             "commands of the same run, interleaved.", "",
+             f"{busy:.2f} cores used by other processes just before it" + (
+                 ": idle." if busy < 0.2 else ": the machine was shared with other jobs and not idle, so absolute "
+                 "seconds are inflated (up to ~2x); the ratios compare commands of the same run, interleaved."), "",
              "Start-up, each command a fresh process, medians (`tfcompile`: the installed console script"
              + (f"; `before:` the same command with the code of commit `{before}`, `python -m tfcompile`" if before
                 else "") + "):", "",
@@ -220,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-rtn", action="store_true", help="only the start-up part")
     ap.add_argument("--before", metavar="REV", help="also run the code of this git revision (git archive)")
     ap.add_argument("--profile", action="store_true", help="also print a cProfile of one RTN run")
+    ap.add_argument("--llmc-python", metavar="PY", help="also run llm-compressor's RTN with this venv's python")
     ap.add_argument("--write-docs", action="store_true", help=f"write '{DOC_HEADING[3:]}' in docs/performance.md")
     args = ap.parse_args(argv)
     require_gnu_time()
@@ -230,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         before = before_tree(args.before, scratch / "tree") if args.before else None
         startup = bench_startup(args.repeat, before)
         print(startup_table(startup))
-        rtn, prof = (None, "") if args.skip_rtn else bench_rtn(args.rtn_repeat, args.profile, before)
+        rtn, prof = (None, "") if args.skip_rtn else bench_rtn(args.rtn_repeat, args.profile, before, args.llmc_python)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     if rtn is not None:
