@@ -14,10 +14,10 @@ models run. The isolated SQNR adds one matmul per quantized Linear on the refere
 its activation emulation once per input (q/k/v and gate/up share one); the lens adds a norm + two
 lm_head projections per decoder layer but the last (whose figure comes from the logits the eval
 computed), on at most 2,048 positions. Target (issue 31: "per-layer figures cost at most 1.5x a
-plain eval"): layers + KL at most 1.5x plain. The section also gives the matmul floor: the
-multiply-adds the per-layer figures add, over a plain eval's (both models' Linears and lm_heads;
-attention scores and the activation emulation left out), which no implementation of these
-figures on these positions goes under.
+plain eval"): layers + KL at most 1.5x plain. The section also gives the matmul work ratio:
+(a plain eval's multiply-adds + those the per-layer figures add) / a plain eval's, counting both
+models' Linears and lm_heads (attention scores, softmaxes and the activation emulation left out):
+what the figures cost where matmuls dominate, whatever the implementation.
 
     python bench/eval_layers.py [--model smollm2|demo] [--format nvfp4] [--tokens 4096] [--repeat 3] [--write-docs]
 """
@@ -83,7 +83,7 @@ def time_modes(art: Path, src: Path, tokens: int, repeat: int) -> dict[str, list
 
 
 def matmul_floor(cand, ref, tokens: int) -> float:
-    """(plain + per-layer figures) / plain, in multiply-adds per evaluated token."""
+    """(plain + per-layer figures) / plain, in Linear and lm_head multiply-adds per evaluated token."""
     from tfcompile.evaluate.lens import MAX_POSITIONS, decoder_parts
 
     layers, _, head = decoder_parts(ref)
@@ -114,9 +114,9 @@ def section(model: str, art: Path, tokens: int, times: dict[str, list[float]], b
             "| eval | median | vs plain | runs |\n|---|---:|---:|---|\n" + rows +
             f"\n\nAll per-layer figures together (`quantize --eval --report`, `eval --layer-kl`) cost **{full:.2f}x** "
             f"a plain eval (target <= {TARGET}x: {'met' if full <= TARGET else 'NOT met'}); the KL per decoder layer "
-            f"alone {ratio:.2f}x the default eval, which has the per-Linear SQNR. Matmul floor of these figures on "
-            f"these positions: {floor:.2f}x (the isolated SQNR's matmul per quantized Linear, the lens's two lm_head "
-            "projections per decoder layer but the last; attention and the activation emulation left out).\n")
+            f"alone {ratio:.2f}x the default eval, which has the per-Linear SQNR. Matmul work of all the figures "
+            f"on these positions: {floor:.2f}x a plain eval's (the isolated SQNR's matmul per quantized Linear, the "
+            "lens's two lm_head projections per decoder layer but the last, on its positions).\n")
 
 
 def main(argv: list[str] | None = None) -> int:
