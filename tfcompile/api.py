@@ -18,9 +18,9 @@ from tfcompile.dist.devices import cuda_index
 from tfcompile.dist.world import World
 from tfcompile.errors import TfcompileError, UserError
 from tfcompile.io.atomic import atomic_output_dir
-from tfcompile.io.signals import unwinding
 from tfcompile.io.locks import sweep_work_dirs
 from tfcompile.io.paths import allowed_roots
+from tfcompile.io.signals import unwinding
 from tfcompile.pipeline import manager
 from tfcompile.pipeline.context import Context
 from tfcompile.pipeline.distributed import run_distributed

@@ -161,3 +161,13 @@ def test_the_command_rebuilds_the_artifact_and_holds_no_path(reported, tmp_path)
     one, two = (json.loads((d / "tfcompile" / "manifest.json").read_text()) for d in (out, again))
     assert two["recipe"] == one["recipe"]
     assert (again / "model.safetensors").read_bytes() == (out / "model.safetensors").read_bytes()
+
+
+def test_the_command_names_a_hub_source_by_id_and_commit():
+    from tfcompile.report.page import rebuild_command
+
+    hub = {"source": {"hub": {"repo_id": "org/model", "commit": "0" * 40}}, "recipe": {"passes": [{"name": "load"}]}}
+    assert rebuild_command(hub) == f"tfcompile quantize org/model --revision {'0' * 40} -o OUT --recipe recipe.json"
+    distilled = {"source": {}, "recipe": {"passes": [{"name": "distill"}]}}
+    assert rebuild_command(distilled) == "tfcompile distill MODEL -o OUT --recipe recipe.json"
+    assert rebuild_command({"recipe": "not a recipe"}) == "tfcompile quantize MODEL -o OUT --recipe recipe.json"

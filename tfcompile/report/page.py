@@ -283,9 +283,10 @@ def rebuild_command(m: dict) -> str:
     artifact (-q, --json, --junit, option order, aliases). The recipe is the complete input,
     so the command is MODEL, OUT and `--recipe recipe.json`: the same for every spelling and
     place, and the bytes of an artifact still depend only on its inputs (bench/artifact_hashes.py)."""
-    src = m.get("source") or {}
-    model = (src.get("hub") or {}).get("repo_id") or "MODEL"
-    passes = [p.get("name") for p in (m.get("recipe") or {}).get("passes") or [] if isinstance(p, dict)]
+    hub = (m.get("source") or {}).get("hub") or {}
+    model = f"{hub['repo_id']} --revision {hub.get('commit')}" if hub.get("repo_id") else "MODEL"
+    recipe = m.get("recipe") if isinstance(m.get("recipe"), dict) else {}
+    passes = [p.get("name") for p in recipe.get("passes") or [] if isinstance(p, dict)]
     verb = "distill" if "distill" in passes else "quantize"
     return f"tfcompile {verb} {model} -o OUT --recipe recipe.json"  # signing: the row above (--sign KEY)
 
