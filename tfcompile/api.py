@@ -20,6 +20,7 @@ from tfcompile.errors import TfcompileError, UserError
 from tfcompile.io.atomic import atomic_output_dir
 from tfcompile.io.locks import sweep_work_dirs
 from tfcompile.io.paths import allowed_roots
+from tfcompile.io.signals import unwinding
 from tfcompile.pipeline import manager
 from tfcompile.pipeline.context import Context
 from tfcompile.pipeline.distributed import run_distributed
@@ -55,7 +56,8 @@ def run_pipeline(model_dir: Path, out_dir: Path | None, recipe: Recipe, *,
         return run_distributed(world, model_dir, out_dir if packs else None, recipe, reporter=reporter,
                                open_output=lambda: atomic_output_dir(out_dir, overwrite=overwrite,
                                                                      protect=allowed_roots(Path(model_dir)), warn=warn),
-                               finish=(lambda staging: sign_artifact(staging, signer)) if signer else None)
+                               finish=(lambda staging: sign_artifact(staging, signer)) if signer else None,
+                               reject=lambda err, staging: _keep_rejected(err, staging, Path(out_dir), warn, world))
     if not packs:
         ctx = Context(source_path=Path(model_dir), out_dir=None, recipe=recipe)
         return manager.run(ctx, recipe, reporter)
@@ -72,14 +74,24 @@ def run_pipeline(model_dir: Path, out_dir: Path | None, recipe: Recipe, *,
     return ctx.with_(out_dir=Path(out_dir))
 
 
-def _keep_rejected(err: TfcompileError, staging: Path, out_dir: Path, warn) -> None:
+def _keep_rejected(err: BaseException, staging: Path, out_dir: Path, warn, world: World | None = None) -> None:
     """The eval pass' GateFailed carries the would-be manifest (`rejected_manifest`); keep the
-    artifact with it at OUT.rejected and say so in the error (and its --json report)."""
+    artifact with it at OUT.rejected and say so in the error (and its --json report). Under
+    torchrun every rank missed the same gate: rank 0 keeps it (every rank's files are in the
+    staging directory since pack), the others wait for it and name the same path."""
     inner = getattr(err, "inner", err)
     manifest = getattr(inner, "rejected_manifest", None)
-    if manifest is None:
+    if manifest is None or not isinstance(err, TfcompileError):
         return
-    kept = keep_rejected(staging, out_dir, manifest)
+    world = world if world is not None else dist_world.LOCAL
+    if world.is_root:
+        if world.distributed:  # from the share on, a peer may exit and torchrun SIGTERM us: finish
+            unwinding()
+        kept = keep_rejected(staging, out_dir, manifest)
+        world.share("rejected", None if kept is None else str(kept))
+    else:
+        shared = world.fetch("rejected")
+        kept = None if shared is None else Path(shared)
     if kept is None:
         (warn or (lambda m: None))(f"{rejected_path(out_dir)} exists and is not an artifact: the rejected "
                                    "artifact was not kept")

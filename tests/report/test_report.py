@@ -141,3 +141,33 @@ def test_lens_kl_is_zero_against_itself_and_the_last_layer_is_the_model_kl(repor
     doc = json.loads(stdout)
     assert all(r["kl_mean"] > 0 for r in doc["layer_kl"])
     assert abs(doc["layer_kl"][-1]["kl_mean"] - doc["metrics"]["kl_mean"]) < 1e-6
+
+
+def test_the_command_rebuilds_the_artifact_and_holds_no_path(reported, tmp_path):
+    """The page's command (MODEL -o OUT --recipe recipe.json, with the recipe the page shows)
+    builds the same recipe and the same tensors again; the page holds no path of this run."""
+    import html as html_mod
+    import re
+
+    out, src = reported
+    page = (out / "tfcompile" / "report.html").read_text()
+    assert "<code>tfcompile quantize MODEL -o OUT --recipe recipe.json</code>" in page
+    assert str(out) not in page and str(src) not in page  # OUT and MODEL are placeholders
+    shown = re.search(r"<summary>recipe \(recipe\.json\)</summary><pre>(.*?)</pre>", page, re.S).group(1)
+    (tmp_path / "recipe.json").write_text(html_mod.unescape(shown))
+    again = tmp_path / "again"
+    code, _, err = run_main(["quantize", src, "-o", again, "--recipe", tmp_path / "recipe.json", "-q"])
+    assert code == 0, err[-3000:]
+    one, two = (json.loads((d / "tfcompile" / "manifest.json").read_text()) for d in (out, again))
+    assert two["recipe"] == one["recipe"]
+    assert (again / "model.safetensors").read_bytes() == (out / "model.safetensors").read_bytes()
+
+
+def test_the_command_names_a_hub_source_by_id_and_commit():
+    from tfcompile.report.page import rebuild_command
+
+    hub = {"source": {"hub": {"repo_id": "org/model", "commit": "0" * 40}}, "recipe": {"passes": [{"name": "load"}]}}
+    assert rebuild_command(hub) == f"tfcompile quantize org/model --revision {'0' * 40} -o OUT --recipe recipe.json"
+    distilled = {"source": {}, "recipe": {"passes": [{"name": "distill"}]}}
+    assert rebuild_command(distilled) == "tfcompile distill MODEL -o OUT --recipe recipe.json"
+    assert rebuild_command({"recipe": "not a recipe"}) == "tfcompile quantize MODEL -o OUT --recipe recipe.json"

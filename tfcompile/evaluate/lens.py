@@ -5,11 +5,14 @@ final norm and lm_head, as if the model stopped there, and we measure
 
     KL_i = mean over positions of KL(softmax(head(norm(h_i_ref))) || softmax(head(norm(h_i_model))))
 
-in nats. The last layer's figure is the model's own KL(ref || model) (`kl_mean`), since the
-models apply exactly that norm and head after it; earlier ones show where along the depth the
-quantized model's prediction drifts away. Cost: one head projection per layer and position
-(V x H multiply-adds each), on at most `max_positions` positions (the first rows of the
-evaluation), so it stays a fraction of the evaluation itself.
+in nats, on the first `max_positions` positions of the evaluation (batch order). After the last
+layer the models apply exactly that norm and head, so its figure is taken from the logits the
+evaluation already computed (LogitMetrics, on the same positions): the model's own KL(ref ||
+model), with no lm_head work of its own, and equal to the eval table's `kl_mean` whenever the
+evaluation has no more positions than the lens. Earlier layers show where along the depth the
+quantized model's prediction drifts away. Cost: two head projections (V x H multiply-adds each)
+per earlier layer and position, in float32 chunks of at most CHUNK_ELEMENTS logits, so a large
+vocabulary (SmolLM2: 49,152) does not allocate [positions, V] tensors per layer.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from tfcompile.evaluate.kvtext import LENS_MAX_POSITIONS as MAX_POSITIONS  # noqa: E402 (torch-free home)
+
+CHUNK_ELEMENTS = 1 << 23  # logits per model per chunk: 32 MiB of float32
 
 
 def decoder_parts(model: nn.Module) -> tuple[nn.ModuleList, nn.Module, nn.Module] | None:
@@ -50,7 +55,7 @@ class LayerKL:
             return False
         self._parts = (cand, ref)
         self.kl = [0.0] * len(ref[0])
-        for i, (lc, lr) in enumerate(zip(cand[0], ref[0])):
+        for i, (lc, lr) in enumerate(zip(cand[0][:-1], ref[0][:-1])):  # the last: batch_done
             self._hooks.append(lc.register_forward_hook(self._keep(i)))
             self._hooks.append(lr.register_forward_hook(self._compare(i)))
         return True
@@ -60,8 +65,16 @@ class LayerKL:
             h.remove()
         self._hooks.clear()
 
-    def batch_done(self, ids: torch.Tensor) -> None:
-        """Count a [B, L] batch's positions (call after both models ran on it)."""
+    def wanted(self, ids: torch.Tensor) -> int:
+        """How many of a [B, L] batch's first positions (row-major) the lens covers."""
+        return self._take(ids.numel())
+
+    def batch_done(self, ids: torch.Tensor, last_kl: float) -> None:
+        """Count a [B, L] batch's positions (call after both models ran on it); `last_kl`: the
+        sum of the models' own KL(ref || model) over its first `wanted(ids)` positions, the last
+        layer's term (LogitMetrics.update(..., prefix=wanted(ids)))."""
+        if self.kl:
+            self.kl[-1] += last_kl
         self.positions += self._take(ids.numel())
 
     def begin(self, offset: int) -> None:
@@ -97,11 +110,20 @@ class LayerKL:
             n = self._take(hr.shape[0] * hr.shape[1])
             if hc is None or n == 0:
                 return
-            (_, norm_c, head_c), (_, norm_r, head_r) = self._parts
-            lp = F.log_softmax(head_c(norm_c(hc.reshape(-1, hc.shape[-1])[:n])).float(), -1)
-            lpr = F.log_softmax(head_r(norm_r(hr.detach().reshape(-1, hr.shape[-1])[:n])).float(), -1)
-            self.kl[i] += float((lpr.exp() * (lpr - lp)).sum(-1).clamp_min(0).double().sum())
+            self.kl[i] += self._kl(hc.reshape(-1, hc.shape[-1])[:n], hr.detach().reshape(-1, hr.shape[-1])[:n])
         return hook
+
+    def _kl(self, hc: torch.Tensor, hr: torch.Tensor) -> float:
+        """Sum over the rows of hc, hr [n, H] of KL(ref || model) through norm and head, in
+        chunks of rows so each chunk's logits [rows, V] stay within CHUNK_ELEMENTS."""
+        (_, norm_c, head_c), (_, norm_r, head_r) = self._parts
+        rows = max(1, CHUNK_ELEMENTS // int(head_r.weight.shape[0]))
+        total = 0.0
+        for s in range(0, hc.shape[0], rows):
+            lp = F.log_softmax(head_c(norm_c(hc[s:s + rows])).float(), -1)
+            lpr = F.log_softmax(head_r(norm_r(hr[s:s + rows])).float(), -1)
+            total += float((lpr.exp() * (lpr - lp)).sum(-1).clamp_min(0).double().sum())
+        return total
 
     def result(self) -> list[dict]:
         """[{layer, kl_mean}] per decoder layer (nats/token over `positions` positions)."""

@@ -24,13 +24,21 @@ class LogitMetrics:
     agree: int = 0  # positions whose argmax matches
     positions: int = 0  # every position of every row
 
-    def update(self, ids: torch.Tensor, logits: torch.Tensor, ref_logits: torch.Tensor) -> list[tuple]:
+    prefix_kl: float = 0.0  # the last update's KL sum over its first `prefix` positions (lens.py)
+
+    def update(self, ids: torch.Tensor, logits: torch.Tensor, ref_logits: torch.Tensor,
+               prefix: int = 0) -> list[tuple]:
         """ids [B, L]; logits [B, L, V] of the candidate and the reference. Returns each row's
-        terms (`add` replays them: a data-parallel eval sums every row's in row order)."""
-        rows = []
+        terms (`add` replays them: a data-parallel eval sums every row's in row order).
+        prefix: also sum the per-position KL over the batch's first `prefix` positions (row-major)
+        into `prefix_kl`, the logit lens's last layer (lens.LayerKL.batch_done)."""
+        rows, self.prefix_kl = [], 0.0
         for row, lm, lr in zip(ids, logits.float(), ref_logits.float()):  # one row at a time: V is large
             lp, lpr = F.log_softmax(lm, -1), F.log_softmax(lr, -1)
             kl = (lpr.exp() * (lpr - lp)).sum(-1).clamp_min(0)
+            if prefix > 0:
+                self.prefix_kl += float(kl[:prefix].double().sum())
+                prefix -= kl.numel()
             tgt = row[1:]
             rows.append((float(kl.double().sum()), float(kl.max()), int((lm.argmax(-1) == lr.argmax(-1)).sum()),
                          row.numel(), float(lp[:-1].gather(-1, tgt[:, None]).double().sum()),
@@ -89,6 +97,7 @@ class LayerSQNR:
     acc: dict[str, _Acc] = field(default_factory=dict)
     _outputs: dict[str, torch.Tensor] = field(default_factory=dict)
     _hooks: list = field(default_factory=list)
+    _last: tuple | None = None  # (reference input x, act_key, its emulated quantization): see _quantized
 
     def attach(self, candidate_linears: dict, reference: nn.Module) -> None:
         ref_modules = dict(reference.named_modules())
@@ -104,6 +113,7 @@ class LayerSQNR:
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
+        self._last = None
 
     def _keep(self, name: str):
         def hook(_mod, _args, out):
@@ -113,7 +123,7 @@ class LayerSQNR:
     def _compare(self, name: str, ql):
         def hook(_mod, args, out):
             x, y = args[0], out.detach().float()
-            xq = ql.act(x) if ql.act is not None else x
+            xq = self._quantized(x, ql)
             y_iso = F.linear(xq, ql.module.weight, ql.module.bias).float()
             a = self.acc[name]
             a.signal += _sq(y)
@@ -122,6 +132,20 @@ class LayerSQNR:
             if y_e2e is not None:
                 a.noise_e2e += _sq(y - y_e2e.float())
         return hook
+
+    def _quantized(self, x: torch.Tensor, ql) -> torch.Tensor:
+        """ql's activation emulation of the reference input x. The reference passes one tensor
+        to the Linears that share an input (q/k/v, gate/up; they run one after another), so with
+        the same quantizer (`act_key`) it is quantized once: the same function of the same
+        tensor, bit for bit, at a third (attention) or half (MLP) of the emulation's cost."""
+        if ql.act is None:
+            return x
+        last = self._last
+        if last is not None and last[0] is x and ql.act_key is not None and last[1] == ql.act_key:
+            return last[2]
+        xq = ql.act(x)
+        self._last = (x, ql.act_key, xq)
+        return xq
 
     def take(self) -> dict[str, tuple[float, float, float]]:
         """This batch's terms per module, zeroed here (each Linear runs once per forward, so

@@ -48,6 +48,9 @@ class QLinear:
     name: str
     module: nn.Linear
     act: ActFn | None
+    # equal keys = the same activation quantizer (kind and stored scale): Linears that read one
+    # input (q/k/v, gate/up) then quantize it once for the per-layer SQNR (metrics.LayerSQNR)
+    act_key: tuple | None = None
 
 
 @dataclass
@@ -158,6 +161,7 @@ def _build_artifact(path: Path, ckpt: Checkpoint, manifest: dict, scheme: Scheme
     for name, (n, k) in sorted(layers.items()):
         w = dequantize(qtensor_of(ckpt, schemes[name], name, n, k), torch.float32)
         act = _act_fn(ckpt, schemes[name], name)
+        key = _act_key(ckpt, schemes[name], name) if act is not None else None
         name = names.to_model(name)
         mod = modules.get(name)
         if isinstance(mod, nn.Linear):
@@ -170,7 +174,7 @@ def _build_artifact(path: Path, ckpt: Checkpoint, manifest: dict, scheme: Scheme
             loaded.add(f"{name}.weight")
             if act is not None:
                 mod.register_forward_pre_hook(pre_hook(act))
-            cand.linears[name] = QLinear(name, mod, act)
+            cand.linears[name] = QLinear(name, mod, act, key)
         elif (m := _EXPERT.match(name)) and hasattr(modules.get(m["parent"]), "gate_up_proj"):
             set_expert(modules[m["parent"]], int(m["e"]), m["proj"], w)
             loaded.add(f"{m['parent']}.{'down_proj' if m['proj'] == 'down_proj' else 'gate_up_proj'}")
@@ -188,6 +192,12 @@ def _build_artifact(path: Path, ckpt: Checkpoint, manifest: dict, scheme: Scheme
 
 def _act_fn(ckpt: Checkpoint, scheme: Scheme, m: str) -> ActFn | None:
     return act_quantizer(scheme.act, m, static_input_scale(ckpt, scheme, m))
+
+
+def _act_key(ckpt: Checkpoint, scheme: Scheme, m: str) -> tuple:
+    """(activation kind, the stored scale's values): what makes two Linears' emulations equal."""
+    scale = static_input_scale(ckpt, scheme, m)
+    return scheme.act, None if scale is None else tuple(scale.detach().float().flatten().tolist())
 
 
 def _load_plain(path: Path, ckpt: Checkpoint, model: nn.Module, names: list[str], rename: NameMap) -> set[str]:

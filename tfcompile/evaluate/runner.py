@@ -143,9 +143,9 @@ def _run(cand, ref, work: list[torch.Tensor], progress: Progress | None, lens: L
                     lens.begin(starts[b])
                 logits = cand.model(input_ids=ids).logits  # candidate first: layer_m pairs outputs
                 ref_logits = ref(input_ids=ids).logits
-                rows = logit_m.update(ids, logits, ref_logits)
-                if lens is not None:
-                    lens.batch_done(ids)
+                rows = logit_m.update(ids, logits, ref_logits, prefix=lens.wanted(ids) if lens is not None else 0)
+                if lens is not None:  # its last layer: the KL just computed, on its positions
+                    lens.batch_done(ids, logit_m.prefix_kl)
                 if world.distributed:
                     terms[b] = (rows, layer_m.take(), lens.take() if lens is not None else None)
                 steps.batch_done(ids.numel())

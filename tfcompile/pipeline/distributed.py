@@ -4,6 +4,10 @@
   path; every rank writes its own shards into it (pack), rank 0 writes config.json, the index
   and the manifest, runs verify (and emit, onnx), then renames it into place after
   every rank has finished. So OUT appears complete or not at all, whichever rank fails.
+- A missed --eval gate (every rank computes the same figures, so every rank misses it in the
+  same pass): `reject(err, staging)` runs on every rank before anything is removed; api.py's
+  keeps the complete staging directory at OUT.rejected on rank 0 while the other ranks wait for
+  it, so it is kept exactly once and no rank exits (torchrun then stops the rest) before.
 - Each pass on each rank: tfcompile/pipeline/ranks.py (rank 0 alone for the passes that only
   write files or read the finished artifact; a barrier after every pass).
 """
@@ -23,10 +27,11 @@ from tfcompile.reporter import Reporter
 
 
 def run_distributed(world: World, model_dir: Path, out_dir: Path | None, recipe: Recipe, *,
-                    reporter: Reporter | None, open_output, finish=None) -> Context:
+                    reporter: Reporter | None, open_output, finish=None, reject=None) -> Context:
     """`api.run_pipeline` on rank `world.rank` of `world.size`. `open_output()`: the atomic output
     directory context (rank 0 only); `finish(staging)`: rank 0's last step before it is published
-    (signing)."""
+    (signing); `reject(err, staging)`: every rank's first step when the passes raised `err`
+    (keeping a rejected artifact), before the staging directory is removed."""
     world.begin_run()
     staging: Path | None = None
     with supervise(world):
@@ -36,14 +41,14 @@ def run_distributed(world: World, model_dir: Path, out_dir: Path | None, recipe:
                                recipe, reporter)
         try:
             if world.is_root:
-                with open_output() as staging:
+                with open_output() as staging:  # its cleanup runs first: reject inside it
                     world.share("staging", str(staging))
-                    ctx = _run(world, model_dir, staging, recipe, reporter)
+                    ctx = _run(world, model_dir, staging, recipe, reporter, reject)
                     if finish is not None:
                         finish(staging)
             else:
                 staging = _peer_staging(world.fetch("staging"), out_dir)
-                ctx = _run(world, model_dir, staging, recipe, reporter)
+                ctx = _run(world, model_dir, staging, recipe, reporter, reject)
             world.barrier("published")  # nobody reports success before OUT exists
         except BaseException:
             if staging is not None:  # rank 0's own cleanup may not run (it may be the one killed)
@@ -62,8 +67,14 @@ def _peer_staging(shared: str, out_dir: Path) -> Path:
     return staging
 
 
-def _run(world: World, model_dir: Path, staging: Path, recipe: Recipe, reporter: Reporter | None) -> Context:
+def _run(world: World, model_dir: Path, staging: Path, recipe: Recipe, reporter: Reporter | None,
+         reject=None) -> Context:
     ctx = Context(source_path=Path(model_dir), out_dir=staging, recipe=recipe, world=world)
-    ctx = manager.run(ctx, recipe, reporter)
+    try:
+        ctx = manager.run(ctx, recipe, reporter)
+    except BaseException as e:
+        if reject is not None:
+            reject(e, staging)
+        raise
     world.barrier("before publish")
     return ctx

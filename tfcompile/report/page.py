@@ -266,7 +266,40 @@ def provenance(d: ReportData) -> str:
             rows.append(["calibration fallback", f'<span class="fail">{escape(str(calib["fallback"]))}</span>'])
     rows.append(["signature", _signature(d.signature)])
     rows.append(["built by", f"tfcompile {escape(str(m['tool']['version']))}"])
+    rows.append(["command", f"<code>{escape(rebuild_command(m))}</code> "
+                 '<span class="note">(rebuilds these tensors; recipe.json: the recipe below)</span>'])
     rows += [[escape(k), escape(str(v))] for k, v in sorted(m.get("dependencies", {}).items())]
-    recipe = escape(json.dumps(m.get("recipe"), indent=2, sort_keys=True))
+    recipe = escape(json.dumps(recipe_file(m.get("recipe")), indent=2, sort_keys=True))
     return (f'<h2 id="provenance">Provenance</h2>{_table(["", ""], rows)}'
-            f"<details><summary>recipe</summary><pre>{recipe}</pre></details>")
+            f"<details><summary>recipe (recipe.json)</summary><pre>{recipe}</pre></details>")
+
+
+def rebuild_command(m: dict) -> str:
+    """The command line that builds this artifact again, from what the manifest records.
+
+    Not the argv of the run: the page is inside the artifact (its sha256 is in the manifest,
+    which is signed), so whatever it shows is part of the artifact's bytes, and argv holds this
+    machine's paths (MODEL, OUT, keys, data files) and options that change nothing in the
+    artifact (-q, --json, --junit, option order, aliases). The recipe is the complete input,
+    so the command is MODEL, OUT and `--recipe recipe.json`: the same for every spelling and
+    place, and the bytes of an artifact still depend only on its inputs (bench/artifact_hashes.py)."""
+    hub = (m.get("source") or {}).get("hub") or {}
+    model = f"{hub['repo_id']} --revision {hub.get('commit')}" if hub.get("repo_id") else "MODEL"
+    recipe = m.get("recipe") if isinstance(m.get("recipe"), dict) else {}
+    passes = [p.get("name") for p in recipe.get("passes") or [] if isinstance(p, dict)]
+    verb = "distill" if "distill" in passes else "quantize"
+    return f"tfcompile {verb} {model} -o OUT --recipe recipe.json"  # signing: the row above (--sign KEY)
+
+
+def recipe_file(recipe):
+    """The manifest's recipe ({version, format, passes: [{name, config}]}) as a `--recipe` file
+    ({version, format, pipeline, passes: {name: config}}), which builds the same recipe again
+    (tests/report/test_report.py rebuilds an artifact from it)."""
+    if not isinstance(recipe, dict) or not isinstance(recipe.get("passes"), list):
+        return recipe
+    steps = [p for p in recipe["passes"] if isinstance(p, dict)]
+    out = {"version": recipe.get("version"), "pipeline": [p.get("name") for p in steps],
+           "passes": {p.get("name"): p.get("config") or {} for p in steps}}
+    if recipe.get("format") not in (None, "custom"):
+        out["format"] = recipe["format"]
+    return out
