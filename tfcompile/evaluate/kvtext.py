@@ -7,7 +7,11 @@ report page read them from here, so neither imports torch to build its help or i
 
 from __future__ import annotations
 
-LENS_MAX_POSITIONS = 2048  # per-layer KL (evaluate/lens.py) covers at most this many positions
+# per-layer KL (evaluate/lens.py) covers at most this many positions: the lens costs two lm_head
+# projections per decoder layer and position, and 512 keeps all per-layer figures within 1.5x of a
+# plain eval's matmul work on the demo LM (2048 cost 1.75x; bench/eval_layers.py, issue 31); the
+# mean KL of 512 positions ranks layers as well, and the page says which positions it covers
+LENS_MAX_POSITIONS = 512
 KV_MODES = ("auto", "off")  # --kv-cache: auto = emulate when the artifact has a KV-cache scheme
 STRATEGIES = {"tensor": "per tensor", "attn_head": "per KV head"}
 
