@@ -111,6 +111,7 @@ class MTPDrafter:
         self.layer = layer
         self.g: list[torch.Tensor] = []  # target hidden state [H] per verified position
         self.kv, self.done = KV(), 0  # step-0 entries of indices 0..done-1
+        self.logits: list[torch.Tensor] = []  # the last proposal's logits [V] per draft position
 
     def begin(self, prompt, aux) -> None:
         self.g, self.kv, self.done = [], KV(), 0
@@ -130,11 +131,12 @@ class MTPDrafter:
         h = m.step(torch.tensor([seq[c + 1:n]], device=dev), torch.stack(self.g[c:n - 1]).to(dev)[None], idx,
                    self.kv)[:, -1:]  # the last index's output [1, 1, H]
         self.done = n - 1
-        drafted = [int(m.logits(h[0, 0]).argmax())]
+        self.logits = [m.logits(h[0, 0])]
         for j in range(1, k):  # chained: the previous draft at position + 1, on the MTP output
             pos = torch.tensor([n - 2 + j], device=dev)
-            h = m.step(torch.tensor([[drafted[-1]]], device=dev), h, pos, self.kv)
-            drafted.append(int(m.logits(h[0, 0]).argmax()))
+            h = m.step(self.logits[-1].argmax().view(1, 1), h, pos, self.kv)
+            self.logits.append(m.logits(h[0, 0]))
+        drafted = [int(x.argmax()) for x in self.logits]
         self.kv.keep(self.done)  # drop the chain: step 0 is recomputed from the target's states
         return drafted
 
