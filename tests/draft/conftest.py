@@ -67,7 +67,8 @@ def mtp_oracle(family_factory, tmp_path_factory) -> Path:
                                                topk_method="noaux_tc")
     t = load_file(str(src / "model.safetensors"))
     e = t["model.embed_tokens.weight"].float()
-    t["model.embed_tokens.weight"] = (e * (EMBED_RMS / e.pow(2).mean(-1, keepdim=True).sqrt())).to(torch.bfloat16)
+    rms = e.pow(2).mean(-1, keepdim=True).sqrt()  # the padding row is zero: it stays zero
+    t["model.embed_tokens.weight"] = torch.where(rms > 0, e * EMBED_RMS / rms.clamp_min(1e-12), e).to(torch.bfloat16)
     h = e.shape[1]
     for name in [n for n in t if n.startswith("model.layers.0.")]:
         t["model.layers.1." + name[len("model.layers.0."):]] = t[name].clone()

@@ -143,3 +143,18 @@ def test_a_constructed_mtp_head_beats_a_random_one_and_the_ngram_floor(mtp_oracl
     assert bad.acceptance_length < 1.15, bad.per_position()
     assert good.acceptance_length > 1.5 and good.acceptance_length > bad.acceptance_length + 0.4
     assert good.acceptance_length > floor.acceptance_length, (good.acceptance_length, floor.acceptance_length)
+
+
+def test_the_fp8_mtp_head_serves_the_fp8_target_as_well_as_the_bf16_head(mtp_oracle, mtp_oracle_fp8):
+    """What a release wants to know: against the target as served (fp8 artifact), its quantized MTP
+    layer is accepted at least as often as the bf16 source's MTP layer would be (within noise), so
+    whatever acceptance is lost against the bf16 figures comes from the target's own change."""
+    from tfcompile.draft.mtp_load import load_mtp
+
+    model = _target(mtp_oracle_fp8)
+    served, source = load_mtp(mtp_oracle_fp8, model), load_mtp(mtp_oracle, model)
+    assert any(h for mod in served.block.modules() for h in mod._forward_pre_hooks.values())  # activations emulated
+    prompts = _prompts(4, 16, seed=7)
+    q, b = _acceptance(model, served, prompts, 2), _acceptance(model, source, prompts, 2)
+    assert q.acceptance_length > 1.4 and q.acceptance_length >= b.acceptance_length - 0.1, (q.per_position(),
+                                                                                            b.per_position())

@@ -130,6 +130,12 @@ def eval_cmd(model, reference, revision, text, max_tokens, seq_len, batch_size, 
     model, reference = paths["model"], paths["reference"]
     if not no_verify:
         check_artifact_files(Path(model))
+    if draft == "mtp":  # before the evaluation: a model without (or an artifact without) its MTP layer
+        from tfcompile.draft.mtp_load import check_mtp  # lazy: torch
+
+        check_mtp(Path(model))
+        if (Path(model) / MANIFEST).exists():  # an artifact: the reference's MTP layer is measured beside it
+            check_mtp(Path(reference))
     console, quiet, as_json = rank_output(quiet, as_json)
     reporter = RichReporter(console, quiet=quiet)
     from tfcompile.evaluate.runner import evaluate  # lazy: torch and transformers, only when the command runs

@@ -57,18 +57,30 @@ def mtp_index(path: Path, config: dict) -> int:
     return int(text["num_hidden_layers"])
 
 
+def _names(path: Path, ckpt: Checkpoint) -> tuple[int, list[str]]:
+    """(N, the tensor names under model.layers.{N}.); UserError when there are none."""
+    n = mtp_index(path, ckpt.config)
+    names = [x for x in ckpt.names() if x.startswith(f"model.layers.{n}.")]
+    if not names:
+        raise UserError(f"{path}: config.json declares an MTP layer but no tensor is named model.layers.{n}.*",
+                        hint="the checkpoint or artifact dropped its MTP layer; quantize the source with "
+                             "this tfcompile (it keeps them, families/mtp.py) or measure the source checkpoint")
+    return n, names
+
+
+def check_mtp(path: Path) -> None:
+    """UserError unless `path` declares and holds one MTP layer (headers only: before any model is built)."""
+    with open_checkpoint(Path(path)) as ckpt:
+        _names(Path(path), ckpt)
+
+
 def load_mtp(path: Path, target: nn.Module) -> MTPLayer:
     """The MTP layer of checkpoint or artifact `path` (float32, eval mode), built beside `target`
     (the transformers model of the same config: its decoder-layer, norm and rotary classes)."""
     path = Path(path)
     with open_checkpoint(path) as ckpt:
-        n = mtp_index(path, ckpt.config)
+        n, names = _names(path, ckpt)
         prefix = f"model.layers.{n}."
-        names = [x for x in ckpt.names() if x.startswith(prefix)]
-        if not names:
-            raise UserError(f"{path}: config.json declares an MTP layer but no tensor is named {prefix}*",
-                            hint="the checkpoint or artifact dropped its MTP layer; quantize the source with "
-                                 "this tfcompile (it keeps them, families/mtp.py) or measure the source checkpoint")
         layer = MTPLayer(target, n).float().eval()
         quantized = _quantized(path, prefix)
         _load(path, ckpt, layer, prefix, names, quantized)
