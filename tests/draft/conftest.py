@@ -3,7 +3,6 @@ checkpoints with an MTP layer (random, and an oracle whose MTP layer is the targ
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -43,9 +42,6 @@ def tiny_draft(tmp_path_factory) -> Path:
 
 
 # --- MTP (draft/mtp.py): tiny DeepSeek-V3 checkpoints with one MTP layer ---------------------------
-EMBED_RMS = 0.08  # every embedding row of the oracle target is scaled to this RMS
-
-
 @pytest.fixture(scope="session")
 def mtp_random(family_factory, tmp_path_factory) -> Path:
     """4 decoder layers (2 dense, 2 MoE) + one MTP layer in the published layout (`model.layers.4.*`),
@@ -56,33 +52,9 @@ def mtp_random(family_factory, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def mtp_oracle(family_factory, tmp_path_factory) -> Path:
-    """A one-layer (MoE) DeepSeek-V3 whose MTP layer *is* the target, shifted one position: its block
-    is layer 0 copied, eh_proj = [r I, 0] so eh_proj(cat(enorm(e), hnorm(h))) = r e / rms(e) = e (every
-    embedding row has RMS r), shared_head = the final norm and lm_head. At index i it reads tokens
-    x[1..i+1] as the target reads x[0..i+1] (RoPE is relative: only x[0] is missing), so it predicts
-    the target's own next token well: a constructed "trained" MTP head."""
-    from safetensors.torch import load_file, save_file
-
-    src = family_factory.make_tiny_deepseek_v3(tmp_path_factory.mktemp("mtp") / "oracle", layers=1, dense=0,
-                                               topk_method="noaux_tc")
-    t = load_file(str(src / "model.safetensors"))
-    e = t["model.embed_tokens.weight"].float()
-    rms = e.pow(2).mean(-1, keepdim=True).sqrt()  # the padding row is zero: it stays zero
-    t["model.embed_tokens.weight"] = torch.where(rms > 0, e * EMBED_RMS / rms.clamp_min(1e-12), e).to(torch.bfloat16)
-    h = e.shape[1]
-    for name in [n for n in t if n.startswith("model.layers.0.")]:
-        t["model.layers.1." + name[len("model.layers.0."):]] = t[name].clone()
-    ones = torch.ones(h, dtype=torch.bfloat16)
-    eh = torch.cat([EMBED_RMS * torch.eye(h), torch.zeros(h, h)], 1).to(torch.bfloat16)  # [H, 2H]
-    t.update({"model.layers.1.enorm.weight": ones, "model.layers.1.hnorm.weight": ones.clone(),
-              "model.layers.1.eh_proj.weight": eh,
-              "model.layers.1.shared_head.norm.weight": t["model.norm.weight"].clone(),
-              "model.layers.1.shared_head.head.weight": t["lm_head.weight"].clone(),
-              "model.layers.1.embed_tokens.weight": t["model.embed_tokens.weight"].clone()})
-    save_file(t, str(src / "model.safetensors"), metadata={"format": "pt"})
-    cfg = json.loads((src / "config.json").read_text())
-    (src / "config.json").write_text(json.dumps(dict(cfg, num_nextn_predict_layers=1), indent=2))
-    return src
+    """A one-layer DeepSeek-V3 whose MTP layer is the target itself, shifted one position: a
+    constructed MTP head that predicts the target well (tests/fixtures/families.make_mtp_oracle)."""
+    return family_factory.make_mtp_oracle(tmp_path_factory.mktemp("mtp") / "oracle")
 
 
 def quantized(src: Path, out: Path, fmt: str) -> Path:
