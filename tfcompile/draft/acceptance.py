@@ -45,7 +45,7 @@ def drafter_factory(spec: str, model_path: Path | None = None, target_model=None
     if spec == NGRAM:
         return NGramDrafter, None, NGRAM
     if spec == MTP:
-        layer = load_mtp(Path(model_path), target_model)
+        layer = load_mtp(Path(model_path), target_model).to(next(target_model.parameters()).device)
         return (lambda: MTPDrafter(layer)), TARGET_HIDDEN, MTP
     draft = load_draft(Path(spec))
     return (lambda: EagleDrafter(draft)), draft.s.aux_layers, "eagle3"
