@@ -76,7 +76,7 @@ def _by_hand(src, seq: list[int]):
         g = target(input_ids=x[None, :-1], output_hidden_states=True).hidden_states[-1][0]  # [n-1, H], final norm
 
         def fuse(tokens, hidden, zero_first):
-            e = w["embed_tokens.weight"][tokens]
+            e = raw["model.embed_tokens.weight"][tokens]  # the target's: vLLM's EagleProposer shares it
             if zero_first:
                 e[0] = 0.0  # position 0
             cat = torch.cat([F.rms_norm(e, (hid,), w["enorm.weight"], eps), F.rms_norm(hidden, (hid,), w["hnorm.weight"], eps)], -1)

@@ -5,7 +5,8 @@ DeepSeek-V3/V3.2 and GLM-4.5/5 ship `num_nextn_predict_layers` MTP layers at `mo
 (`--speculative-config '{"method": "mtp"}'`); this module follows its code:
 
 - vllm/model_executor/models/deepseek_mtp.py, `DeepSeekMultiTokenPredictorLayer.forward`: the
-  token embedding (`embed_tokens`, the MTP layer's own copy) is zeroed at position 0 ("masking
+  token embedding (the target's `embed_tokens`, which vllm/v1/spec_decode/eagle.py
+  `EagleProposer.load_model` gives MTP models; mtp_load.py) is zeroed at position 0 ("masking
   inputs at position 0, as not needed by MTP"), then
   `x = eh_proj(cat([enorm(embed(token)), hnorm(previous_hidden)], -1))` ([T, 2H] -> [T, H]), then
   the decoder layer `mtp_block` (a full DeepseekV2DecoderLayer, its own attention KV cache), whose

@@ -1,8 +1,12 @@
 """A model's MTP layer (draft/mtp.py) with its weights: from a checkpoint, or from an artifact as served.
 
 The tensors are the checkpoint's `model.layers.{N}.*` (N = num_hidden_layers; families/mtp.py):
-enorm, hnorm, eh_proj, shared_head.{norm,head}, embed_tokens and the decoder layer, whose names
-go under `block.` (vLLM deepseek_mtp.py `_rewrite_spec_layer_name` puts them under `mtp_block.`).
+enorm, hnorm, eh_proj, shared_head.{norm,head} and the decoder layer, whose names go under
+`block.` (vLLM deepseek_mtp.py `_rewrite_spec_layer_name` puts them under `mtp_block.`). The token
+embedding is the target's own `model.embed_tokens`, not the layer's copy: vLLM's
+vllm/v1/spec_decode/eagle.py `EagleProposer.load_model` replaces an MTP model's embed_tokens by the
+target's ("Detected MTP model. Sharing target model embedding weights"); DeepSeek-V3's two copies
+are equal, and quantize keeps both unquantized.
 Routed experts, stored per expert (`mlp.experts.{e}.{gate,up,down}_proj.weight`), are written into
 the fused parameters of transformers' experts module (families/experts.set_expert).
 
@@ -83,7 +87,7 @@ def load_mtp(path: Path, target: nn.Module) -> MTPLayer:
         prefix = f"model.layers.{n}."
         layer = MTPLayer(target, n).float().eval()
         quantized = _quantized(path, prefix)
-        _load(path, ckpt, layer, prefix, names, quantized)
+        _load(path, ckpt, layer, prefix, names, quantized, target.get_input_embeddings().weight.detach())
     return layer
 
 
@@ -102,15 +106,18 @@ def local(name: str) -> str:
     return name if name.split(".", 1)[0] in OWN else f"block.{name}"
 
 
-def _load(path: Path, ckpt: Checkpoint, layer: MTPLayer, prefix: str, names: list[str], quantized: dict) -> None:
+def _load(path: Path, ckpt: Checkpoint, layer: MTPLayer, prefix: str, names: list[str], quantized: dict,
+          embedding: torch.Tensor) -> None:
+    """Fill `layer` from the checkpoint's tensors under `prefix` and the target's `embedding` [V, H]."""
     state, modules = layer.state_dict(), dict(layer.named_modules())
     stored = {s.name for m, ((rows, cols), sch) in quantized.items()
               for s in ct_outputs(sch, m, rows, cols, torch.bfloat16)}
     loaded: set[str] = set()
     for name in names:
-        if name in stored or name.endswith(_KV_SCALES):
+        if name in stored or name.endswith(_KV_SCALES) or name == f"{prefix}embed_tokens.weight":
             continue
         loaded.add(_put(path, layer, state, modules, local(name[len(prefix):]), ckpt.get(name)))
+    loaded.add(_put(path, layer, state, modules, "embed_tokens.weight", embedding))  # vLLM shares the target's
     acts: dict[str, object] = {}  # per-expert Linear (local name) -> its input quantization
     for m, ((rows, cols), sch) in sorted(quantized.items()):
         w = dequantize(qtensor_of(ckpt, sch, m, rows, cols), torch.float32)
