@@ -64,6 +64,11 @@ def mtp_index(path: Path, config: dict) -> int:
 def _names(path: Path, ckpt: Checkpoint) -> tuple[int, list[str]]:
     """(N, the tensor names under model.layers.{N}.); UserError when there are none."""
     n = mtp_index(path, ckpt.config)
+    if "quantization_config" in ckpt.config and not has_manifest(path):  # e.g. DeepSeek-V3's published FP8
+        raise UserError(f"{path}: the MTP layer of a checkpoint quantized outside tfcompile "
+                        f"({ckpt.config['quantization_config'].get('quant_method', '?')}) is not decoded",
+                        hint="--draft mtp reads bf16/fp16/fp32 checkpoints and tfcompile artifacts; pass the "
+                             "bf16 model as --reference")
     names = [x for x in ckpt.names() if x.startswith(f"model.layers.{n}.")]
     if not names:
         raise UserError(f"{path}: config.json declares an MTP layer but no tensor is named model.layers.{n}.*",
