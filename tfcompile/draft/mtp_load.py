@@ -64,9 +64,10 @@ def mtp_index(path: Path, config: dict) -> int:
 def _names(path: Path, ckpt: Checkpoint) -> tuple[int, list[str]]:
     """(N, the tensor names under model.layers.{N}.); UserError when there are none."""
     n = mtp_index(path, ckpt.config)
-    if "quantization_config" in ckpt.config and not has_manifest(path):  # e.g. DeepSeek-V3's published FP8
-        raise UserError(f"{path}: the MTP layer of a checkpoint quantized outside tfcompile "
-                        f"({ckpt.config['quantization_config'].get('quant_method', '?')}) is not decoded",
+    qc = ckpt.config.get("quantization_config")
+    if qc is not None and not has_manifest(path):  # e.g. DeepSeek-V3's published FP8 release
+        method = qc.get("quant_method", "?") if isinstance(qc, dict) else "?"
+        raise UserError(f"{path}: the MTP layer of a checkpoint quantized outside tfcompile ({method}) is not decoded",
                         hint="--draft mtp reads bf16/fp16/fp32 checkpoints and tfcompile artifacts; pass the "
                              "bf16 model as --reference")
     names = [x for x in ckpt.names() if x.startswith(f"model.layers.{n}.")]
