@@ -52,3 +52,20 @@ def test_an_mtp_layer_declared_but_dropped_is_refused(mtp_oracle, tmp_path, run_
     res = run_cli("eval", src, "--reference", src, *DRAFT)
     assert res.code == 1
     assert "declares an MTP layer but no tensor is named model.layers.1.*" in res.err and "hint:" in res.err
+
+
+def test_an_mtp_layer_quantized_outside_tfcompile_is_refused(mtp_oracle, tmp_path):
+    """A published FP8 release (DeepSeek-V3's `quantization_config`, no tfcompile manifest): its MTP
+    tensors are not decoded, so they are refused by name rather than read as if they were bf16."""
+    import pytest
+
+    from tfcompile.draft.mtp_load import check_mtp
+    from tfcompile.errors import UserError
+
+    src = tmp_path / "fp8-release"
+    shutil.copytree(mtp_oracle, src)
+    cfg = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps(dict(cfg, quantization_config={"quant_method": "fp8"})))
+    with pytest.raises(UserError, match=r"quantized outside tfcompile \(fp8\) is not decoded") as e:
+        check_mtp(src)
+    assert e.value.hint
