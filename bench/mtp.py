@@ -78,7 +78,16 @@ def render(rows: list[dict], prompts: int, new_tokens: int) -> str:
             f"--reference SRC --draft mtp --draft-k 1,2,3`, {prompts} python-doc held-out prompts of 32 tokens, "
             f"{new_tokens} tokens decoded greedily each; source = the bf16 checkpoint's MTP layer against the "
             "bf16 checkpoint, artifact = the artifact's MTP layer against the artifact as served; acceptance "
-            "length = tokens per target forward. Machine: " + machine_line() + ".\n\n" + "\n".join(lines))
+            "length = tokens per target forward. Machine: " + machine_line() + ".\n\n" + "\n".join(lines)
+            + "\n\n" + READING)
+
+
+READING = ("Reading: drop = source minus artifact. It mixes two effects: the MTP layer's own quantization, "
+           "and the target's (a quantized target decodes other tokens, which its MTP head may find easier or "
+           "harder to predict; on this tiny model that is the likely source of a negative drop). tests/draft/test_mtp.py separates "
+           "them for fp8: against the fp8 target, the fp8 MTP layer is accepted at least as often as the bf16 "
+           "source's MTP layer would be. The modelled speedup is below 1 here: this MTP layer costs as much as "
+           "the one-layer target it drafts for (DeepSeek-V3's is one layer beside 61).")
 
 
 def main() -> None:
