@@ -69,3 +69,25 @@ def test_an_mtp_layer_quantized_outside_tfcompile_is_refused(mtp_oracle, tmp_pat
     with pytest.raises(UserError, match=r"quantized outside tfcompile \(fp8\) is not decoded") as e:
         check_mtp(src)
     assert e.value.hint
+
+
+def test_glm4_moe_mtp_is_exact_and_dsa_mtp_is_refused(family_factory, tmp_path):
+    """GLM-4.5's MTP layer (DeepSeek's layout, Glm4MoeDecoderLayer) runs and stays exact; DeepSeek-V3.2 /
+    GLM-5 (DSA indexer in every decoder layer) are refused by name, not crashed on."""
+    import pytest
+    import torch
+
+    from tfcompile.draft.mtp import TARGET_HIDDEN, MTPDrafter
+    from tfcompile.draft.mtp_load import check_mtp, load_mtp
+    from tfcompile.draft.spec import Target, greedy, speculative
+    from tfcompile.errors import UserError
+    from tfcompile.evaluate.models import load_candidate
+
+    glm = family_factory.add_mtp_layer(family_factory.make_tiny_glm4_moe(tmp_path / "glm"))
+    model = load_candidate(glm, torch.float32).model.eval()
+    prompt = list(range(5, 17))
+    out, st = speculative(Target(model, TARGET_HIDDEN), MTPDrafter(load_mtp(glm, model)), prompt, 12, 3)
+    assert out == greedy(Target(model), prompt, 12) and st.proposed > 0
+    v32 = family_factory.add_mtp_layer(family_factory.make_tiny_deepseek_v32(tmp_path / "v32"))
+    with pytest.raises(UserError, match="DeepSeek Sparse Attention"):
+        check_mtp(v32)

@@ -1,7 +1,8 @@
 """A model's own multi-token-prediction (MTP) layer as a drafter, in plain torch, as vLLM runs it.
 
 DeepSeek-V3/V3.2 and GLM-4.5/5 ship `num_nextn_predict_layers` MTP layers at `model.layers.{N}`
-(N = num_hidden_layers; families/mtp.py). vLLM serves them as the speculative draft
+(N = num_hidden_layers; families/mtp.py); this runs DeepSeek-V3's and GLM-4.5's (the DSA layers of
+V3.2 / GLM-5 are refused by mtp_load). vLLM serves them as the speculative draft
 (`--speculative-config '{"method": "mtp"}'`); this module follows its code:
 
 - vllm/model_executor/models/deepseek_mtp.py, `DeepSeekMultiTokenPredictorLayer.forward`: the

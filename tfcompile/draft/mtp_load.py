@@ -40,6 +40,7 @@ from tfcompile.schemes import get_scheme
 OWN = ("embed_tokens", "enorm", "hnorm", "eh_proj", "shared_head")  # the MTP layer's own modules
 _EXPERT = re.compile(r"^(?P<parent>.*experts)\.(?P<e>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)$")
 _KV_SCALES = (".k_scale", ".v_scale")
+_DSA = ("deepseek_v32", "glm_moe_dsa")  # DeepSeek-V3.2, GLM-5: decoder layers with the DSA indexer
 _NO_MTP_HINT = ("--draft mtp measures a model's own multi-token-prediction layers (DeepSeek-V3/V3.2, "
                 "GLM-4.5/5 ship one); for this model use --draft ngram or an EAGLE-3 draft (`tfcompile draft`)")
 
@@ -52,6 +53,10 @@ def mtp_index(path: Path, config: dict) -> int:
         raise UserError(f"{path}/config.json: the `mtp.` layers of {text.get('model_type')} (Qwen3.5 / "
                         "Qwen3-Next layout) are not measured yet",
                         hint="--draft mtp runs DeepSeek-style MTP layers (`model.layers.{N}`); use --draft ngram")
+    if k and text.get("model_type") in _DSA:
+        raise UserError(f"{path}/config.json: the MTP layer of {text['model_type']} (DeepSeek Sparse Attention: "
+                        "its indexer keeps its own cache) is not run yet",
+                        hint="--draft mtp runs DeepSeek-V3 and GLM-4.5 style MTP layers; use --draft ngram")
     if not k:
         raise UserError(f"{path}/config.json declares no MTP layers (num_nextn_predict_layers is "
                         f"{'absent' if k is None else k})", hint=_NO_MTP_HINT)
