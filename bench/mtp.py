@@ -84,7 +84,7 @@ def render(rows: list[dict], prompts: int, new_tokens: int) -> str:
 
 READING = ("Reading: drop = source minus artifact. It mixes two effects: the MTP layer's own quantization, "
            "and the target's (a quantized target decodes other tokens, which its MTP head may find easier or "
-           "harder to predict; on this tiny model that is the likely source of a negative drop). tests/draft/test_mtp.py separates "
+           "harder to predict; on this tiny model that is the likely source of a negative drop). tests/draft/test_draft_mtp.py separates "
            "them for fp8: against the fp8 target, the fp8 MTP layer is accepted at least as often as the bf16 "
            "source's MTP layer would be. The modelled speedup is below 1 here: this MTP layer costs as much as "
            "the one-layer target it drafts for (DeepSeek-V3's is one layer beside 61).")

@@ -26,7 +26,7 @@ def test_fp8_artifact_keeps_the_mtp_acceptance_of_the_bf16_source(mtp_oracle, mt
     for r in rep["by_k"]:
         assert r["source_acceptance_length"] > 1.4 and r["acceptance_length"] > floor[r["k"]], (r, floor)
         # fp8 moves this tiny random target's own tokens (its argmax margins are small), hence some drop;
-        # a broken MTP head would sit at 1.0 (test_mtp: the fp8 head does as well as the bf16 one)
+        # a broken MTP head would sit at 1.0 (test_draft_mtp: the fp8 head does as well as the bf16 one)
         assert r["acceptance_length"] >= 0.75 * r["source_acceptance_length"], r
         assert r["acceptance_drop"] == round(r["source_acceptance_length"] - r["acceptance_length"], 4)
     assert doc["gates"][-1]["gate"] == "min-acceptance" and not doc["gates"][-1]["ok"]
