@@ -1,4 +1,5 @@
-"""Fixtures for tests/draft: the demo LM as target, held-out prompts, a tiny trained draft."""
+"""Fixtures for tests/draft: the demo LM as target, held-out prompts, a tiny trained draft, tiny DeepSeek-V3
+checkpoints with an MTP layer (random, and an oracle whose MTP layer is the target itself) and their artifacts."""
 
 from __future__ import annotations
 
@@ -38,3 +39,39 @@ def tiny_draft(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("draft") / "demo-eagle3"
     run_draft(DEMO, out, DraftConfig(**TINY))
     return out
+
+
+# --- MTP (draft/mtp.py): tiny DeepSeek-V3 checkpoints with one MTP layer ---------------------------
+@pytest.fixture(scope="session")
+def mtp_random(family_factory, tmp_path_factory) -> Path:
+    """4 decoder layers (2 dense, 2 MoE) + one MTP layer in the published layout (`model.layers.4.*`),
+    random: a perturbed copy of layer 3 and random eh_proj / shared_head (tests/fixtures/families.py)."""
+    src = family_factory.make_tiny_deepseek_v3(tmp_path_factory.mktemp("mtp") / "random", topk_method="noaux_tc")
+    return family_factory.add_mtp_layer(src)
+
+
+@pytest.fixture(scope="session")
+def mtp_oracle(family_factory, tmp_path_factory) -> Path:
+    """A one-layer DeepSeek-V3 whose MTP layer is the target itself, shifted one position: a
+    constructed MTP head that predicts the target well (tests/fixtures/families.make_mtp_oracle)."""
+    return family_factory.make_mtp_oracle(tmp_path_factory.mktemp("mtp") / "oracle")
+
+
+def quantized(src: Path, out: Path, fmt: str) -> Path:
+    """`tfcompile quantize SRC -o OUT --format FMT` in-process (random calibration for static formats)."""
+    from tfcompile.cli.main import main
+
+    calib = ["--calib", "random", "--calib-samples", "2", "--calib-seq-len", "32"] if fmt == "nvfp4" else []
+    assert main(["quantize", str(src), "-o", str(out), "--format", fmt, "-q", *calib]) == 0
+    return out
+
+
+@pytest.fixture(scope="session")
+def mtp_oracle_fp8(mtp_oracle, tmp_path_factory) -> Path:
+    return quantized(mtp_oracle, tmp_path_factory.mktemp("mtp") / "oracle-fp8", "fp8-dynamic")
+
+
+@pytest.fixture(scope="session")
+def mtp_oracle_nvfp4(mtp_oracle, tmp_path_factory) -> Path:
+    """W4A4 with calibrated input scales: the MTP block's activation quantization emulated, experts included."""
+    return quantized(mtp_oracle, tmp_path_factory.mktemp("mtp") / "oracle-nvfp4", "nvfp4")

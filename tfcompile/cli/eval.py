@@ -99,8 +99,9 @@ def layers_table(layers: list[dict]) -> Table:
 @click.option("--layers/--no-layers", default=True, help="Show the per-layer table.")
 @click.option("--layer-kl", is_flag=True, help="Also KL per decoder layer (logit lens: each layer's hidden "
               "states through the final norm and lm_head), as `layer_kl` in --json; tfcompile report plots it.")
-@click.option("--draft", metavar="DIR|ngram", help="Also measure speculative decoding: a speculators EAGLE-3 "
-              "draft (`tfcompile draft`) or ngram (prompt lookup) against MODEL as served, on held-out prompts.")
+@click.option("--draft", metavar="DIR|ngram|mtp", help="Also measure speculative decoding: a speculators EAGLE-3 "
+              "draft (`tfcompile draft`), ngram (prompt lookup) or mtp (the model's own MTP layer, DeepSeek-V3 / "
+              "GLM-4.5 style; for an artifact also the reference's) against MODEL as served, on held-out prompts.")
 @click.option("--draft-k", default="4", show_default=True, metavar="K[,K...]", help="Draft lengths to measure.")
 @click.option("--draft-prompts", type=int, default=8, show_default=True, help="Prompts of the evaluation text.")
 @click.option("--draft-prompt-len", type=int, default=64, show_default=True, help="Tokens per prompt.")
@@ -121,7 +122,7 @@ def eval_cmd(model, reference, revision, text, max_tokens, seq_len, batch_size, 
     Exit 1 when a gate (--max-kl, --max-ppl-increase, --min-top1, --min-acceptance, --max-task-drop)
     is missed."""
     if min_acceptance is not None and not draft:
-        raise click.UsageError("--min-acceptance needs --draft DIR|ngram")
+        raise click.UsageError("--min-acceptance needs --draft DIR|ngram|mtp")
     check_task_args(tasks, max_task_drop, task_limit)
     ks = _ks(draft_k)
     paths = {"reference": reference, "model": model, "quiet": quiet}
@@ -129,6 +130,12 @@ def eval_cmd(model, reference, revision, text, max_tokens, seq_len, batch_size, 
     model, reference = paths["model"], paths["reference"]
     if not no_verify:
         check_artifact_files(Path(model))
+    if draft == "mtp":  # before the evaluation: a model without (or an artifact without) its MTP layer
+        from tfcompile.draft.mtp_load import check_mtp  # lazy: torch
+
+        check_mtp(Path(model))
+        if (Path(model) / MANIFEST).exists():  # an artifact: the reference's MTP layer is measured beside it
+            check_mtp(Path(reference))
     console, quiet, as_json = rank_output(quiet, as_json)
     reporter = RichReporter(console, quiet=quiet)
     from tfcompile.evaluate.runner import evaluate  # lazy: torch and transformers, only when the command runs
@@ -203,12 +210,16 @@ def _with_draft(doc: dict, model, reference, draft: str, ks, *, reporter, min_ac
 def draft_table(rep: dict) -> Table:
     t = Table(title=f"speculative decoding ({rep['drafter']}; {rep['prompts']} prompts of {rep['prompt_len']} "
                     f"tokens, {rep['new_tokens']} new tokens each, greedy)")
-    for col in ("k", "acceptance length", "per position", "cost ratio", "modelled speedup", "n-gram floor"):
+    source = "source" in rep  # --draft mtp on an artifact: the reference's own MTP layer beside it
+    cols = ("k", "acceptance length", *(("source's",) if source else ()), "per position", "cost ratio",
+            "modelled speedup", "n-gram floor")
+    for col in cols:
         t.add_column(col, justify="right")
     floor = {r["k"]: r["acceptance_length"] for r in rep.get("ngram_floor", [])}
     for r in rep["by_k"]:
         pos = " ".join("-" if p is None else f"{p:.2f}" for p in r["per_position"])
-        t.add_row(str(r["k"]), f"{r['acceptance_length']:.3f}", pos, _fmt(r["cost_ratio"], ".3f"),
+        src = (_fmt(r.get("source_acceptance_length"), ".3f"),) if source else ()
+        t.add_row(str(r["k"]), f"{r['acceptance_length']:.3f}", *src, pos, _fmt(r["cost_ratio"], ".3f"),
                   _fmt(r["modelled_speedup"], ".2f"), _fmt(floor.get(r["k"]), ".3f"))
     return t
 

@@ -15,14 +15,18 @@ from pathlib import Path
 
 import torch
 
+from tfcompile.artifact.manifest import has_manifest
 from tfcompile.dist.devices import resolve_device
 from tfcompile.draft.format import load_draft
+from tfcompile.draft.mtp import TARGET_HIDDEN, MTPDrafter
+from tfcompile.draft.mtp_load import load_mtp
 from tfcompile.draft.spec import EagleDrafter, NGramDrafter, Stats, Target, greedy, speculative
 from tfcompile.errors import UserError
-from tfcompile.evaluate.models import load_candidate
+from tfcompile.evaluate.models import load_candidate, load_checkpoint_model
 from tfcompile.evaluate.text import load_text, load_tokenizer, token_rows
 
 NGRAM = "ngram"
+MTP = "mtp"  # the model's own multi-token-prediction layer (draft/mtp.py)
 
 
 def prompts_of(text: Path | None, tokenizer, *, count: int, prompt_len: int, vocab: int) -> list[list[int]]:
@@ -35,10 +39,14 @@ def prompts_of(text: Path | None, tokenizer, *, count: int, prompt_len: int, voc
     return rows
 
 
-def drafter_factory(spec: str):
-    """`ngram` (prompt lookup) or a speculators EAGLE-3 directory -> (make drafter, aux layers, name)."""
+def drafter_factory(spec: str, model_path: Path | None = None, target_model=None):
+    """`ngram` (prompt lookup), `mtp` (the MTP layer of `model_path`, the checkpoint or artifact
+    `target_model` was built from) or a speculators EAGLE-3 directory -> (make drafter, aux layers, name)."""
     if spec == NGRAM:
         return NGramDrafter, None, NGRAM
+    if spec == MTP:
+        layer = load_mtp(Path(model_path), target_model).to(next(target_model.parameters()).device)
+        return (lambda: MTPDrafter(layer)), TARGET_HIDDEN, MTP
     draft = load_draft(Path(spec))
     return (lambda: EagleDrafter(draft)), draft.s.aux_layers, "eagle3"
 
@@ -49,11 +57,13 @@ def greedy_refs(target_model, prompts: list[list[int]], new_tokens: int) -> list
 
 
 def measure(target_model, spec: str, prompts: list[list[int]], *, ks: tuple[int, ...], new_tokens: int,
-            check_exact: bool = False, refs: list[list[int]] | None = None, progress=None) -> dict:
+            check_exact: bool = False, refs: list[list[int]] | None = None, progress=None,
+            model_path: Path | None = None) -> dict:
     """{drafter, prompts, new_tokens, by_k: [{k, acceptance_length, per_position, ...}], exact}.
 
-    exact: every output equal to `refs` (computed here with check_exact; None: not checked)."""
-    make, aux, name = drafter_factory(spec)
+    exact: every output equal to `refs` (computed here with check_exact; None: not checked).
+    model_path: where target_model came from (`mtp` reads its MTP layer there)."""
+    make, aux, name = drafter_factory(spec, model_path, target_model)
     target = Target(target_model, aux)
     by_k, exact = [], None
     if refs is None and check_exact:
@@ -101,15 +111,25 @@ def eval_draft(model_path: Path, reference: Path, spec: str, *, text: Path | Non
                prompts: int, prompt_len: int, new_tokens: int, dtype: str = "float32", kv_cache: str = "auto",
                device: str = "auto", floor: bool = True, progress=None) -> dict:
     """`tfcompile eval MODEL --draft SPEC`: the drafter against MODEL as served (an artifact through
-    the eval emulation), on held-out prompts; with `floor`, the n-gram drafter on the same prompts."""
+    the eval emulation), on held-out prompts; with `floor`, the n-gram drafter on the same prompts.
+    `mtp` on an artifact also measures the reference's own MTP layer against the reference
+    (`source`): what quantizing the target and its MTP layer cost in acceptance."""
     dev = resolve_device(device)
     model = load_candidate(Path(model_path), getattr(torch, dtype), kv_cache).model.to(dev).eval()
     tokenizer = load_tokenizer(Path(reference))
     vocab = int(model.get_output_embeddings().weight.shape[0])
     rows = prompts_of(text, tokenizer, count=prompts, prompt_len=prompt_len, vocab=vocab)
-    report = measure(model, spec, rows, ks=ks, new_tokens=new_tokens, progress=progress)
+    kw = dict(ks=ks, new_tokens=new_tokens, progress=progress)
+    report = measure(model, spec, rows, model_path=Path(model_path), **kw)
     report["text"] = load_text(text).source
+    if spec == MTP and has_manifest(Path(model_path)):
+        ref = load_checkpoint_model(Path(reference), getattr(torch, dtype), "reference").to(dev).eval()
+        src = measure(ref, MTP, rows, model_path=Path(reference), **kw)
+        report["source"] = {"model": str(reference), "by_k": src["by_k"]}
+        for r, s in zip(report["by_k"], src["by_k"]):
+            r["source_acceptance_length"] = s["acceptance_length"]
+            r["acceptance_drop"] = round(s["acceptance_length"] - r["acceptance_length"], 4)
     if floor and spec != NGRAM:
-        ng = measure(model, NGRAM, rows, ks=ks, new_tokens=new_tokens, progress=progress)
+        ng = measure(model, NGRAM, rows, **kw)
         report["ngram_floor"] = [{"k": r["k"], "acceptance_length": r["acceptance_length"]} for r in ng["by_k"]]
     return report

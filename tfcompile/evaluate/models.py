@@ -11,6 +11,10 @@
   expert, each input with its expert's own scale, calibration/moe.py), and, for an
   artifact with a `kv_cache_scheme`, the FP8 KV cache emulated in attention
   (kvcache.py; `--kv-cache off` turns that off).
+
+The multi-token-prediction layers an artifact keeps (families/mtp.py) are not part of the module
+transformers builds: they are left out here and read by tfcompile.draft.mtp_load when `eval
+--draft mtp` measures them.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from tfcompile.evaluate.actquant import ActFn, act_quantizer, pre_hook
 from tfcompile.evaluate.errors import EvalError
 from tfcompile.evaluate.kvcache import KINDS, KV_MODES, KVEmulator, KVScales, install, read_kv_scales
 from tfcompile.families.experts import set_expert, set_expert_bias
+from tfcompile.families.mtp import is_mtp, mtp_prefixes
 from tfcompile.families.names import NameMap
 from tfcompile.io.checkpoint import Checkpoint, open_checkpoint
 from tfcompile.io.hf_config import load_hf_config
@@ -143,8 +148,10 @@ def _build_artifact(path: Path, ckpt: Checkpoint, manifest: dict, scheme: Scheme
         warnings.simplefilter("ignore")
         model = cls._from_config(cfg, dtype=dtype).eval()
     cand = Candidate(model, "artifact", scheme)
-    layers = {la["module"]: tuple(la["shape"]) for la in manifest.get("layers", [])}
-    schemes = {la["module"]: layer_scheme(la, scheme) for la in manifest.get("layers", [])}  # mixed precision
+    mtp = mtp_prefixes(ckpt.config)  # the MTP layers: no module of `model` (tfcompile.draft.mtp reads them)
+    entries = [la for la in manifest.get("layers", []) if not is_mtp(la["module"], mtp)]
+    layers = {la["module"]: tuple(la["shape"]) for la in entries}
+    schemes = {la["module"]: layer_scheme(la, scheme) for la in entries}  # mixed precision
     qnames = {s.name for m, (n, k) in layers.items() for s in ct_outputs(schemes[m], m, n, k, torch.bfloat16)}
     missing = sorted(q for q in qnames if q not in set(ckpt.names()))
     if missing:
@@ -153,7 +160,7 @@ def _build_artifact(path: Path, ckpt: Checkpoint, manifest: dict, scheme: Scheme
     kv_names = {f"{m}.{k}" for m in manifest.get("kv_modules", []) for k in KINDS}
     cand.kv_scales = read_kv_scales(path, ckpt, ckpt.config, list(manifest.get("kv_modules", [])))
     names = NameMap(model, ckpt.names())  # checkpoint -> in-memory names (Qwen2.5-VL's language_model.)
-    plain = [n for n in ckpt.names() if n not in qnames | kv_names]
+    plain = [n for n in ckpt.names() if n not in qnames | kv_names and not is_mtp(n, mtp)]
     loaded = _load_plain(path, ckpt, model, [n for n in plain if not _EXPERT_BIAS.match(n)], names)
     modules = dict(model.named_modules())
     loaded |= _load_expert_biases(ckpt, modules, [n for n in plain if _EXPERT_BIAS.match(n)], names)
