@@ -29,6 +29,8 @@ class Scheme:
     ct_format: str  # compressed-tensors CompressionFormat value
     modelopt_algo: str | None  # hf_quant_config.json quant_algo, spelled as modelopt 0.47 writes it
     summary: str
+    modelopt_group_size: int | None = None  # hf_quant_config.json quantization.group_size (None: omitted)
+    modelopt_group_bits: int | None = None  # config_groups' num_bits (None: modelopt writes no config_groups)
 
     @property
     def weights(self) -> WeightQuantizer:
@@ -50,6 +52,11 @@ class Scheme:
         return self.weights.packed
 
     @property
+    def bits_per_weight(self) -> float:
+        """Stored bits per weight, scales included (the weight format's; mixed precision's cost)."""
+        return self.weights.bits_per_weight
+
+    @property
     def k_multiple(self) -> int:
         """K (in_features) must be a multiple of this (packing and scale blocks)."""
         return self.weights.k_multiple
@@ -63,10 +70,12 @@ class Scheme:
 _SCHEMES = (
     Scheme("nvfp4", "nvfp4", "group", (16,), "nvfp4", True, "NVFP4",
            "nvfp4-pack-quantized", "NVFP4",
-           "NVFP4 weights and activations (W4A4); Blackwell FP4 tensor cores"),
+           "NVFP4 weights and activations (W4A4); Blackwell FP4 tensor cores",
+           modelopt_group_size=16, modelopt_group_bits=4),
     Scheme("nvfp4a16", "nvfp4", "group", (16,), None, False, "NVFP4A16",
            "nvfp4-pack-quantized", "W4A16_NVFP4",
-           "NVFP4 weights, bf16 activations (W4A16); runs on Hopper too"),
+           "NVFP4 weights, bf16 activations (W4A16); runs on Hopper too",
+           modelopt_group_size=16, modelopt_group_bits=4),
     Scheme("mxfp4", "mxfp4", "group", (32,), "mxfp4", False, "MXFP4",
            "mxfp4-pack-quantized", "mxfp4",
            "MXFP4 weights and dynamic MXFP4 activations (W4A4)"),
@@ -75,10 +84,10 @@ _SCHEMES = (
            "MXFP4 weights, bf16 activations (W4A16, GPT-OSS style)"),
     Scheme("mxfp8", "mxfp8", "group", (32,), "mxfp8", False, "MXFP8",
            "mxfp8-quantized", "MXFP8",
-           "MXFP8 weights and dynamic MXFP8 activations"),
+           "MXFP8 weights and dynamic MXFP8 activations", modelopt_group_size=32),
     Scheme("fp8", "fp8", "tensor", (), "fp8-static", True, "FP8",
            "float-quantized", "FP8",
-           "FP8 E4M3 weights and static per-tensor activation scales"),
+           "FP8 E4M3 weights and static per-tensor activation scales", modelopt_group_bits=8),
     Scheme("fp8-dynamic", "fp8", "channel", (), "fp8-token", False, "FP8_DYNAMIC",
            "float-quantized", "FP8_PER_CHANNEL_PER_TOKEN",
            "FP8 per-channel weights, dynamic per-token activations"),

@@ -42,6 +42,7 @@ from .packing import pack_fp4
 from .qtensor import QTensor, dequantize
 
 MIN_FP8_SCALE = 1e-12  # an all-zero input's static FP8 scale (never 0)
+ELEMENT_BITS = {"e2m1": 4, "e4m3": 8}  # WeightQuantizer.element -> bits per stored element
 
 
 def round_scale_up(scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -63,6 +64,23 @@ class WeightQuantizer:
     k_multiple: int  # K must be a multiple of this (packing and scale blocks)
     default_rule: str = DEFAULT_MX_RULE  # MX shared-exponent rule unless the recipe names one
     has_rule: bool = False  # the MX formats record their rule in the manifest
+
+    @property
+    def element_bits(self) -> int:
+        """Bits of one stored element (E2M1: 4, two per byte; E4M3: 8)."""
+        return ELEMENT_BITS[self.element]
+
+    @property
+    def block_scaled(self) -> bool:
+        """One 8-bit scale per `block[0]` elements along K (NVFP4, MX); FP8's scales are per
+        tensor, channel or 128x128 tile."""
+        return self.granularity == "group"
+
+    @property
+    def bits_per_weight(self) -> float:
+        """Stored bits per weight, scales included: the element bits plus one 8-bit scale per block
+        (NVFP4 4 + 8/16 = 4.5, MXFP4 4.25, MXFP8 8.25); FP8's scales are < 0.01 bits: 8.0."""
+        return self.element_bits + (8 / self.block[0] if self.block_scaled else 0.0)
 
     @property
     def shares_global_scale(self) -> bool:
