@@ -36,7 +36,6 @@ from tfcompile.onnx_export.writer import onnx_type
 from tfcompile.schemes import Scheme
 
 E4M3, E2M1, E8M0 = TensorProto.FLOAT8E4M3FN, TensorProto.FLOAT4E2M1, TensorProto.FLOAT8E8M0
-BLOCK = {"nvfp4": 16, "mxfp4": 32, "mxfp8": 32}  # elements per scale along K
 
 
 def _f32(t: torch.Tensor, shape: tuple[int, ...]) -> np.ndarray:
@@ -52,28 +51,31 @@ def plain_weight(g: Graph, ckpt, name: str) -> str:
 
 
 def weight(g: Graph, ckpt, scheme: Scheme, m: str, n: int, k: int) -> str:
-    """The dequantized weight of Linear `m`: FLOAT [N, K]."""
-    if scheme.weight == "fp8":
+    """The dequantized weight of Linear `m`: FLOAT [N, K], by what the weight format states
+    (kernels/formats/quantizer.py): per-tensor/channel FP8, two-level NVFP4 (it shares a global
+    scale), or MX (E8M0 block scales)."""
+    wq = scheme.weights
+    if not wq.block_scaled:
         w = g.initializer(f"{m}.weight", E4M3, (n, k), ckpt.get(f"{m}.weight"))
         s = ckpt.get(f"{m}.weight_scale")
         if scheme.granularity == "tensor":
             return g.op("DequantizeLinear", [w, g.small(f"{m}.weight_scale", _f32(s, ()))])
         return g.op("DequantizeLinear", [w, g.small(f"{m}.weight_scale", _f32(s, (n,)))], axis=0)
-    if scheme.weight == "nvfp4":
-        w = g.initializer(f"{m}.weight_packed", E2M1, (n, k), ckpt.get(f"{m}.weight_packed"))
-        sb = g.initializer(f"{m}.weight_scale", E4M3, (n, k // 16), ckpt.get(f"{m}.weight_scale"))
+    vec = wq.block[0]  # elements per scale along K
+    elem = E2M1 if wq.element == "e2m1" else E4M3
+    data = f"{m}.weight_packed" if wq.packed else f"{m}.weight"
+    w = g.initializer(data, elem, (n, k), ckpt.get(data))
+    if wq.shares_global_scale:  # NVFP4: E4M3 block scales times the per-tensor 1/global scale
+        sb = g.initializer(f"{m}.weight_scale", E4M3, (n, k // vec), ckpt.get(f"{m}.weight_scale"))
         ws2 = global_scale_to_modelopt(ckpt.get(f"{m}.weight_global_scale"))  # 1/g: the divisor
         s = g.op("DequantizeLinear", [sb, g.small(f"{m}.weight_scale_2", _f32(ws2, ()))], name="DequantizeLinear_scale")
-        return g.op("DequantizeLinear", [w, s], axis=-1, block_size=16)
-    elem = E2M1 if scheme.weight == "mxfp4" else E4M3
-    data = f"{m}.weight_packed" if scheme.weight == "mxfp4" else f"{m}.weight"
-    w = g.initializer(data, elem, (n, k), ckpt.get(data))
-    codes = ckpt.get(f"{m}.weight_scale")  # uint8 E8M0 codes [N, K/32]
+        return g.op("DequantizeLinear", [w, s], axis=-1, block_size=vec)
+    codes = ckpt.get(f"{m}.weight_scale")  # uint8 E8M0 codes [N, K/vec]
     if g.opset >= E8M0_OPSET:
-        s = g.initializer(f"{m}.weight_scale", E8M0, (n, k // 32), codes)
-        return g.op("DequantizeLinear", [w, s], axis=-1, block_size=32, output_dtype=F32)
-    s = g.initializer(f"{m}.weight_scale", TensorProto.UINT8, (n, k // 32), codes)
-    return _mx_dequant(g, scheme.weight[2:], w, s)
+        s = g.initializer(f"{m}.weight_scale", E8M0, (n, k // vec), codes)
+        return g.op("DequantizeLinear", [w, s], axis=-1, block_size=vec, output_dtype=F32)
+    s = g.initializer(f"{m}.weight_scale", TensorProto.UINT8, (n, k // vec), codes)
+    return _mx_dequant(g, "fp4" if wq.element == "e2m1" else "fp8", w, s)
 
 
 def _mx_dequant(g: Graph, elem: str, x: str, codes: str) -> str:
