@@ -246,6 +246,22 @@ def weight_quantizer(fmt: str, granularity: str = "group", block: tuple[int, ...
         raise ValueError(f"unknown weight format {fmt!r}; expected one of {sorted(WEIGHT_FORMATS)}") from None
 
 
+def quantizer_from_stored(packed: bool, scale: torch.Tensor, shape: tuple[int, int]) -> WeightQuantizer:
+    """Which weight format wrote a Linear, from how it is stored (a compressed-tensors checkpoint): packed E2M1 pairs with E4M3
+    scales (NVFP4) or E8M0 ones (MXFP4); E4M3 elements with E8M0 scales (MXFP8) or float
+    scales per tensor, per channel or per block (FP8; the block from the scale grid)."""
+    if packed:
+        return weight_quantizer("nvfp4" if scale.dtype == torch.float8_e4m3fn else "mxfp4")
+    if scale.dtype == torch.uint8:
+        return weight_quantizer("mxfp8")
+    n, k = shape
+    if scale.numel() == 1:
+        return weight_quantizer("fp8", "tensor")
+    if tuple(scale.shape) == (n, 1):
+        return weight_quantizer("fp8", "channel")
+    return weight_quantizer("fp8", "block", (-(-n // scale.shape[0]), -(-k // scale.shape[1])))
+
+
 def quantizer_of(q: QTensor) -> WeightQuantizer:
     """The weight quantizer that made `q` (its format, granularity and block)."""
     return weight_quantizer(q.format, q.granularity, tuple(q.block) if q.granularity == "block" else ())
