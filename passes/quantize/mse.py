@@ -92,9 +92,11 @@ def search_of(wq: F.WeightQuantizer):
     one (MXFP4's E8M0 exponents). (w, program, group global scale, name) -> QTensor."""
     if wq.element != "e2m1" or not wq.block_scaled:
         return None
-    if wq.shares_global_scale:
+    if wq.shares_global_scale and wq.block == (16,):  # the searches' own block sizes
         return lambda w, program, gscale, name: nvfp4_mse(w, gscale, name)
-    return lambda w, program, gscale, name: mxfp4_mse(w, program.mx_rule, name)
+    if not wq.shares_global_scale and wq.block == (32,):
+        return lambda w, program, gscale, name: mxfp4_mse(w, program.mx_rule, name)
+    return None
 
 
 @register_algorithm("mse")
