@@ -2,7 +2,9 @@
 
 A scheme ties together the weight encoding (kernels/formats; `Scheme.weights` is
 its quantizer), the activation treatment (`Scheme.acts`), the compressed-tensors preset that vLLM/SGLang read, and the
-modelopt `quant_algo` that TensorRT-LLM reads. Names follow llm-compressor's
+modelopt `quant_algo` (and `group_size`, `config_groups` bits) that TensorRT-LLM reads. Consumers
+ask the scheme (`bits_per_weight`, `k_multiple`, ...), never a table keyed by its name
+(tests/test_format_literals.py). Names follow llm-compressor's
 presets (`NVFP4` is W4A4, `NVFP4A16` weight-only, ...) so users recognise them.
 """
 

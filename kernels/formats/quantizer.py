@@ -7,6 +7,10 @@ fake quantization, `tfcompile eval`'s emulation and the runtime's. No caller bra
 format name; a new format is one class here (and its numerics in its own module).
 
 Weights (`WeightQuantizer`):
+- facts every consumer asks instead of a table keyed by format name (docs/design.md "Where a
+  format's facts go"): `element`, `element_bits`, `block`, `block_scaled`, `packed`,
+  `k_multiple`, `bits_per_weight` (scales included), `shares_global_scale`, `scale_dtype`,
+  `scale_shape`; `quantizer_from_stored` recognises a format from a checkpoint's stored layout.
 - `quantize(w, global_scale=, rule=, scale_dtype=)` -> QTensor, as the artifact stores it.
   FP8 scales are stored in the model dtype (as compressed-tensors does): the fp32 scale
   amax/448 is rounded *up* to `scale_dtype` (`round_scale_up`) and the weight is quantized
