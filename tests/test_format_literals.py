@@ -49,8 +49,6 @@ ALLOWED = {
     "tfcompile/layout/variants.py": KV,
     "tfcompile/layout/view.py": KV,
     "tfcompile/onnx_export/functions.py": "the OCP MX element names 'fp4' | 'fp8' of the MX ONNX functions",
-    "tfcompile/onnx_export/qlinear.py": "activation builders per Scheme.act kind ('nvfp4', 'mxfp4', 'mxfp8'); "
-                                        "move them onto the ActQuantizer",
 }
 
 

@@ -29,6 +29,7 @@ import torch
 from onnx import TensorProto
 
 from tfcompile.kernels.formats import DEFAULT_MX_RULE, DEFAULT_MXFP8_RULE, global_scale_to_modelopt
+from tfcompile.kernels.formats.quantizer import FP8Acts, MXActs, NVFP4Acts
 from tfcompile.onnx_export import functions as fns
 from tfcompile.onnx_export.config import E8M0_OPSET
 from tfcompile.onnx_export.graph import F32, Graph
@@ -86,30 +87,30 @@ def _mx_dequant(g: Graph, elem: str, x: str, codes: str) -> str:
 
 def activation(g: Graph, ckpt, scheme: Scheme, m: str, x: str, k: int) -> str:
     """x [..., K] after the scheme's activation quantize -> dequantize (unchanged for weight-only)."""
-    act = scheme.act
+    act = scheme.acts  # kernels/formats ActQuantizer: the builder follows its kind, not its name
     if act is None:
         return x
-    if act == "fp8-static":
+    if isinstance(act, FP8Acts) and act.mode == "static":
         s = g.small(f"{m}.input_scale", _f32(ckpt.get(f"{m}.input_scale"), ()))
         q = g.op("QuantizeLinear", [x, s, g.fp8_zero()], saturate=1)
         return g.op("DequantizeLinear", [q, s])
-    if act == "fp8-token":
+    if isinstance(act, FP8Acts) and act.mode == "per_token":
         return _fp8_per_token(g, x, k)
-    if act == "nvfp4":
+    if isinstance(act, NVFP4Acts):
         d = g.small(f"{m}.input_scale", _f32(global_scale_to_modelopt(ckpt.get(f"{m}.input_global_scale")), ()))
         fn = fns.fp4_dynamic_quantize(g.opset)
         g.add_function(fn)
         xq, sx = g.op(fn.name, [x, d], outputs=2, domain=fn.domain, axis=-1, block_size=16, scale_type=E4M3)
         s = g.op("DequantizeLinear", [sx, d], name="DequantizeLinear_scale")
         return g.op("DequantizeLinear", [xq, s], axis=-1, block_size=16)
-    if act in ("mxfp4", "mxfp8"):
-        elem = act[2:]
+    if isinstance(act, MXActs):
+        elem = act.elem  # "fp4" | "fp8"
         fn = fns.mx_dynamic_quantize(elem, DEFAULT_MX_RULE if elem == "fp4" else DEFAULT_MXFP8_RULE, g.opset)
         g.add_function(fn)
         xq, codes = g.op(fn.name, [x], outputs=2, domain=fn.domain, axis=-1, block_size=32,
                          output_dtype=E2M1 if elem == "fp4" else E4M3)
         return _mx_dequant(g, elem, xq, codes)
-    raise AssertionError(f"activation scheme {act!r} reached the graph builder")  # rejected by check_scheme
+    raise AssertionError(f"activation scheme {scheme.act!r} reached the graph builder")  # rejected by check_scheme
 
 
 def _fp8_per_token(g: Graph, x: str, k: int) -> str:
