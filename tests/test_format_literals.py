@@ -26,18 +26,15 @@ FOLDERS = ("tfcompile", "passes", "kernels", "calibration")  # the distribution'
 OWNERS = ("kernels/formats/", "tfcompile/schemes.py")  # where format names may be compared
 NAMES = frozenset(SCHEMES) | frozenset(WEIGHT_FORMATS)
 
-KV = "the KV cache's format ('fp8' | 'nvfp4': calibrate.kv_cache, layout kv_dtype), a second namespace " \
-     "sharing two names; it has no description object yet"
+KV = "the KV cache's dtype ('fp8_e4m3' | 'nvfp4': layout kv_dtype) or format name; move the comparisons " \
+     "onto tfcompile/schemes.py KVFormat, as calibrate, manifest and the configs ask it"
 ENGINE = "what an engine (vLLM/SGLang/TensorRT-LLM) does with one named scheme: engine quirks, not format facts"
 ALLOWED = {
     "calibration/observers.py": "the mse observer's error model per target format ('fp8' | 'nvfp4'), "
                                 "ActQuantizer.observer_format; move it into the ActQuantizer",
     "kernels/cutlass/configs.py": "CUTLASS presets and the sm_90a refusal per scheme: kernel registration",
     "kernels/triton/fp4_gemm.py": "the interpreter fallback for NVFP4's dot_scaled on CPU: kernel registration",
-    "passes/calibrate.py": KV,
     "passes/layout.py": KV,
-    "passes/manifest.py": KV,
-    "tfcompile/artifact/configs.py": KV,
     "tfcompile/artifact/engines.py": ENGINE + "; and " + KV,
     "tfcompile/estimate/shapes.py": "a source checkpoint's Hugging Face quant_method 'fp8', not a tfcompile format",
     "tfcompile/evaluate/kvcache.py": KV,

@@ -114,3 +114,30 @@ def get_scheme(name: str) -> Scheme:
             f"unknown format {name!r}",
             hint="choose one of: " + ", ".join(SCHEMES),
         ) from None
+
+
+@dataclass(frozen=True)
+class KVFormat:
+    """A KV-cache format (`--kv-cache`, calibrate.kv_cache, Program.kv_format): what the engine
+    views and the configs call it. Both calibrate k_scale / v_scale (amax / 448)."""
+
+    name: str  # "fp8" | "nvfp4"
+    dtype: str  # the engines' KV dtype: layout kv_dtype, manifest scheme.kv_cache.dtype, eval report
+    modelopt_algo: str  # hf_quant_config.json kv_cache_quant_algo
+    # compressed-tensors preset whose input_activations describe the cache (NVFP4: E2M1, E4M3 scales
+    # per 16, computed at run time); None: FP8's own kv_cache_scheme per strategy
+    ct_preset: str | None
+    per_head: bool  # k_scale / v_scale may be per KV head (FP8); NVFP4: one global scale per tensor
+
+
+KV_FORMATS: dict[str, KVFormat] = {k.name: k for k in (
+    KVFormat("fp8", "fp8_e4m3", "FP8", None, per_head=True),
+    KVFormat("nvfp4", "nvfp4", "NVFP4", "NVFP4", per_head=False),
+)}
+
+
+def get_kv_format(name: str) -> KVFormat:
+    try:
+        return KV_FORMATS[name]
+    except KeyError:
+        raise RecipeError(f"unknown KV-cache format {name!r}", hint="choose one of: " + ", ".join(KV_FORMATS)) from None

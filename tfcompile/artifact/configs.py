@@ -15,7 +15,7 @@ from importlib import metadata
 
 from tfcompile import __version__
 from tfcompile.artifact.ct_presets import CONFIG_GROUP, KV_CACHE_SCHEME
-from tfcompile.schemes import Scheme
+from tfcompile.schemes import Scheme, get_kv_format
 
 
 def kv_cache_scheme(kv: str | None, kv_format: str = "fp8") -> dict | None:
@@ -24,8 +24,9 @@ def kv_cache_scheme(kv: str | None, kv_format: str = "fp8") -> dict | None:
     computed at run time; a static per-tensor global scale: the stored k_scale / v_scale)."""
     if not kv:
         return None
-    if kv_format == "nvfp4":
-        return copy.deepcopy(CONFIG_GROUP["NVFP4"]["input_activations"])
+    preset = get_kv_format(kv_format).ct_preset
+    if preset:
+        return copy.deepcopy(CONFIG_GROUP[preset]["input_activations"])
     return copy.deepcopy(KV_CACHE_SCHEME[kv])
 
 
@@ -61,7 +62,7 @@ def modelopt_quant_config(scheme: Scheme, exclude: list[str], kv: str | None = N
     TensorRT-LLM reads hf_quant_config.json's `exclude_modules`.
     """
     producer = {"name": "tfcompile", "version": __version__}
-    kv_algo = ("NVFP4" if kv_format == "nvfp4" else "FP8") if kv else None
+    kv_algo = get_kv_format(kv_format).modelopt_algo if kv else None
     quant: dict = {"quant_algo": scheme.modelopt_algo, "kv_cache_quant_algo": kv_algo}
     if scheme.modelopt_group_size:  # the scheme's (modelopt omits it for mxfp4 and fp8)
         quant["group_size"] = scheme.modelopt_group_size
