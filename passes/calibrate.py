@@ -23,7 +23,7 @@ from tfcompile.machine import COMPUTE_DTYPES, compute_dtype
 from tfcompile.passes.pack import per_decoder_layer
 from tfcompile.passes.quantize.gptq_layer import GPTQLayerSolver
 from tfcompile.pipeline.passes import PassResult, Selection, register_pass
-from tfcompile.schemes import Scheme
+from tfcompile.schemes import KV_FORMATS, Scheme
 
 
 # upper bounds on the calibration set (docs/cli.md "Safety"): far above any useful one (GPTQ and AWQ
@@ -78,13 +78,14 @@ class CalibrateConfig:
         if self.observer not in OBSERVERS:
             raise RecipeError(f"calibrate.observer {self.observer!r} is unknown",
                               hint="--observer " + "|".join(sorted(OBSERVERS)) + " (default max)")
-        if self.kv_cache not in ("", "fp8", "nvfp4"):
+        if self.kv_cache and self.kv_cache not in KV_FORMATS:
             raise RecipeError(f"calibrate.kv_cache {self.kv_cache!r} is not supported",
                               hint="use --kv-cache fp8 (FP8 E4M3) or nvfp4 (NVFP4, blocks of 16), with calibrated "
                                    "scales")
-        if self.kv_cache == "nvfp4" and self.kv_per_head:
-            raise RecipeError("--kv-per-head is not supported with --kv-cache nvfp4 (one global scale per tensor; "
-                              "its E4M3 block scales already follow every 16 channels)", hint="drop --kv-per-head")
+        if self.kv_cache and self.kv_per_head and not KV_FORMATS[self.kv_cache].per_head:
+            raise RecipeError(f"--kv-per-head is not supported with --kv-cache {self.kv_cache} (one global scale "
+                              "per tensor; its E4M3 block scales already follow every 16 channels)",
+                              hint="drop --kv-per-head")
         if not 0 < self.percentile <= 100:
             raise RecipeError(f"calibrate.percentile {self.percentile!r} is not in (0, 100]",
                               hint="e.g. --set calibrate.percentile=99.99 (100 is the max)")

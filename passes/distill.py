@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tfcompile.distill.config import SCALE_FORMATS, DistillConfig
+from tfcompile.distill.config import DistillConfig
 from tfcompile.distill.run import Inputs, distill_checkpoint
 from tfcompile.errors import RecipeError
 from tfcompile.io.locks import work_dir
@@ -35,9 +35,10 @@ def _supports(recipe: Recipe, cfg: DistillConfig) -> list[Unsupported]:
                                    f"{recipe.config('quantize').algorithm!r}",
                                    "drop --algorithm (distillation re-quantizes its weights with RTN rules)"))
     fmt = recipe.quant_format()
-    if cfg.train == "scales" and fmt in SCHEMES and SCHEMES[fmt].weight not in SCALE_FORMATS:
+    # one learnable clip per block: the formats with block scales
+    if cfg.train == "scales" and fmt in SCHEMES and not SCHEMES[fmt].weights.block_scaled:
         reasons.append(Unsupported(f"distill.train scales needs per-block weight scales; {fmt} has "
-                                   f"{SCHEMES[fmt].granularity} FP8 scales",
+                                   f"{SCHEMES[fmt].granularity} weight scales",
                                    "use an NVFP4, MXFP4 or MXFP8 format, or --set distill.train=weights"))
     return reasons
 

@@ -31,6 +31,7 @@ from tfcompile.layout.view import LAYOUT_JSON, EngineView, heads_record, write_v
 from tfcompile.layout.view import open_view as _open_view
 from tfcompile.pipeline.passes import PassResult, Unsupported, check, given, register_pass
 from tfcompile.pipeline.recipe import Recipe
+from tfcompile.schemes import KV_FORMATS
 
 # RoPE convention of Hugging Face model code per model_type (transformers 5: `rotate_half`).
 SOURCE_ROPE = {t: "half" for t in (
@@ -65,7 +66,7 @@ def kv_dtype(requested: str, calibrated: str, model_dtype: str | None) -> str:
     """The KV-cache dtype: `auto` follows --kv-cache; an explicit one must agree with it."""
     model = "fp16" if model_dtype == "F16" else "bf16"
     if requested == KV_AUTO:
-        return {"fp8": "fp8_e4m3", "nvfp4": "nvfp4"}.get(calibrated, model)
+        return KV_FORMATS[calibrated].dtype if calibrated in KV_FORMATS else model
     if requested not in E.KV_DTYPES:
         raise RecipeError(f"layout.kv_dtype {requested!r} is not one of auto, {', '.join(E.KV_DTYPES)}",
                           hint="--set layout.kv_dtype=auto follows --kv-cache")

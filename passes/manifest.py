@@ -30,6 +30,7 @@ from tfcompile.machine import cpu_profile
 from tfcompile.passes.layout import manifest_record
 from tfcompile.pipeline.context import Context
 from tfcompile.pipeline.passes import PassResult, register_pass
+from tfcompile.schemes import get_kv_format
 
 _DEPS = ("torch", "safetensors", "compressed-tensors", "nvidia-modelopt", "triton", "numpy")
 
@@ -77,7 +78,7 @@ def manifest_doc(ctx: Context) -> JsonDict:
         "scheme": {"name": scheme.name, "weight": scheme.weight,
                    "granularity": scheme.granularity, "block": list(scheme.block),
                    "activations": scheme.act, "mx_rule": ctx.program.mx_rule if scheme.weights.has_rule else None,
-                   "kv_cache": {"dtype": "nvfp4" if ctx.program.kv_format == "nvfp4" else "fp8_e4m3",
+                   "kv_cache": {"dtype": get_kv_format(ctx.program.kv_format).dtype,
                                 "strategy": ctx.program.kv_strategy}
                    if ctx.program.kv_strategy else None},
         "kv_modules": list(ctx.program.kv_modules),

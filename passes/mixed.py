@@ -30,7 +30,7 @@ from pathlib import Path
 from tfcompile.ir import torch_dtype
 from tfcompile.mixed import cache
 from tfcompile.mixed import plan as mixed_plan
-from tfcompile.mixed.search import BITS, choose, summary
+from tfcompile.mixed.search import UNQUANTIZED, bits, choose, known, summary
 from tfcompile.mixed.fisher import measure_fisher
 from tfcompile.mixed.sensitivity import measure
 from tfcompile.pipeline.passes import PassResult, Unsupported, given, register_pass
@@ -63,17 +63,18 @@ def _supports(recipe: Recipe, cfg: MixedConfig) -> list[Unsupported]:
         reasons.append(Unsupported("mixed precision needs one budget: mixed.avg_bits or mixed.max_kl",
                                    "e.g. --set mixed.avg_bits=5.5 (stored bits per weight) or --set mixed.max_kl=0.05"))
     base = recipe.quant_format()
-    bad = [f for f in cfg.formats if f not in BITS or (f != "bf16" and f not in SCHEMES)]
+    base_bits = bits(base) if known(base) else 0.0
+    bad = [f for f in cfg.formats if not known(f)]
     if bad or not cfg.formats:
         reasons.append(Unsupported(f"mixed.formats {list(cfg.formats)}: unknown format {bad[:1] or '(none given)'}",
-                                   "formats: " + ", ".join(list(SCHEMES) + ["bf16"])))
-    low = [f for f in cfg.formats if f in BITS and BITS[f] <= BITS.get(base, 0)]
+                                   "formats: " + ", ".join(list(SCHEMES) + [UNQUANTIZED])))
+    low = [f for f in cfg.formats if known(f) and bits(f) <= base_bits]
     if low:
         reasons.append(Unsupported(f"mixed.formats {low}: not more bits than the base --format {base}",
                                    "the base format is the smallest; list the formats groups may be upgraded to"))
-    if cfg.avg_bits and cfg.avg_bits < BITS.get(base, 0):
-        reasons.append(Unsupported(f"mixed.avg_bits {cfg.avg_bits} is below the base format's {BITS.get(base)} bits",
-                                   f"give at least {BITS.get(base)}"))
+    if cfg.avg_bits and cfg.avg_bits < base_bits:
+        reasons.append(Unsupported(f"mixed.avg_bits {cfg.avg_bits} is below the base format's {base_bits} bits",
+                                   f"give at least {base_bits}"))
     if cfg.sensitivity not in MEASURES:
         reasons.append(Unsupported(f"mixed.sensitivity {cfg.sensitivity!r} is not one of {sorted(MEASURES)}",
                                    "--set mixed.sensitivity=fisher (one forward + backward) or kl (exact, slow)"))

@@ -248,7 +248,8 @@ class Program:
         """The weight quantizer every algorithm quantizes a group with: the scheme's, or for an
         NVFP4 scheme `nvfp4_weights` when the recipe chose another block-scale rule."""
         w = self.scheme.weights
-        return self.nvfp4_weights if self.nvfp4_weights is not None and w.format == "nvfp4" else w
+        alt = self.nvfp4_weights  # it states the format it replaces
+        return alt if alt is not None and w.format == alt.format else w
 
     def specs(self) -> list[OutSpec]:
         return [o for j in self.jobs for o in j.outputs]

@@ -2,7 +2,9 @@
 
 A scheme ties together the weight encoding (kernels/formats; `Scheme.weights` is
 its quantizer), the activation treatment (`Scheme.acts`), the compressed-tensors preset that vLLM/SGLang read, and the
-modelopt `quant_algo` that TensorRT-LLM reads. Names follow llm-compressor's
+modelopt `quant_algo` (and `group_size`, `config_groups` bits) that TensorRT-LLM reads. Consumers
+ask the scheme (`bits_per_weight`, `k_multiple`, ...), never a table keyed by its name
+(tests/test_format_literals.py). Names follow llm-compressor's
 presets (`NVFP4` is W4A4, `NVFP4A16` weight-only, ...) so users recognise them.
 """
 
@@ -29,6 +31,8 @@ class Scheme:
     ct_format: str  # compressed-tensors CompressionFormat value
     modelopt_algo: str | None  # hf_quant_config.json quant_algo, spelled as modelopt 0.47 writes it
     summary: str
+    modelopt_group_size: int | None = None  # hf_quant_config.json quantization.group_size (None: omitted)
+    modelopt_group_bits: int | None = None  # config_groups' num_bits (None: modelopt writes no config_groups)
 
     @property
     def weights(self) -> WeightQuantizer:
@@ -50,6 +54,11 @@ class Scheme:
         return self.weights.packed
 
     @property
+    def bits_per_weight(self) -> float:
+        """Stored bits per weight, scales included (the weight format's; mixed precision's cost)."""
+        return self.weights.bits_per_weight
+
+    @property
     def k_multiple(self) -> int:
         """K (in_features) must be a multiple of this (packing and scale blocks)."""
         return self.weights.k_multiple
@@ -63,10 +72,12 @@ class Scheme:
 _SCHEMES = (
     Scheme("nvfp4", "nvfp4", "group", (16,), "nvfp4", True, "NVFP4",
            "nvfp4-pack-quantized", "NVFP4",
-           "NVFP4 weights and activations (W4A4); Blackwell FP4 tensor cores"),
+           "NVFP4 weights and activations (W4A4); Blackwell FP4 tensor cores",
+           modelopt_group_size=16, modelopt_group_bits=4),
     Scheme("nvfp4a16", "nvfp4", "group", (16,), None, False, "NVFP4A16",
            "nvfp4-pack-quantized", "W4A16_NVFP4",
-           "NVFP4 weights, bf16 activations (W4A16); runs on Hopper too"),
+           "NVFP4 weights, bf16 activations (W4A16); runs on Hopper too",
+           modelopt_group_size=16, modelopt_group_bits=4),
     Scheme("mxfp4", "mxfp4", "group", (32,), "mxfp4", False, "MXFP4",
            "mxfp4-pack-quantized", "mxfp4",
            "MXFP4 weights and dynamic MXFP4 activations (W4A4)"),
@@ -75,10 +86,10 @@ _SCHEMES = (
            "MXFP4 weights, bf16 activations (W4A16, GPT-OSS style)"),
     Scheme("mxfp8", "mxfp8", "group", (32,), "mxfp8", False, "MXFP8",
            "mxfp8-quantized", "MXFP8",
-           "MXFP8 weights and dynamic MXFP8 activations"),
+           "MXFP8 weights and dynamic MXFP8 activations", modelopt_group_size=32),
     Scheme("fp8", "fp8", "tensor", (), "fp8-static", True, "FP8",
            "float-quantized", "FP8",
-           "FP8 E4M3 weights and static per-tensor activation scales"),
+           "FP8 E4M3 weights and static per-tensor activation scales", modelopt_group_bits=8),
     Scheme("fp8-dynamic", "fp8", "channel", (), "fp8-token", False, "FP8_DYNAMIC",
            "float-quantized", "FP8_PER_CHANNEL_PER_TOKEN",
            "FP8 per-channel weights, dynamic per-token activations"),
@@ -103,3 +114,30 @@ def get_scheme(name: str) -> Scheme:
             f"unknown format {name!r}",
             hint="choose one of: " + ", ".join(SCHEMES),
         ) from None
+
+
+@dataclass(frozen=True)
+class KVFormat:
+    """A KV-cache format (`--kv-cache`, calibrate.kv_cache, Program.kv_format): what the engine
+    views and the configs call it. Both calibrate k_scale / v_scale (amax / 448)."""
+
+    name: str  # "fp8" | "nvfp4"
+    dtype: str  # the engines' KV dtype: layout kv_dtype, manifest scheme.kv_cache.dtype, eval report
+    modelopt_algo: str  # hf_quant_config.json kv_cache_quant_algo
+    # compressed-tensors preset whose input_activations describe the cache (NVFP4: E2M1, E4M3 scales
+    # per 16, computed at run time); None: FP8's own kv_cache_scheme per strategy
+    ct_preset: str | None
+    per_head: bool  # k_scale / v_scale may be per KV head (FP8); NVFP4: one global scale per tensor
+
+
+KV_FORMATS: dict[str, KVFormat] = {k.name: k for k in (
+    KVFormat("fp8", "fp8_e4m3", "FP8", None, per_head=True),
+    KVFormat("nvfp4", "nvfp4", "NVFP4", "NVFP4", per_head=False),
+)}
+
+
+def get_kv_format(name: str) -> KVFormat:
+    try:
+        return KV_FORMATS[name]
+    except KeyError:
+        raise RecipeError(f"unknown KV-cache format {name!r}", hint="choose one of: " + ", ".join(KV_FORMATS)) from None

@@ -19,8 +19,8 @@ from .nvfp4 import (global_scale_from_modelopt, global_scale_to_modelopt, nvfp4_
                     quantize_nvfp4, quantize_nvfp4_act)
 from .packing import pack_fp4, unpack_fp4
 from .qtensor import QTensor, dequantize, dequantize_rows
-from .quantizer import (ActQuantizer, WeightQuantizer, act_quantizer, quantizer_of, round_scale_up,
-                        weight_quantizer)
+from .quantizer import (ActQuantizer, WeightQuantizer, act_quantizer, quantizer_from_stored, quantizer_of,
+                        round_scale_up, weight_quantizer)
 
 __all__ = [
     "E2M1_MAX", "E2M1_VALUES", "E4M3_MAX", "cast_e4m3", "decode_e2m1", "decode_e8m0",
@@ -30,5 +30,6 @@ __all__ = [
     "quantize_nvfp4", "quantize_nvfp4_act", "nvfp4_global_scale",
     "global_scale_to_modelopt", "global_scale_from_modelopt",
     "to_blackwell_scale_layout", "from_blackwell_scale_layout", "kernel_threads",
-    "WeightQuantizer", "ActQuantizer", "weight_quantizer", "act_quantizer", "quantizer_of", "round_scale_up",
+    "WeightQuantizer", "ActQuantizer", "weight_quantizer", "act_quantizer", "quantizer_of", "quantizer_from_stored",
+    "round_scale_up",
 ]

@@ -7,6 +7,10 @@ fake quantization, `tfcompile eval`'s emulation and the runtime's. No caller bra
 format name; a new format is one class here (and its numerics in its own module).
 
 Weights (`WeightQuantizer`):
+- facts every consumer asks instead of a table keyed by format name (docs/design.md "Where a
+  format's facts go"): `element`, `element_bits`, `block`, `block_scaled`, `packed`,
+  `k_multiple`, `bits_per_weight` (scales included), `shares_global_scale`, `scale_dtype`,
+  `scale_shape`; `quantizer_from_stored` recognises a format from a checkpoint's stored layout.
 - `quantize(w, global_scale=, rule=, scale_dtype=)` -> QTensor, as the artifact stores it.
   FP8 scales are stored in the model dtype (as compressed-tensors does): the fp32 scale
   amax/448 is rounded *up* to `scale_dtype` (`round_scale_up`) and the weight is quantized
@@ -42,6 +46,7 @@ from .packing import pack_fp4
 from .qtensor import QTensor, dequantize
 
 MIN_FP8_SCALE = 1e-12  # an all-zero input's static FP8 scale (never 0)
+ELEMENT_BITS = {"e2m1": 4, "e4m3": 8}  # WeightQuantizer.element -> bits per stored element
 
 
 def round_scale_up(scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -63,6 +68,23 @@ class WeightQuantizer:
     k_multiple: int  # K must be a multiple of this (packing and scale blocks)
     default_rule: str = DEFAULT_MX_RULE  # MX shared-exponent rule unless the recipe names one
     has_rule: bool = False  # the MX formats record their rule in the manifest
+
+    @property
+    def element_bits(self) -> int:
+        """Bits of one stored element (E2M1: 4, two per byte; E4M3: 8)."""
+        return ELEMENT_BITS[self.element]
+
+    @property
+    def block_scaled(self) -> bool:
+        """One 8-bit scale per `block[0]` elements along K (NVFP4, MX); FP8's scales are per
+        tensor, channel or 128x128 tile."""
+        return self.granularity == "group"
+
+    @property
+    def bits_per_weight(self) -> float:
+        """Stored bits per weight, scales included: the element bits plus one 8-bit scale per block
+        (NVFP4 4 + 8/16 = 4.5, MXFP4 4.25, MXFP8 8.25); FP8's scales are < 0.01 bits: 8.0."""
+        return self.element_bits + (8 / self.block[0] if self.block_scaled else 0.0)
 
     @property
     def shares_global_scale(self) -> bool:
@@ -226,6 +248,22 @@ def weight_quantizer(fmt: str, granularity: str = "group", block: tuple[int, ...
         return WEIGHT_FORMATS[fmt](granularity, block)
     except KeyError:
         raise ValueError(f"unknown weight format {fmt!r}; expected one of {sorted(WEIGHT_FORMATS)}") from None
+
+
+def quantizer_from_stored(packed: bool, scale: torch.Tensor, shape: tuple[int, int]) -> WeightQuantizer:
+    """Which weight format wrote a Linear, from how it is stored (a compressed-tensors checkpoint): packed E2M1 pairs with E4M3
+    scales (NVFP4) or E8M0 ones (MXFP4); E4M3 elements with E8M0 scales (MXFP8) or float
+    scales per tensor, per channel or per block (FP8; the block from the scale grid)."""
+    if packed:
+        return weight_quantizer("nvfp4" if scale.dtype == torch.float8_e4m3fn else "mxfp4")
+    if scale.dtype == torch.uint8:
+        return weight_quantizer("mxfp8")
+    n, k = shape
+    if scale.numel() == 1:
+        return weight_quantizer("fp8", "tensor")
+    if tuple(scale.shape) == (n, 1):
+        return weight_quantizer("fp8", "channel")
+    return weight_quantizer("fp8", "block", (-(-n // scale.shape[0]), -(-k // scale.shape[1])))
 
 
 def quantizer_of(q: QTensor) -> WeightQuantizer:

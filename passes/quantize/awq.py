@@ -49,16 +49,18 @@ from tfcompile.passes.quantize.rtn import quantize_weight, run_rtn
 from tfcompile.reporter import Reporter
 from tfcompile.schemes import Scheme
 
-SUPPORTED_WEIGHTS = ("nvfp4", "mxfp4", "mxfp8", "fp8")  # Scheme.weight values AWQ can search
 GRID = tuple(round(0.05 * i, 2) for i in range(21))  # alpha values; 0 = RTN
 S_RANGE = (1e-4, 1e4)  # s is clamped to this range before normalisation (dead channels)
 TIE_RTOL = 1e-3  # off the CPU: alphas whose device loss is this close to the least are re-scored on the CPU
-HINT = "AWQ supports the NVFP4, MXFP4, MXFP8 and FP8 formats; use --algorithm rtn or gptq for this one"
+HINT = ("AWQ searches any format with a weight quantizer in kernels/formats (NVFP4, MXFP4, MXFP8, FP8); "
+        "use --algorithm rtn or gptq for this one")
 
 
 def unsupported(scheme: Scheme) -> str | None:
     """Why AWQ cannot quantize this scheme's weights (None: it can)."""
-    if scheme.weight not in SUPPORTED_WEIGHTS:
+    try:
+        scheme.weights  # AWQ quantizes through the format's WeightQuantizer: any registered one
+    except ValueError:
         return f"quantize.algorithm awq does not support format {scheme.name!r} ({scheme.weight} weights)"
     return None
 

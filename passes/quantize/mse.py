@@ -86,17 +86,23 @@ def mxfp4_mse(w: torch.Tensor, rule: str, name: str | None = None) -> F.QTensor:
     return F.QTensor("mxfp4", torch.cat(packed), torch.cat(scales), None, (n, k), "group", rule, (32,))
 
 
-# weight format -> its block-scale search (w, program, group global scale, name) -> QTensor
-SEARCHES = {
-    "nvfp4": lambda w, program, gscale, name: nvfp4_mse(w, gscale, name),
-    "mxfp4": lambda w, program, gscale, name: mxfp4_mse(w, program.mx_rule, name),
-}
+def search_of(wq: F.WeightQuantizer):
+    """The block-scale search for a weight format, from what the format states (None: RTN's scales):
+    E2M1 codes under per-block scales with a group global scale (NVFP4's E4M3 scales) or without
+    one (MXFP4's E8M0 exponents). (w, program, group global scale, name) -> QTensor."""
+    if wq.element != "e2m1" or not wq.block_scaled:
+        return None
+    if wq.shares_global_scale and wq.block == (16,):  # the searches' own block sizes
+        return lambda w, program, gscale, name: nvfp4_mse(w, gscale, name)
+    if not wq.shares_global_scale and wq.block == (32,):
+        return lambda w, program, gscale, name: mxfp4_mse(w, program.mx_rule, name)
+    return None
 
 
 @register_algorithm("mse")
 def run_mse(job, program, source):
     """Like RTN (same group global scales, outputs and stats), with searched block scales."""
-    search = SEARCHES.get(program.scheme.weight)
+    search = search_of(program.scheme.weights)
     if search is None:
         return run_rtn(job, program, source)
     return run_rtn(job, program, source,

@@ -57,7 +57,7 @@ def _supports(recipe: Recipe, cfg: QuantizeConfig) -> list[Unsupported]:
     if cfg.nvfp4_scales not in NVFP4_SCALE_RULES:
         reasons.append(Unsupported(f"quantize.nvfp4_scales {cfg.nvfp4_scales!r} is unknown",
                                    "choose one of: " + ", ".join(NVFP4_SCALE_RULES)))
-    elif cfg.nvfp4_scales != "max" and fmt in SCHEMES and SCHEMES[fmt].weight != "nvfp4":
+    elif cfg.nvfp4_scales != "max" and fmt in SCHEMES and SCHEMES[fmt].weight != four_over_six.WEIGHTS.format:
         reasons.append(Unsupported(f"quantize.nvfp4_scales {cfg.nvfp4_scales} needs an NVFP4 format, not {fmt}",
                                    "use --format nvfp4 or nvfp4a16, or drop the setting"))
     if algo is None or algo.supports is None or fmt not in SCHEMES:

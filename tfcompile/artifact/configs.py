@@ -15,7 +15,7 @@ from importlib import metadata
 
 from tfcompile import __version__
 from tfcompile.artifact.ct_presets import CONFIG_GROUP, KV_CACHE_SCHEME
-from tfcompile.schemes import Scheme
+from tfcompile.schemes import Scheme, get_kv_format
 
 
 def kv_cache_scheme(kv: str | None, kv_format: str = "fp8") -> dict | None:
@@ -24,8 +24,9 @@ def kv_cache_scheme(kv: str | None, kv_format: str = "fp8") -> dict | None:
     computed at run time; a static per-tensor global scale: the stored k_scale / v_scale)."""
     if not kv:
         return None
-    if kv_format == "nvfp4":
-        return copy.deepcopy(CONFIG_GROUP["NVFP4"]["input_activations"])
+    preset = get_kv_format(kv_format).ct_preset
+    if preset:
+        return copy.deepcopy(CONFIG_GROUP[preset]["input_activations"])
     return copy.deepcopy(KV_CACHE_SCHEME[kv])
 
 
@@ -61,11 +62,10 @@ def modelopt_quant_config(scheme: Scheme, exclude: list[str], kv: str | None = N
     TensorRT-LLM reads hf_quant_config.json's `exclude_modules`.
     """
     producer = {"name": "tfcompile", "version": __version__}
-    kv_algo = ("NVFP4" if kv_format == "nvfp4" else "FP8") if kv else None
+    kv_algo = get_kv_format(kv_format).modelopt_algo if kv else None
     quant: dict = {"quant_algo": scheme.modelopt_algo, "kv_cache_quant_algo": kv_algo}
-    group_size = {"nvfp4": 16, "mxfp8": 32}.get(scheme.weight)  # modelopt omits it for mxfp4
-    if group_size:
-        quant["group_size"] = group_size
+    if scheme.modelopt_group_size:  # the scheme's (modelopt omits it for mxfp4 and fp8)
+        quant["group_size"] = scheme.modelopt_group_size
     quant["exclude_modules"] = sorted(exclude)
     cfg: dict = {"quant_method": "modelopt", "quant_algo": scheme.modelopt_algo,
                  "ignore": sorted(exclude), "producer": producer}
@@ -78,13 +78,13 @@ def modelopt_quant_config(scheme: Scheme, exclude: list[str], kv: str | None = N
 
 
 def _modelopt_config_groups(scheme: Scheme) -> dict | None:
-    """modelopt writes config_groups for NVFP4 (W4A4, W4A16) and static FP8 only."""
-    if scheme.weight == "nvfp4":
-        args = {"dynamic": False, "num_bits": 4, "type": "float", "group_size": 16}
-    elif scheme.weight == "fp8" and scheme.granularity == "tensor":
-        args = {"dynamic": False, "num_bits": 8, "type": "float"}
-    else:
+    """modelopt writes config_groups for NVFP4 (W4A4, W4A16) and static FP8 only: the schemes that
+    state `modelopt_group_bits` (with the group size where they state one)."""
+    if scheme.modelopt_group_bits is None:
         return None
+    args: dict = {"dynamic": False, "num_bits": scheme.modelopt_group_bits, "type": "float"}
+    if scheme.modelopt_group_size:
+        args["group_size"] = scheme.modelopt_group_size
     group = {"weights": args, "targets": ["Linear"]}
     if scheme.act:
         group["input_activations"] = dict(args)

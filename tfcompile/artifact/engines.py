@@ -34,6 +34,7 @@ from typing import Iterable, Mapping
 
 from tfcompile.families import engine_unquantized
 from tfcompile.families.rules import fusion_roles
+from tfcompile.schemes import get_kv_format
 
 ENGINES = ("vllm", "sglang", "trtllm")
 DEFAULT_ENGINES = ("vllm", "sglang")  # quantize checks these and warns; naming --engine makes it an error
@@ -203,7 +204,7 @@ def check_engines(doc: Mapping, engines: Iterable[str], **kw) -> list[EngineProb
 def plan_view(plan, kv_cache: str | None = None) -> dict:
     """The manifest fields these rules read, from a `QuantPlan` (tfcompile/ir.py) before anything is
     quantized: `plan --estimate` asks the engines from config.json alone. `kv_cache`: calibrate.kv_cache."""
-    kv = {"dtype": "nvfp4" if kv_cache == "nvfp4" else "fp8_e4m3"} if kv_cache else None
+    kv = {"dtype": get_kv_format(kv_cache).dtype} if kv_cache else None
     return {"scheme": {"name": plan.scheme.name, "kv_cache": kv}, "family": plan.family,
             "layers": [{"module": t.module, "shape": list(t.shape), "format": plan.scheme_of(g).name}
                        for g in plan.groups for t in g.members],

@@ -82,7 +82,7 @@ def _modelopt_scale(scheme: Scheme, n: int, k: int) -> tuple[torch.dtype, tuple[
     """modelopt's weight_scale: FP8 scales are float32, per tensor 0-d and per channel (N,);
     block scales (NVFP4 E4M3, MX E8M0, FP8 128x128) as compressed-tensors stores them."""
     w = scheme.weights
-    if w.format != "fp8":
+    if w.block_scaled:
         return w.scale_dtype(torch.float32), w.scale_shape(n, k)
     shape = {"tensor": (), "channel": (n,)}.get(w.granularity, w.scale_shape(n, k))
     return torch.float32, shape
@@ -110,7 +110,7 @@ def to_modelopt(scheme: Scheme, module: str, ct: dict[str, torch.Tensor]) -> dic
     """
     w, a, m = scheme.weights, scheme.acts, module
     out = {f"{m}.weight": ct[f"{m}.{data_name(scheme)}"]}
-    if w.format == "fp8":
+    if not w.block_scaled:  # FP8's float scales: float32, per tensor 0-d, per channel (N,)
         _, shape = _modelopt_scale(scheme, *ct[f"{m}.weight"].shape)
         out[f"{m}.weight_scale"] = ct[f"{m}.weight_scale"].float().reshape(shape)
     else:  # E4M3 / E8M0 block scales travel as they are

@@ -18,7 +18,6 @@ TEACHERS = ("online", "cache")
 OPTIMIZERS = ("adamw", "adam", "sgd")
 SCHEDULES = ("cosine", "linear", "constant")
 SHARDINGS = ("auto", "ddp", "fsdp")  # under torchrun: replicate the student (DDP) or shard it (FSDP2)
-SCALE_FORMATS = ("nvfp4", "mxfp4", "mxfp8")  # weight formats with block scales: one learnable clip per block
 # distill.lr = 0 picks the mode's default (measured on the demo LM, docs/accuracy.md)
 DEFAULT_LR = {"weights": 1e-4, "scales": 2e-3, "lora": 1e-3}
 

@@ -80,7 +80,7 @@ class GroupState:
         self._x = self._xq = self._value = None
 
     def global_scale(self) -> torch.Tensor | None:
-        if self.spec.scheme.weight != "nvfp4":
+        if not self.spec.scheme.shares_global_scale:  # NVFP4's group global scale, recomputed as weights train
             return None
         key = tuple(p._version for m in self.members for p in m.trainable())  # bumped by optimizer steps
         if key != self._key or self._value is None:

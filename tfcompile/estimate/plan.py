@@ -201,8 +201,8 @@ def _hessian_groups(plan, shape: ModelShape) -> dict[str, tuple[tuple[int, ...],
 
 
 def _code_bytes(scheme) -> float:
-    """Bytes per weight element of the packed codes (FP4: two per byte; FP8: one)."""
-    return 0.5 if scheme.weights.format in ("nvfp4", "mxfp4") else 1.0
+    """Bytes per weight element of the packed codes, as the format states (FP4: two per byte; FP8: one)."""
+    return scheme.weights.element_bits / 8
 
 
 def _calibrate(shape: ModelShape, cfg, cl: Cluster, hess: dict, owners: dict, propagate_batch: int = 0) -> dict:

@@ -53,6 +53,7 @@ from tfcompile.evaluate.errors import EvalError
 from tfcompile.evaluate.kvtext import KV_MODES, STRATEGIES, describe
 from tfcompile.families.attention import is_mla, register_wrapper
 from tfcompile.kernels.formats import cast_e4m3, dequantize, quantize_nvfp4_act
+from tfcompile.schemes import get_kv_format
 
 KV_EMULATOR = "tfcompile_kv_fp8_emulation"
 KINDS = ("k_scale", "v_scale")
@@ -71,7 +72,7 @@ class KVScales:
 
     @property
     def dtype(self) -> str:
-        return "nvfp4" if self.fmt == "nvfp4" else "fp8_e4m3"
+        return get_kv_format(self.fmt).dtype
 
 
 def fake_quant_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -176,7 +177,7 @@ class KVEmulator:
 
     def report(self, mode: str) -> dict:
         """The eval report's `kv_cache` entry (docs/ci.md)."""
-        return {"mode": mode, "emulated": True, "dtype": "nvfp4" if self.fmt == "nvfp4" else "fp8_e4m3",
+        return {"mode": mode, "emulated": True, "dtype": get_kv_format(self.fmt).dtype,
                 "strategy": self.strategy,
                 "modules": len(self.modules), "attention_calls": sum(self.calls.values())}
 

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# stored bits per weight, scales included (NVFP4: 4 + 8/16; MX: 4 or 8 + 8/32; FP8's per-tensor,
-# per-channel or 128x128 scales are < 0.01 bits); "bf16" = left unquantized
-BITS = {"nvfp4": 4.5, "nvfp4a16": 4.5, "mxfp4": 4.25, "mxfp4a16": 4.25, "mxfp8": 8.25,
-        "fp8": 8.0, "fp8-dynamic": 8.0, "fp8-block": 8.0, "bf16": 16.0}
+from tfcompile.schemes import SCHEMES
+
+UNQUANTIZED = "bf16"  # the format name of a group left in the model dtype
+UNQUANTIZED_BITS = 16.0
 
 
 @dataclass(frozen=True)
@@ -30,8 +30,15 @@ class GroupCost:
     kl: dict  # format name -> predicted KL with this group alone in that format (base included)
 
 
+def known(fmt: str) -> bool:
+    """A format a group may take: a scheme, or unquantized."""
+    return fmt == UNQUANTIZED or fmt in SCHEMES
+
+
 def bits(fmt: str) -> float:
-    return BITS[fmt]
+    """Stored bits per weight of format `fmt`, scales included, as the format states it
+    (`Scheme.bits_per_weight`: NVFP4 4 + 8/16, MX 4 or 8 + 8/32; FP8's scales are < 0.01 bits)."""
+    return UNQUANTIZED_BITS if fmt == UNQUANTIZED else SCHEMES[fmt].bits_per_weight
 
 
 def choose(costs: list[GroupCost], base: str, *, avg_bits: float = 0.0, max_kl: float = 0.0) -> dict[str, str]:

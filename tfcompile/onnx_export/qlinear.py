@@ -29,6 +29,7 @@ import torch
 from onnx import TensorProto
 
 from tfcompile.kernels.formats import DEFAULT_MX_RULE, DEFAULT_MXFP8_RULE, global_scale_to_modelopt
+from tfcompile.kernels.formats.quantizer import FP8Acts, MXActs, NVFP4Acts
 from tfcompile.onnx_export import functions as fns
 from tfcompile.onnx_export.config import E8M0_OPSET
 from tfcompile.onnx_export.graph import F32, Graph
@@ -36,7 +37,6 @@ from tfcompile.onnx_export.writer import onnx_type
 from tfcompile.schemes import Scheme
 
 E4M3, E2M1, E8M0 = TensorProto.FLOAT8E4M3FN, TensorProto.FLOAT4E2M1, TensorProto.FLOAT8E8M0
-BLOCK = {"nvfp4": 16, "mxfp4": 32, "mxfp8": 32}  # elements per scale along K
 
 
 def _f32(t: torch.Tensor, shape: tuple[int, ...]) -> np.ndarray:
@@ -52,28 +52,31 @@ def plain_weight(g: Graph, ckpt, name: str) -> str:
 
 
 def weight(g: Graph, ckpt, scheme: Scheme, m: str, n: int, k: int) -> str:
-    """The dequantized weight of Linear `m`: FLOAT [N, K]."""
-    if scheme.weight == "fp8":
+    """The dequantized weight of Linear `m`: FLOAT [N, K], by what the weight format states
+    (kernels/formats/quantizer.py): per-tensor/channel FP8, two-level NVFP4 (it shares a global
+    scale), or MX (E8M0 block scales)."""
+    wq = scheme.weights
+    if not wq.block_scaled:
         w = g.initializer(f"{m}.weight", E4M3, (n, k), ckpt.get(f"{m}.weight"))
         s = ckpt.get(f"{m}.weight_scale")
         if scheme.granularity == "tensor":
             return g.op("DequantizeLinear", [w, g.small(f"{m}.weight_scale", _f32(s, ()))])
         return g.op("DequantizeLinear", [w, g.small(f"{m}.weight_scale", _f32(s, (n,)))], axis=0)
-    if scheme.weight == "nvfp4":
-        w = g.initializer(f"{m}.weight_packed", E2M1, (n, k), ckpt.get(f"{m}.weight_packed"))
-        sb = g.initializer(f"{m}.weight_scale", E4M3, (n, k // 16), ckpt.get(f"{m}.weight_scale"))
+    vec = wq.block[0]  # elements per scale along K
+    elem = E2M1 if wq.element == "e2m1" else E4M3
+    data = f"{m}.weight_packed" if wq.packed else f"{m}.weight"
+    w = g.initializer(data, elem, (n, k), ckpt.get(data))
+    if wq.shares_global_scale:  # NVFP4: E4M3 block scales times the per-tensor 1/global scale
+        sb = g.initializer(f"{m}.weight_scale", E4M3, (n, k // vec), ckpt.get(f"{m}.weight_scale"))
         ws2 = global_scale_to_modelopt(ckpt.get(f"{m}.weight_global_scale"))  # 1/g: the divisor
         s = g.op("DequantizeLinear", [sb, g.small(f"{m}.weight_scale_2", _f32(ws2, ()))], name="DequantizeLinear_scale")
-        return g.op("DequantizeLinear", [w, s], axis=-1, block_size=16)
-    elem = E2M1 if scheme.weight == "mxfp4" else E4M3
-    data = f"{m}.weight_packed" if scheme.weight == "mxfp4" else f"{m}.weight"
-    w = g.initializer(data, elem, (n, k), ckpt.get(data))
-    codes = ckpt.get(f"{m}.weight_scale")  # uint8 E8M0 codes [N, K/32]
+        return g.op("DequantizeLinear", [w, s], axis=-1, block_size=vec)
+    codes = ckpt.get(f"{m}.weight_scale")  # uint8 E8M0 codes [N, K/vec]
     if g.opset >= E8M0_OPSET:
-        s = g.initializer(f"{m}.weight_scale", E8M0, (n, k // 32), codes)
-        return g.op("DequantizeLinear", [w, s], axis=-1, block_size=32, output_dtype=F32)
-    s = g.initializer(f"{m}.weight_scale", TensorProto.UINT8, (n, k // 32), codes)
-    return _mx_dequant(g, scheme.weight[2:], w, s)
+        s = g.initializer(f"{m}.weight_scale", E8M0, (n, k // vec), codes)
+        return g.op("DequantizeLinear", [w, s], axis=-1, block_size=vec, output_dtype=F32)
+    s = g.initializer(f"{m}.weight_scale", TensorProto.UINT8, (n, k // vec), codes)
+    return _mx_dequant(g, "fp4" if wq.element == "e2m1" else "fp8", w, s)
 
 
 def _mx_dequant(g: Graph, elem: str, x: str, codes: str) -> str:
@@ -84,30 +87,30 @@ def _mx_dequant(g: Graph, elem: str, x: str, codes: str) -> str:
 
 def activation(g: Graph, ckpt, scheme: Scheme, m: str, x: str, k: int) -> str:
     """x [..., K] after the scheme's activation quantize -> dequantize (unchanged for weight-only)."""
-    act = scheme.act
+    act = scheme.acts  # kernels/formats ActQuantizer: the builder follows its kind, not its name
     if act is None:
         return x
-    if act == "fp8-static":
+    if isinstance(act, FP8Acts) and act.mode == "static":
         s = g.small(f"{m}.input_scale", _f32(ckpt.get(f"{m}.input_scale"), ()))
         q = g.op("QuantizeLinear", [x, s, g.fp8_zero()], saturate=1)
         return g.op("DequantizeLinear", [q, s])
-    if act == "fp8-token":
+    if isinstance(act, FP8Acts) and act.mode == "per_token":
         return _fp8_per_token(g, x, k)
-    if act == "nvfp4":
+    if isinstance(act, NVFP4Acts):
         d = g.small(f"{m}.input_scale", _f32(global_scale_to_modelopt(ckpt.get(f"{m}.input_global_scale")), ()))
         fn = fns.fp4_dynamic_quantize(g.opset)
         g.add_function(fn)
         xq, sx = g.op(fn.name, [x, d], outputs=2, domain=fn.domain, axis=-1, block_size=16, scale_type=E4M3)
         s = g.op("DequantizeLinear", [sx, d], name="DequantizeLinear_scale")
         return g.op("DequantizeLinear", [xq, s], axis=-1, block_size=16)
-    if act in ("mxfp4", "mxfp8"):
-        elem = act[2:]
+    if isinstance(act, MXActs):
+        elem = act.elem  # "fp4" | "fp8"
         fn = fns.mx_dynamic_quantize(elem, DEFAULT_MX_RULE if elem == "fp4" else DEFAULT_MXFP8_RULE, g.opset)
         g.add_function(fn)
         xq, codes = g.op(fn.name, [x], outputs=2, domain=fn.domain, axis=-1, block_size=32,
                          output_dtype=E2M1 if elem == "fp4" else E4M3)
         return _mx_dequant(g, elem, xq, codes)
-    raise AssertionError(f"activation scheme {act!r} reached the graph builder")  # rejected by check_scheme
+    raise AssertionError(f"activation scheme {scheme.act!r} reached the graph builder")  # rejected by check_scheme
 
 
 def _fp8_per_token(g: Graph, x: str, k: int) -> str:

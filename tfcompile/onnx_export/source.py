@@ -23,7 +23,6 @@ from tfcompile.onnx_export.config import MIN_OPSET_FP4, OnnxExportError
 from tfcompile.schemes import Scheme, get_scheme
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
-BLOCKS = {"nvfp4": 16, "mxfp4": 32, "mxfp8": 32}
 
 
 @dataclass(frozen=True)
@@ -70,12 +69,12 @@ def check_exportable(view: ArtifactView, opset: int) -> None:
     if view.scheme is None:
         return
     check_scheme(view.scheme, opset)
-    block = BLOCKS.get(view.scheme.weight)
+    block = view.scheme.k_multiple  # elements per scale along K (1: FP8's per-tensor/channel scales)
     for m, (n, k) in sorted(view.layers.items()):
         if ".experts." in m:
             raise OnnxExportError(f"{m}: MoE experts are not exported to ONNX",
                                   hint="export a dense model, or quantize with --ignore 're:.*experts.*'")
-        if block and k % block:
+        if k % block:
             raise OnnxExportError(
                 f"{m}: K={k} is not a multiple of the {view.scheme.weight} block size {block}; "
                 f"DequantizeLinear's block_size must tile K exactly", hint=f"quantize with --ignore '{m}' "
@@ -83,7 +82,7 @@ def check_exportable(view: ArtifactView, opset: int) -> None:
 
 
 def check_scheme(scheme: Scheme, opset: int) -> None:
-    if scheme.weight == "fp8" and scheme.granularity == "block":
+    if len(scheme.block) > 1:  # 2-D (N, K) weight blocks
         raise OnnxExportError(
             f"format {scheme.name}: 128x128 weight blocks (and dynamic 1x128 activation groups) cannot be "
             "expressed in ONNX: DequantizeLinear's block_size blocks one axis only",

@@ -18,7 +18,7 @@ from typing import Callable
 
 import torch
 
-from tfcompile.kernels.formats import to_blackwell_scale_layout
+from tfcompile.kernels.formats import quantizer_of, to_blackwell_scale_layout
 
 FP8_GROUP = 128
 
@@ -38,9 +38,9 @@ class Weights:
 def prepare(ql) -> Weights:
     """Weights of a QuantLinear in kernel layouts (one-time transforms)."""
     dev = ql.data.device
-    fp8 = ql.format == "fp8"
-    scale = ql.scale.float().contiguous() if fp8 else ql.scale.contiguous()
-    swz = to_blackwell_scale_layout(ql.scale.reshape(ql.out_features, -1)).contiguous() if not fp8 else None
+    blocks = quantizer_of(ql.qtensor).block_scaled  # 8-bit scales per K block, swizzled; else FP8's float scales
+    scale = ql.scale.contiguous() if blocks else ql.scale.float().contiguous()
+    swz = to_blackwell_scale_layout(ql.scale.reshape(ql.out_features, -1)).contiguous() if blocks else None
     g = ql.global_scale.float().reshape(1) if ql.global_scale is not None else torch.ones(1, device=dev)
     static = ql.static_scale.float().reshape(1).contiguous() if ql.static_scale is not None else None
     return Weights(ql.out_features, ql.in_features, ql.data.contiguous(), scale, swz, g.contiguous(), static)
@@ -158,17 +158,17 @@ A_OPERANDS: dict[str, Callable] = {
 
 def synthetic_weights(scheme, n: int, k: int, dev) -> Weights:
     """Random weights of `scheme`'s format in kernel layouts (for timing)."""
-    fmt = scheme.weight
+    wq = scheme.weights
     static = torch.ones(1, device=dev) if scheme.act_static else None
-    if fmt == "fp8":
-        shape = {"tensor": (1,), "channel": (n, 1), "block": (math.ceil(n / 128), math.ceil(k / 128))}
-        return Weights(n, k, _e4m3(n, k, dev), torch.ones(shape[scheme.granularity], device=dev), None,
+    def data():  # valid codes: packed E2M1 pairs [N, K/2] or E4M3 [N, K]
+        return torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device=dev) if wq.packed else _e4m3(n, k, dev)
+
+    if not wq.block_scaled:  # FP8: float scales per tensor, channel or 128x128 tile
+        return Weights(n, k, data(), torch.ones(wq.scale_shape(n, k), device=dev), None,
                        torch.ones(1, device=dev), static)
-    vec = 16 if fmt == "nvfp4" else 32
-    sdtype = torch.float8_e4m3fn if fmt == "nvfp4" else torch.uint8
-    scale = _scale_bytes(n * (k // vec), sdtype, dev).reshape(n, k // vec)
-    data = _e4m3(n, k, dev) if fmt == "mxfp8" else torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device=dev)
-    return Weights(n, k, data, scale, to_blackwell_scale_layout(scale).contiguous(), torch.ones(1, device=dev),
+    kb = k // wq.block[0]  # 8-bit scales (E4M3 / E8M0) per block along K, drawn before the codes
+    scale = _scale_bytes(n * kb, wq.scale_dtype(torch.bfloat16), dev).reshape(n, kb)
+    return Weights(n, k, data(), scale, to_blackwell_scale_layout(scale).contiguous(), torch.ones(1, device=dev),
                    static)
 
 

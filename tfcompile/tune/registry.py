@@ -85,7 +85,7 @@ def serving(scheme: Scheme, target: str, kernels: Mapping) -> Serving:
     want = wanted_class(scheme, target)
     gemms = [k.name for k in fits if mma_class(k, target) == want]
     if gemms:
-        acts = [k.name for k in fits if k.kind == "act_quant"] if want in ("fp8", "fp4") else []
+        acts = [k.name for k in fits if k.kind == "act_quant"] if want != "bf16" else []  # quantized activations
         return Serving(tuple(sorted(gemms)), tuple(sorted(acts)))
     twins = {scheme.name} | {s.name for s in SCHEMES.values() if s.act is None and s.weight == scheme.weight
                              and s.granularity == scheme.granularity and s.block == scheme.block}

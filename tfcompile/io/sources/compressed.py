@@ -20,7 +20,7 @@ import torch
 from tfcompile.errors import CheckpointError
 from tfcompile.io.sources.base import DequantizedSource
 from tfcompile.io.sources.scales import FLOAT_CODES, cdiv, check_header, check_values
-from tfcompile.kernels.formats import QTensor, WeightQuantizer, dequantize, weight_quantizer
+from tfcompile.kernels.formats import QTensor, dequantize, quantizer_from_stored
 
 HIDE = (".input_scale", ".input_global_scale", ".k_scale", ".v_scale", ".weight_zero_point", ".weight_shape")
 
@@ -80,28 +80,12 @@ def _missing(ckpt, name: str) -> None:
 
 def qtensor_from(get, names, m: str, shape: tuple[int, int]) -> QTensor:
     """The QTensor of Linear `m` from its compressed-tensors tensors (`get(name)`): the weight
-    quantizer that stored them (`stored_quantizer`) reads them back (`from_stored`)."""
+    quantizer that stored them (kernels/formats `quantizer_from_stored`) reads them back (`from_stored`)."""
     packed = f"{m}.weight_packed" in names
     data, scale = get(f"{m}.weight_packed" if packed else f"{m}.weight"), get(f"{m}.weight_scale")
-    wq = stored_quantizer(packed, scale, shape)
+    wq = quantizer_from_stored(packed, scale, shape)
     gscale = get(f"{m}.weight_global_scale") if wq.shares_global_scale else None
     return wq.from_stored(data, scale, gscale, shape)
-
-
-def stored_quantizer(packed: bool, scale: torch.Tensor, shape: tuple[int, int]) -> WeightQuantizer:
-    """Which weight format wrote a Linear, from how it is stored: packed E2M1 pairs with E4M3
-    scales (NVFP4) or E8M0 ones (MXFP4); E4M3 elements with E8M0 scales (MXFP8) or float
-    scales per tensor, per channel or per block (FP8; the block from the scale grid)."""
-    if packed:
-        return weight_quantizer("nvfp4" if scale.dtype == torch.float8_e4m3fn else "mxfp4")
-    if scale.dtype == torch.uint8:
-        return weight_quantizer("mxfp8")
-    n, k = shape
-    if scale.numel() == 1:
-        return weight_quantizer("fp8", "tensor")
-    if tuple(scale.shape) == (n, 1):
-        return weight_quantizer("fp8", "channel")
-    return weight_quantizer("fp8", "block", (-(-n // scale.shape[0]), -(-k // scale.shape[1])))
 
 
 def _decoder(ckpt, m: str, shape: tuple[int, int]):
