@@ -91,10 +91,12 @@ static inline u32 absbits(float f) { return f2u(f) & 0x7fffffffu; }
 typedef V (*vld_fn)(const void*, i64);
 #define VEC_ARG , vld_fn VLD
 #define VEC(SFX) , v_##SFX
+#define VPASS , VLD
 #else
 #define VEC16 "scalar"
 #define VEC_ARG
 #define VEC(SFX)
+#define VPASS
 #define SCALAR_ONLY 1
 #endif
 const char* tfc_isa(void) { return VEC16; }
@@ -146,46 +148,62 @@ INLINE int fp8_quant(const void* x, i64 rows, i64 K, const float* s, i64 srs, i6
 /* FP8 with the scale of each tile computed in the same pass: for every tile of
    bn rows x bk columns (the last ones clipped), s = max|x| / 448 (0 -> 1.0, as
    fp8.scale_from_amax) goes to s_out[tile row, tile column] and the tile is
-   quantized e4m3(x / s) while it is still in cache (a 128 x 128 bf16 tile is
-   32 KiB; a row of channel scaling, bn = 1, is K elements): one pass over
-   memory where amax_grid + fp8_quant read the input twice. Data of a tile
-   that holds NaN/Inf is left unwritten (the caller raises). */
+   quantized e4m3(x / s) while it is still in cache: one pass over memory where
+   amax_grid + fp8_quant read the input twice. A band of bn rows is taken in
+   chunks of up to TILE_COLS columns (128 x 16384 bf16 = 4 MiB: the second read
+   from L3; a row of channel scaling, bn = 1, is one chunk, in L1/L2), each row
+   of a chunk read front to back: square 128 x 128 tiles (one page-strided run
+   of 256 B per row) ran slower on one thread of a Zen 3 than reading twice
+   (docs/performance.md). Data of a tile that holds NaN/Inf is left unwritten
+   (the caller raises). */
+#define TILE_COLS 16384
+#define TILE_MAXB 128
+INLINE u32 row_amax(const void* x, i64 k, i64 k1, ld_fn LD VEC_ARG) {
+    u32 m = 0;
+#ifndef SCALAR_ONLY
+    VI vm = v_zero();
+    for (; k + 16 <= k1; k += 16) vm = v_maxu(vm, v_absbits(VLD(x, k)));
+    m = v_hmax(vm);
+#endif
+    for (; k < k1; k++) { u32 a = absbits(LD(x, k)); m = a > m ? a : m; }
+    return m;
+}
+INLINE void row_e4m3(const void* x, i64 k, i64 k1, float sc, u8* out, ld_fn LD VEC_ARG) {
+#ifndef SCALAR_ONLY
+    V vs = v_set1(sc);
+    for (; k + 16 <= k1; k += 16) v_bytes(v_e4m3(v_div(VLD(x, k), vs)), out + k);
+#endif
+    for (; k < k1; k++) out[k] = (u8)e4m3_code(LD(x, k) / sc);
+}
 INLINE int fp8_tiles(const void* x, i64 rows, i64 K, i64 bn, i64 bk, float* s_out, u8* out,
                      ld_fn LD VEC_ARG) {
-    i64 nkb = (K + bk - 1) / bk; u32 worst = 0;
+    i64 nkb = (K + bk - 1) / bk, gb = bn == 1 || bk >= TILE_COLS ? 1 : TILE_COLS / bk;
+    gb = gb > TILE_MAXB ? TILE_MAXB : gb;
+    u32 worst = 0, m[TILE_MAXB]; float sc[TILE_MAXB];
     for (i64 r0 = 0; r0 < rows; r0 += bn) {
         i64 r1 = r0 + bn < rows ? r0 + bn : rows;
-        for (i64 kb = 0; kb < nkb; kb++) {
-            i64 c0 = kb * bk, c1 = c0 + bk < K ? c0 + bk : K;
-            u32 m = 0;
-#ifndef SCALAR_ONLY
-            VI vm = v_zero();
-#endif
-            for (i64 r = r0; r < r1; r++) {
-                i64 k = r * K + c0, k1 = r * K + c1;
-#ifndef SCALAR_ONLY
-                for (; k + 16 <= k1; k += 16) vm = v_maxu(vm, v_absbits(VLD(x, k)));
-#endif
-                for (; k < k1; k++) { u32 a = absbits(LD(x, k)); m = a > m ? a : m; }
+        for (i64 kb0 = 0; kb0 < nkb; kb0 += gb) {
+            i64 kb1 = kb0 + gb < nkb ? kb0 + gb : nkb;
+            for (i64 j = 0; j < kb1 - kb0; j++) m[j] = 0;
+            for (i64 r = r0; r < r1; r++)
+                for (i64 kb = kb0; kb < kb1; kb++) {
+                    i64 c0 = r * K + kb * bk, c1 = r * K + (kb * bk + bk < K ? kb * bk + bk : K);
+                    u32 a = row_amax(x, c0, c1, LD VPASS);
+                    m[kb - kb0] = a > m[kb - kb0] ? a : m[kb - kb0];
+                }
+            for (i64 kb = kb0; kb < kb1; kb++) {
+                u32 a = m[kb - kb0];
+                float v = u2f(a) / 448.0f;
+                sc[kb - kb0] = v == 0.0f ? 1.0f : v;
+                s_out[(r0 / bn) * nkb + kb] = sc[kb - kb0];
+                worst = a > worst ? a : worst;
             }
-#ifndef SCALAR_ONLY
-            u32 mv = v_hmax(vm); m = mv > m ? mv : m;
-#endif
-            float sc = u2f(m) / 448.0f;
-            sc = sc == 0.0f ? 1.0f : sc;
-            s_out[(r0 / bn) * nkb + kb] = sc;
-            worst = m > worst ? m : worst;
-            if (m >= BAD) continue;
-#ifndef SCALAR_ONLY
-            V vs = v_set1(sc);
-#endif
-            for (i64 r = r0; r < r1; r++) {
-                i64 k = r * K + c0, k1 = r * K + c1;
-#ifndef SCALAR_ONLY
-                for (; k + 16 <= k1; k += 16) v_bytes(v_e4m3(v_div(VLD(x, k), vs)), out + k);
-#endif
-                for (; k < k1; k++) out[k] = (u8)e4m3_code(LD(x, k) / sc);
-            }
+            for (i64 r = r0; r < r1; r++)
+                for (i64 kb = kb0; kb < kb1; kb++) {
+                    if (m[kb - kb0] >= BAD) continue;
+                    i64 c0 = r * K + kb * bk, c1 = r * K + (kb * bk + bk < K ? kb * bk + bk : K);
+                    row_e4m3(x, c0, c1, sc[kb - kb0], out, LD VPASS);
+                }
         }
     }
     return worst >= BAD;

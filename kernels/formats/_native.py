@@ -256,12 +256,13 @@ def kernel_threads(n: int):
         _limit["n"] = old
 
 
-def parallel(total: int, call, grain: int = 1) -> bool:
+def parallel(total: int, call, grain: int = 1, min_per_thread: int = 64) -> bool:
     """Run call(start, stop) over [0, total) split into per-thread slices.
 
-    Slices are multiples of `grain` (rows or blocks). Returns True if any call
-    reported NaN/Inf (nonzero return)."""
-    n = max(1, min(_limit["n"] or torch.get_num_threads(), total // max(grain, 1) // 64 or 1))
+    Slices are multiples of `grain` (rows or blocks), and a thread is started only for
+    at least `min_per_thread` grains (rows or blocks of 16-32 elements are small; a band of
+    128 weight rows is not). Returns True if any call reported NaN/Inf (nonzero return)."""
+    n = max(1, min(_limit["n"] or torch.get_num_threads(), total // max(grain, 1) // min_per_thread or 1))
     if n == 1:
         return bool(call(0, total))
     per = -(-total // n)

@@ -102,7 +102,7 @@ def fp8_tiles(x: torch.Tensor, bn: int, bk: int, name: str | None) -> tuple[torc
         r0, r1 = a * bn, min(b * bn, rows)
         return f(xp + r0 * k * es, r1 - r0, k, bn, bk, sp + a * nkb * 4, op + r0 * k)
 
-    if _native.parallel(bands, call):
+    if _native.parallel(bands, call, min_per_thread=max(1, 64 // bn)):  # a band of 128 rows is work enough
         raise_nonfinite(name)
     return out.view(torch.float8_e4m3fn), s
 
