@@ -58,8 +58,9 @@ def _capture(model, names, inputs=False):
     return out, hooks
 
 
-def _direct_sqnr(ref, cand, ids):
-    """{module: (isolated dB, end-to-end dB)} from the oracle model, float64 sums."""
+def _direct_sqnr(ref, cand, ids, iso_positions=None):
+    """{module: (isolated dB, end-to-end dB)} from the oracle model, float64 sums; the isolated
+    figure on the first `iso_positions` positions (row-major), the end-to-end one on all."""
     names = sorted(cand.quantized)
     xs, h1 = _capture(ref, names, inputs=True)
     ys, h2 = _capture(ref, names)
@@ -75,9 +76,9 @@ def _direct_sqnr(ref, cand, ids):
         act = cand.quantized[n]
         with torch.no_grad():
             y_iso = F.linear((act(x) if act else x).double(), mods[n].weight.double())
-        sig = float(y.square().sum())
-        out[n] = (10 * math.log10(sig / float((y - y_iso).square().sum())),
-                  10 * math.log10(sig / float((y - y2).square().sum())))
+        p = iso_positions or len(y)
+        out[n] = (10 * math.log10(float(y[:p].square().sum()) / float((y[:p] - y_iso[:p]).square().sum())),
+                  10 * math.log10(float(y.square().sum()) / float((y - y2).square().sum())))
     return out
 
 
@@ -109,14 +110,23 @@ def _rows(src, text):
                       vocab=256)
 
 
-@pytest.mark.parametrize("fmt", ["nvfp4", "nvfp4a16"])
-def test_layer_sqnr_and_lens_kl_match_a_direct_computation(eval_artifact, tiny_llama_src, eval_text, fmt):
+@pytest.mark.parametrize("fmt,iso", [("nvfp4", None), ("nvfp4a16", None), ("nvfp4", 150)])
+def test_layer_sqnr_and_lens_kl_match_a_direct_computation(eval_artifact, tiny_llama_src, eval_text, fmt, iso,
+                                                           monkeypatch):
+    """iso: a cap on the isolated SQNR's positions inside the third row (the first batch, rows 0-2, holds
+    positions 0-191: the cap splits it and the second batch takes none); None: the default cap, above
+    the 256 tokens here."""
     from transformers import AutoModelForCausalLM
 
     from tfcompile.evaluate import runner
     from tfcompile.evaluate.lens import LayerKL
+    from tfcompile.evaluate.metrics import LayerSQNR
     from tfcompile.evaluate.models import load_candidate
     from tfcompile.evaluate.text import batches
+
+    if iso is not None:
+        monkeypatch.setattr(LayerSQNR, "MAX_POSITIONS", iso)
+    assert LayerSQNR.MAX_POSITIONS >= TOKENS or iso is not None
 
     art = eval_artifact(fmt)
     ref = AutoModelForCausalLM.from_pretrained(str(tiny_llama_src), dtype=torch.float32).eval()
@@ -126,7 +136,7 @@ def test_layer_sqnr_and_lens_kl_match_a_direct_computation(eval_artifact, tiny_l
     _, layer_m = runner._run(cand, ref, batches(rows, 3), None, lens)  # batches of 3 rows and 1 row
 
     oracle, ids = _oracle(tiny_llama_src, art, fmt == "nvfp4"), torch.stack(rows)
-    direct = _direct_sqnr(ref, oracle, ids)
+    direct = _direct_sqnr(ref, oracle, ids, iso)
     got = {r["module"]: r for r in layer_m.result()}
     assert sorted(got) == sorted(direct)
     for n, (iso, e2e) in direct.items():

@@ -12,6 +12,11 @@ from __future__ import annotations
 # plain eval's matmul work on the demo LM (2048 cost 1.75x; bench/eval_layers.py, issue 31); the
 # mean KL of 512 positions ranks layers as well, and the page says which positions it covers
 LENS_MAX_POSITIONS = 512
+# the isolated per-Linear SQNR (evaluate/metrics.py) feeds each quantized Linear the reference's input
+# once more: one extra matmul per Linear and position, on at most this many positions (the end-to-end
+# SQNR, which costs nothing extra, covers every position); 1024 puts all per-layer figures at about
+# 1.2x a plain eval's matmul work on the demo LM (issue 31)
+SQNR_MAX_POSITIONS = 1024
 KV_MODES = ("auto", "off")  # --kv-cache: auto = emulate when the artifact has a KV-cache scheme
 STRATEGIES = {"tensor": "per tensor", "attn_head": "per KV head"}
 

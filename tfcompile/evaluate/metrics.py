@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from tfcompile.evaluate.kvtext import SQNR_MAX_POSITIONS
 
 
 @dataclass
@@ -78,9 +81,10 @@ def sqnr_db(signal: float, noise: float) -> float | None:
 
 @dataclass
 class _Acc:
-    signal: float = 0.0
+    signal: float = 0.0  # sum y^2 over every position (end to end)
     noise_iso: float = 0.0
     noise_e2e: float = 0.0
+    signal_iso: float = 0.0  # sum y^2 over the isolated SQNR's positions
 
 
 @dataclass
@@ -92,9 +96,16 @@ class LayerSQNR:
       so each figure is that layer's own error;
     - end to end (`e2e_sqnr_db`): the candidate's Linear output in the
       candidate model, whose input already carries every earlier layer's error.
+
+    The isolated figure costs one more matmul per Linear, so it covers the first
+    `MAX_POSITIONS` positions of the evaluation (batch order; `begin` gives each batch
+    its global offset, so one process and N ranks cover the same positions); the end
+    to end one, free, covers all.
     """
 
     acc: dict[str, _Acc] = field(default_factory=dict)
+    MAX_POSITIONS: ClassVar[int] = SQNR_MAX_POSITIONS
+    _rows: int | None = None  # this batch's first positions (row-major) the isolated SQNR takes
     _outputs: dict[str, torch.Tensor] = field(default_factory=dict)
     _hooks: list = field(default_factory=list)
     _last: tuple | None = None  # (reference input x, act_key, its emulated quantization): see _quantized
@@ -120,14 +131,22 @@ class LayerSQNR:
             self._outputs[name] = out.detach()
         return hook
 
+    def begin(self, offset: int, positions: int) -> None:
+        """The next batch starts at global position `offset` and holds `positions` positions."""
+        self._rows = max(0, min(positions, self.MAX_POSITIONS - offset))
+
     def _compare(self, name: str, ql):
         def hook(_mod, args, out):
             x, y = args[0], out.detach().float()
-            xq = self._quantized(x, ql)
-            y_iso = F.linear(xq, ql.module.weight, ql.module.bias).float()
             a = self.acc[name]
             a.signal += _sq(y)
-            a.noise_iso += _sq(y - y_iso)
+            n = y.numel() // y.shape[-1] if self._rows is None else self._rows
+            if n:  # x [..., K] -> its first n positions [n, K], after the emulation of the whole x
+                xq = self._quantized(x, ql)  # (a dynamic per-tensor activation scale sees all of x)
+                xs, ys = xq.reshape(-1, xq.shape[-1])[:n], y.reshape(-1, y.shape[-1])[:n]
+                y_iso = F.linear(xs, ql.module.weight, ql.module.bias).float()
+                a.signal_iso += _sq(ys)
+                a.noise_iso += _sq(ys - y_iso)
             y_e2e = self._outputs.pop(name, None)
             if y_e2e is not None:
                 a.noise_e2e += _sq(y - y_e2e.float())
@@ -150,21 +169,22 @@ class LayerSQNR:
     def take(self) -> dict[str, tuple[float, float, float]]:
         """This batch's terms per module, zeroed here (each Linear runs once per forward, so
         0.0 + term is the term; `add` replays them in batch order, bit for bit)."""
-        out = {n: (a.signal, a.noise_iso, a.noise_e2e) for n, a in self.acc.items()}
+        out = {n: (a.signal, a.noise_iso, a.noise_e2e, a.signal_iso) for n, a in self.acc.items()}
         self.acc = {n: _Acc() for n in self.acc}
         return out
 
-    def add(self, terms: dict[str, tuple[float, float, float]]) -> None:
-        for name, (sig, iso, e2e) in terms.items():
+    def add(self, terms: dict[str, tuple[float, float, float, float]]) -> None:
+        for name, (sig, iso, e2e, sig_iso) in terms.items():
             a = self.acc[name]
             a.signal += sig
             a.noise_iso += iso
             a.noise_e2e += e2e
+            a.signal_iso += sig_iso
 
     def result(self) -> list[dict]:
         out = []
         for name, a in sorted(self.acc.items()):
-            out.append({"module": name, "sqnr_db": _r(sqnr_db(a.signal, a.noise_iso)),
+            out.append({"module": name, "sqnr_db": _r(sqnr_db(a.signal_iso, a.noise_iso)),
                         "e2e_sqnr_db": _r(sqnr_db(a.signal, a.noise_e2e))})
         return out
 

@@ -139,6 +139,7 @@ def _run(cand, ref, work: list[torch.Tensor], progress: Progress | None, lens: L
         with torch.inference_mode():
             for b in mine:
                 ids = work[b].to(device)
+                layer_m.begin(starts[b], ids.numel())  # the isolated SQNR's positions of this batch
                 if lens is not None and world.distributed:
                     lens.begin(starts[b])
                 logits = cand.model(input_ids=ids).logits  # candidate first: layer_m pairs outputs
