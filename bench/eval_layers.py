@@ -10,10 +10,10 @@ interleaved, `--repeat` times each; medians:
   `quantize --eval --report` stores).
 
 The per-layer figures come from the one pass: hooks capture each Linear's input and output as the
-models run. The isolated SQNR adds one matmul per quantized Linear on the reference's input, and
-its activation emulation once per input (q/k/v and gate/up share one); the lens adds a norm + two
-lm_head projections per decoder layer but the last (whose figure comes from the logits the eval
-computed), on at most 2,048 positions. Target (issue 31: "per-layer figures cost at most 1.5x a
+models run. The isolated SQNR adds one matmul per quantized Linear on the reference's input, on at
+most 1,024 positions (SQNR_MAX_POSITIONS), and its activation emulation once per input (q/k/v and
+gate/up share one); the lens adds a norm + two lm_head projections per decoder layer but the last
+(whose figure comes from the logits the eval computed), on at most 512 positions. Target (issue 31: "per-layer figures cost at most 1.5x a
 plain eval"): layers + KL at most 1.5x plain. The section also gives the matmul work ratio:
 (a plain eval's multiply-adds + those the per-layer figures add) / a plain eval's, counting both
 models' Linears and lm_heads (attention scores, softmaxes and the activation emulation left out):
@@ -84,13 +84,15 @@ def time_modes(art: Path, src: Path, tokens: int, repeat: int) -> dict[str, list
 
 def matmul_floor(cand, ref, tokens: int) -> float:
     """(plain + per-layer figures) / plain, in Linear and lm_head multiply-adds per evaluated token."""
+    from tfcompile.evaluate.kvtext import SQNR_MAX_POSITIONS
     from tfcompile.evaluate.lens import MAX_POSITIONS, decoder_parts
 
     layers, _, head = decoder_parts(ref)
     linear = sum(q.module.weight.numel() for q in cand.linears.values())
     plain = 2 * (linear + head.weight.numel())  # candidate and reference forwards
     lens = (len(layers) - 1) * 2 * head.weight.numel() * min(tokens, MAX_POSITIONS) / tokens
-    return (plain + linear + lens) / plain
+    iso = linear * min(tokens, SQNR_MAX_POSITIONS) / tokens  # the isolated SQNR's positions
+    return (plain + iso + lens) / plain
 
 
 def _load() -> str:
