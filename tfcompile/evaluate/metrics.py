@@ -166,9 +166,10 @@ class LayerSQNR:
         self._last = (x, ql.act_key, xq)
         return xq
 
-    def take(self) -> dict[str, tuple[float, float, float]]:
+    def take(self) -> dict[str, tuple[float, float, float, float]]:
         """This batch's terms per module, zeroed here (each Linear runs once per forward, so
-        0.0 + term is the term; `add` replays them in batch order, bit for bit)."""
+        0.0 + term is the term; `add` replays them in batch order, bit for bit): (signal,
+        isolated noise, end-to-end noise, isolated signal)."""
         out = {n: (a.signal, a.noise_iso, a.noise_e2e, a.signal_iso) for n, a in self.acc.items()}
         self.acc = {n: _Acc() for n in self.acc}
         return out
