@@ -37,3 +37,16 @@ def test_wheel_has_no_generic_top_level_packages(tmp_path):
         assert f"tfcompile/kernels/cutlass/templates/{f.name}" in names, f"{f.name} is not in the wheel (package-data)"
     entry = next(n for n in names if n.endswith("entry_points.txt"))
     assert "tfcompile = tfcompile.cli.main:entry" in zipfile.ZipFile(wheel).read(entry).decode()
+
+
+def test_checkout_root_does_not_shadow_the_kernels_distribution():
+    """Run from the checkout's root (`python -m`/`-c` put the cwd first on sys.path), the top-level
+    kernels/ folder (installed as tfcompile.kernels) must not answer `import kernels`: transformers
+    >= 5.25 imports Hugging Face's `kernels` distribution from modeling_utils, and every model load
+    failed with "cannot import name 'CUDAProperties' from 'kernels'" (tfcompile/__init__.py)."""
+    code = ("import importlib.util, os, sys; import tfcompile; spec = importlib.util.find_spec('kernels'); "
+            "origin = spec.origin if spec else None; "
+            "print(origin); sys.exit(1 if origin and os.path.abspath(origin).startswith(sys.argv[1]) else 0)")
+    root = str(ROOT / "kernels")
+    proc = subprocess.run([sys.executable, "-c", code, root], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, f"`import kernels` from the checkout root finds {proc.stdout.strip()}"
