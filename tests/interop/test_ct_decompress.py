@@ -80,7 +80,9 @@ def test_fp32_decode_equals_our_dequantize(fmt, llama_artifact):
     tensors = read_tensors(art)
     if fmt in FP8_STRATEGY:
         assert scheme.weights.strategy == FP8_STRATEGY[fmt][0]
-    for m in quantized_modules(tensors):
+    mods = quantized_modules(tensors)
+    assert len(mods) == 14  # 2 layers x (q, k, v, o, gate, up, down): the loop below checks each
+    for m in mods:
         t = _local(tensors, m)
         if "weight_packed" in t:
             n, half = t["weight_packed"].shape
