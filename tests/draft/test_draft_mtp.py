@@ -54,7 +54,10 @@ def test_mtp_speculative_output_is_the_targets_greedy_output(which, request):
     for k in (1, 3):
         st = _acceptance(model, layer, prompts, k, refs)
         assert st.tokens == 2 * (N_NEW - 1) and st.proposed > 0
-        assert 0.3 < st.per_position()[0] < 1.0, st.per_position()  # accepts and rejections both
+        # accepts and rejections both; the floor is loose because the W4A4 emulation's figure moves
+        # with the CPU's float paths (nvfp4, k=1: above 0.3 on the AMD Zen 3 it was written on, 0.24
+        # on an Intel Xeon with AVX-512): exactness, asserted above, is what must hold everywhere
+        assert 0.1 < st.per_position()[0] < 1.0, st.per_position()
     if which == "mtp_oracle_nvfp4":  # W4A4: the MTP experts ran through the per-expert input emulation
         assert sum(layer.experts.tokens.values()) > 0
 
