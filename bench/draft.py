@@ -31,6 +31,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import REPO, machine_line, replace_doc_section  # noqa: E402
+# bench/kernels.py would answer `import kernels`, Hugging Face's distribution transformers >= 5.25 imports
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 ACCURACY = REPO / "docs" / "accuracy.md"
 HEADING = "## SmolLM2: speculative drafts (EAGLE-3)"
@@ -57,7 +59,8 @@ FINDINGS = (
     "`python bench/draft.py --ngram-only --only nvfp4 --prompts 4 --new-tokens 48`): n-gram on nvfp4 is "
     "**exact** on all 4 prompts at k = 2, 4, 6, acceptance length 1.446 / 1.593 / 1.621 (188 tokens; the table's "
     "1.635-1.825 were measured on outputs that were not the greedy ones, and on another machine's artifact). The EAGLE-3 rows of nvfp4 are not "
-    "re-measured (16 minutes of training per draft).")
+    "re-measured (16 minutes of training per draft)."
+    ' Since 2026-12-04 (after these drafts were trained) `tfcompile draft` runs the target once per training sequence and a step costs the draft alone (3.0x cheaper per step on SmolLM2: docs/performance.md "Draft training: one step before and after the target cache"), and by default the draft starts from the target (`--init target`: fc passes the highest fused state, the layer is a copy of the target\'s layer that reads it); the rows above are of the old code (random start, 40 steps) and are **not re-measured**: on the shared 2-core machine of 2026-12-04 (load average 15-21) the data phase of a 64-sequence trial (48 of them self-generated) had not finished after 40 minutes, so whether the cheaper steps, more epochs and the target start lift the drafts above the n-gram floor is open.')
 
 
 def train_args(steps: int) -> list[str]:

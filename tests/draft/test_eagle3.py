@@ -31,7 +31,7 @@ def random_draft(tmp_path_factory):
 
     target = load_checkpoint_model(DEMO, torch.float32, "reference")
     cfg = _config(DEMO)
-    draft = build_draft(target, cfg, DraftConfig(), torch.zeros(1, 8, dtype=torch.int64))
+    draft = build_draft(target, cfg, DraftConfig(init="random"), torch.zeros(1, 8, dtype=torch.int64))
     out = tmp_path_factory.mktemp("random-draft")
     write_draft(out, draft, speculators_config(cfg, draft.s, verifier=str(DEMO), speculative_tokens=3))
     return out

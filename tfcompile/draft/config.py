@@ -12,6 +12,7 @@ from tfcompile.draft.eagle3 import DraftShape
 from tfcompile.errors import UserError
 
 METHODS = ("eagle3",)
+INITS = ("target", "random")
 DEFAULT_DRAFT_VOCAB = 32000  # EAGLE-3's and speculators' reduced draft vocabulary
 
 
@@ -33,6 +34,7 @@ class DraftConfig:
     ttt_decay: float = 1.0  # loss weight of chain step j = ttt_decay ** j
     draft_vocab: int = 0  # 0: the target's vocabulary up to DEFAULT_DRAFT_VOCAB, the most frequent ids
     aux_layers: tuple[int, ...] = ()  # target hidden_states indices fused; () = low / middle / high
+    init: str = "target"  # "target": fc and the layer start from the target (run.init_from_target); "random"
     # optimizer (tfcompile.distill.train.Loop reads these names)
     optimizer: str = "adamw"
     lr: float = 1e-3
@@ -54,6 +56,8 @@ class DraftConfig:
         if self.method not in METHODS:
             raise UserError(f"--method {self.method!r} is not supported",
                             hint="choose one of: " + ", ".join(METHODS))
+        if self.init not in INITS:
+            raise UserError(f"--init {self.init!r} is not supported", hint="choose one of: " + ", ".join(INITS))
         for name in ("steps", "batch", "seq_len", "ttt_steps", "checkpoint_every", "log_every"):
             if getattr(self, name) < 1:
                 raise UserError(f"draft {name} must be >= 1 (got {getattr(self, name)})",

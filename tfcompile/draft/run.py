@@ -80,9 +80,35 @@ def build_draft(target, cfg_json: dict, cfg: DraftConfig, tokens: torch.Tensor) 
             draft.d2t.copy_(keep - torch.arange(size))
             draft.t2d.zero_()
             draft.t2d[keep] = True
+    if cfg.init == "target":
+        init_from_target(draft, target)
     for p in (draft.embed_tokens.weight, draft.lm_head.weight):
         p.requires_grad_(False)
     return draft
+
+
+@torch.no_grad()
+def init_from_target(draft: Eagle3Draft, target) -> None:
+    """Start from the target instead of random weights: fc passes the highest fused state through
+    (identity on its third of the 3H input), the decoder layer is the target's layer whose input
+    that state is (aux_layers[-1]; q/k/v read the token embedding and the state through the same
+    weights, both halves of the 2H input), the final norm is the target's. The draft then begins as
+    the target's own upper layer and learns the one-token shift and the chain from there."""
+    s, lay = draft.s, draft.layers[0]
+    src = target.get_decoder().layers[s.aux_layers[-1]]
+    H = s.hidden
+    draft.fc.weight.zero_()
+    draft.fc.weight[:, -H:] = torch.eye(H)
+    for name in ("q_proj", "k_proj", "v_proj"):
+        w = getattr(src.self_attn, name).weight.detach().float()  # [out, H]
+        getattr(lay.self_attn, name).weight.copy_(torch.cat([w, w], 1))
+    lay.self_attn.o_proj.weight.copy_(src.self_attn.o_proj.weight.detach().float())
+    for name in ("gate_proj", "up_proj", "down_proj"):
+        getattr(lay.mlp, name).weight.copy_(getattr(src.mlp, name).weight.detach().float())
+    for norm in (lay.input_layernorm, lay.hidden_norm):
+        norm.weight.copy_(src.input_layernorm.weight.detach().float())
+    lay.post_attention_layernorm.weight.copy_(src.post_attention_layernorm.weight.detach().float())
+    draft.norm.weight.copy_(target.get_decoder().norm.weight.detach().float())
 
 
 def run_draft(model: Path, out: Path, cfg: DraftConfig, *, target_artifact: Path | None = None,

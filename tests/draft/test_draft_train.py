@@ -1,0 +1,65 @@
+"""Training inputs of `tfcompile draft`: the cached target outputs and the start from the target.
+
+Oracle: the target's own full forward (transformers' LlamaForCausalLM with output_hidden_states):
+the cache must hand a step the fused hidden states and the log-probabilities over the draft
+vocabulary that a forward of the same rows gives.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+DEMO = Path(__file__).resolve().parents[2] / "examples" / "demo-lm"
+
+
+@pytest.fixture(scope="module")
+def target():
+    from tfcompile.evaluate.models import load_checkpoint_model
+
+    return load_checkpoint_model(DEMO, torch.float32, "reference")
+
+
+@pytest.mark.parametrize("reduced", [True, False])
+def test_the_cache_gives_what_a_target_forward_gives(target, reduced):
+    from tfcompile.draft.train import TargetCache
+
+    tokens = torch.randint(0, 4096, (11, 24), generator=torch.Generator().manual_seed(0))  # 11: chunks of 8 + 3
+    keep = torch.tensor([0, 5, 17, 300, 4095]) if reduced else None
+    aux = (1, 2, 3)
+    cache = TargetCache(target, tokens, aux, keep)
+    idx = torch.tensor([9, 2, 10])
+    fused, logp = cache.batch(idx, "cpu")
+    with torch.no_grad():
+        out = target(input_ids=tokens[idx], output_hidden_states=True)
+    logits = out.logits.float() if keep is None else out.logits.float()[..., keep]
+    torch.testing.assert_close(fused, torch.cat([out.hidden_states[i] for i in aux], -1), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(logp, torch.log_softmax(logits, -1), rtol=1e-5, atol=1e-5)
+    assert logp.shape == (3, 24, 5 if reduced else 4096)
+
+
+def test_the_draft_starts_from_the_target(target):
+    from tfcompile.draft.config import DraftConfig
+    from tfcompile.draft.run import _config, build_draft
+
+    tokens = torch.randint(0, 4096, (2, 16), generator=torch.Generator().manual_seed(1))
+    draft = build_draft(target, _config(DEMO), DraftConfig(init="target"), tokens)
+    aux = draft.s.aux_layers
+    src = target.get_decoder().layers[aux[-1]]
+    with torch.no_grad():
+        hs = target(input_ids=tokens, output_hidden_states=True).hidden_states
+        fused = torch.cat([hs[i] for i in aux], -1)
+        # fc passes the highest fused state through
+        torch.testing.assert_close(draft.fc(fused), hs[aux[-1]], rtol=0, atol=0)
+        lay = draft.layers[0]
+        x = torch.randn(3, draft.s.hidden)
+        torch.testing.assert_close(lay.mlp(x), src.mlp(x), rtol=1e-6, atol=1e-6)
+        q = lay.self_attn.q_proj.weight
+        H = draft.s.hidden
+        assert torch.equal(q[:, :H], src.self_attn.q_proj.weight) and torch.equal(q[:, H:], src.self_attn.q_proj.weight)
+        assert torch.equal(lay.hidden_norm.weight, src.input_layernorm.weight)
+        assert torch.equal(draft.norm.weight, target.get_decoder().norm.weight)
+    rnd = build_draft(target, _config(DEMO), DraftConfig(init="random"), tokens)
+    assert not torch.equal(rnd.layers[0].mlp.up_proj.weight, src.mlp.up_proj.weight)
