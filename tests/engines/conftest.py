@@ -32,6 +32,19 @@ CASES.update({
     "qwen3_next-fp8-dynamic": ("qwen3_next", "fp8-dynamic", ()),  # Gated DeltaNet kept, MoE
     "gpt_oss-mxfp4a16": ("gpt_oss", "mxfp4a16", ()),  # sinks, biased experts
 })
+# the 2026 families (DSA indexer, Gated DeltaNet + vision, experts w1/w2/w3), fp8-dynamic and nvfp4
+for _fam in ("deepseek_v32", "glm_moe_dsa", "qwen3_5", "qwen3_5_moe", "minimax_m2"):
+    CASES.update({f"{_fam}-{f}": (_fam, f, ()) for f in ("fp8-dynamic", "nvfp4")})
+# MTP layers (source "+mtp": the published layout, tests/fixtures/families.py add_mtp_layer /
+# add_qwen3_5_mtp): the driver loads vLLM's MTP draft model too (speculative_config method "mtp")
+MTP_CASES = {
+    "deepseek_v3+mtp-nvfp4": ("deepseek_v3+mtp", "nvfp4", ()),  # layer 4: DeepSeekMTP
+    "deepseek_v32+mtp-nvfp4": ("deepseek_v32+mtp", "nvfp4", ()),  # DSA indexer in the MTP block
+    "glm4_moe+mtp-fp8-dynamic": ("glm4_moe+mtp", "fp8-dynamic", ()),  # Glm4MoeMTP
+    "qwen3_5+mtp-fp8-dynamic": ("qwen3_5+mtp", "fp8-dynamic", ()),  # mtp.*: Qwen3_5MTP
+    "qwen3_5_moe+mtp-nvfp4": ("qwen3_5_moe+mtp", "nvfp4", ()),  # mtp.* beside the vision wrapper
+}
+CASES.update(MTP_CASES)
 # artifacts vLLM refuses, with its message: tfcompile's engine checks must refuse them too
 REFUSED = {
     "llama128-fp8-block": ("llama128", "fp8-block", (), "is not divisible by weight quantization block_n = 128"),
@@ -48,7 +61,7 @@ def vllm_py() -> str:
 @pytest.fixture(scope="session")
 def engine_src(tmp_path_factory):
     """engine_src(name) -> a tiny checkpoint: "llama", "llama128" (KV rows 64) or a family of
-    tests/fixtures/families.py."""
+    tests/fixtures/families.py ("FAMILY+mtp": with its MTP layer)."""
     root, cache = tmp_path_factory.mktemp("engine-src"), {}
     models, families = load_fixture("models"), load_fixture("families")
 
@@ -59,13 +72,22 @@ def engine_src(tmp_path_factory):
                 cache[name] = models.make_tiny_llama(out, hidden=256, intermediate=512, heads=4, kv_heads=2)
             elif name == "llama128":
                 cache[name] = models.make_tiny_llama(out)
-            elif name in ("deepseek_v3", "kimi_k2"):  # the published config.json's routing fields
-                cache[name] = families.FAMILIES[name].build(out, topk_method="noaux_tc", scoring_func="sigmoid")
+            elif name.endswith("+mtp"):  # the family's checkpoint with its MTP layer, as published
+                base = name.removesuffix("+mtp")
+                add = families.add_qwen3_5_mtp if base.startswith("qwen3_5") else families.add_mtp_layer
+                cache[name] = add(_build(families, base, out))
             else:
-                cache[name] = families.FAMILIES[name].build(out)
+                cache[name] = _build(families, name, out)
         return cache[name]
 
     return get
+
+
+def _build(families, name: str, out: Path) -> Path:
+    if name in ("deepseek_v3", "kimi_k2", "deepseek_v32", "glm_moe_dsa"):  # the published config.json's
+        # routing fields (vLLM's DeepseekV2MoE has `gate.e_score_correction_bias` only for noaux_tc)
+        return families.FAMILIES[name].build(out, topk_method="noaux_tc", scoring_func="sigmoid")
+    return families.FAMILIES[name].build(out)
 
 
 @pytest.fixture(scope="session")
@@ -83,7 +105,7 @@ def engine_artifact(engine_src, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def vllm_reports(vllm_py, engine_artifact):
-    """case -> vllm_driver.py's inspect report; all cases in one vLLM process (~2 min here)."""
+    """case -> vllm_driver.py's inspect report; all cases in one vLLM process (~3-4 min here)."""
     cases = list(CASES) + list(REFUSED)
     paths = [engine_artifact(c) for c in cases]
     reports = run_driver(vllm_py, "inspect", *paths)

@@ -33,7 +33,7 @@ EXPECTED = {
 }
 # checkpoint dtype -> parameter dtype casts vLLM's loaders may do without changing a value
 LOSSLESS = {("bfloat16", "float32"), ("float16", "float32")}
-_EXPERT = re.compile(r"\.experts\.\d+\.(gate_proj|up_proj|down_proj)$")
+_EXPERT = re.compile(r"\.experts\.\d+\.(gate_proj|up_proj|down_proj|w1|w2|w3)$")  # w*: MiniMax-M2
 
 
 def vllm_python() -> str:
@@ -73,7 +73,8 @@ def scheme_problems(rep: dict, manifest: dict) -> list[str]:
     bad, packed, served = [], rep["packed_modules_mapping"], {}
     for layer in manifest["layers"]:
         fmt = layer.get("format") or manifest["scheme"]["name"]
-        served.setdefault(vllm_module(layer["module"], packed), set()).add(fmt)
+        module = rep.get("hf_to_vllm", {}).get(layer["module"], layer["module"])  # vLLM's own renaming
+        served.setdefault(vllm_module(module, packed), set()).add(fmt)
     for name, fmts in sorted(served.items()):
         if len(fmts) > 1:
             bad.append(f"{name}: one fused vLLM layer, several formats {sorted(fmts)}")

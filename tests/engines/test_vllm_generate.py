@@ -2,8 +2,10 @@
 generate from the same artifact: greedy tokens equal, or the first divergence explained by a
 near-tie (both engines' margin between the two tokens below the rounding noise measured on the
 steps before it). Families whose experts vLLM's CPU build cannot run (no FP8 fused-MoE backend:
-test_vllm_oracle.py) and those whose attention it cannot run (head_dim 16: "Unsupported CPU
-attention configuration") are generated here at a head_dim the CPU attention takes (64).
+test_vllm_oracle.py; DeepSeek-V3.2 / GLM-5: no sparse attention on CPU) are not generated; the
+dense families whose attention it cannot run at their tiny size (head_dim 16: "Unsupported CPU
+attention configuration") are generated here at a head_dim the CPU attention takes (64): Llama,
+Qwen3 and Qwen3.5 (Gated DeltaNet : gated attention, linear_attn kept in bf16).
 
 Slow job: one vLLM process loads the tiny artifacts and SmolLM2-135M (~3-4 min here).
 """
@@ -22,6 +24,7 @@ from families_util import load_fixture, quantize
 pytestmark = pytest.mark.slow
 
 STEPS = 16
+DENSE = ("llama", "qwen3", "qwen3_5")  # qwen3_5: the 2026 family whose layers vLLM's CPU build runs
 TOL_FLOOR = 0.05  # nats: the noise assumed when no step agreed (two bf16 engines never agree closer)
 
 
@@ -33,8 +36,12 @@ def _dense(name: str, out):
     families = load_fixture("families")
     common = dict(families._COMMON, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, head_dim=64)
-    cfg = {"llama": transformers.LlamaConfig, "qwen3": transformers.Qwen3Config}[name](**common)
-    arch = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}[name]
+    if name == "qwen3_5":  # Gated DeltaNet : gated attention 3:1 (linear_attn kept), 4 layers, heads of 64
+        common.update(num_hidden_layers=4, linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=64,
+                      linear_value_head_dim=64)
+    cfg = {"llama": transformers.LlamaConfig, "qwen3": transformers.Qwen3Config,
+           "qwen3_5": transformers.Qwen3_5TextConfig}[name](**common)
+    arch = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM", "qwen3_5": "Qwen3_5ForCausalLM"}[name]
     return families._build(arch, cfg, out, torch.bfloat16, 0)
 
 
@@ -103,7 +110,7 @@ def generated(tmp_path_factory, vllm_py):
     from tfcompile.fixtures.smollm2 import smollm2_checkpoint
 
     root = tmp_path_factory.mktemp("engine-generate")
-    arts = {n: quantize(_dense(n, root / n), root / f"{n}-fp8-dynamic", "fp8-dynamic") for n in ("llama", "qwen3")}
+    arts = {n: quantize(_dense(n, root / n), root / f"{n}-fp8-dynamic", "fp8-dynamic") for n in DENSE}
     arts["smollm2"] = quantize(smollm2_checkpoint(), root / "smollm2-fp8-dynamic", "fp8-dynamic")
     prompts = {str(a): _prompts(a) for a in arts.values()}
     req = root / "request.json"
@@ -112,7 +119,7 @@ def generated(tmp_path_factory, vllm_py):
     return {n: (a, prompts[str(a)], o) for (n, a), o in zip(arts.items(), outs)}
 
 
-@pytest.mark.parametrize("name", ["llama", "qwen3", "smollm2"])
+@pytest.mark.parametrize("name", [*DENSE, "smollm2"])
 def test_vllm_greedy_equals_transformers_on_fp8_dynamic(name, generated):
     artifact, prompts, out = generated[name]
     assert "error" not in out, f"{name}: vLLM could not serve the artifact: {out['error']}\n{out.get('traceback')}"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import CASES, REFUSED
+from conftest import CASES, MTP_CASES, REFUSED
 from engine_util import kv_problems, loader_problems, scheme_problems
 from families_util import manifest
 
@@ -123,3 +123,30 @@ def test_vllm_serves_fp8_static_fused_groups_as_written(vllm_reports):
     unequal = {k: v for k, v in fused.items() if len(set(v)) > 1}
     assert not unequal, f"{len(unequal)} fused layers with unequal member scales, served at their max: " \
                         + "; ".join(f"{k}: {v} -> {rep['served_scales'][k]}" for k, v in list(unequal.items())[:3])
+
+
+# the MTP draft model vLLM 0.32 builds for each layout (speculative_config {"method": "mtp"})
+MTP_DRAFT = {"deepseek_v3": "DeepSeekMTP", "deepseek_v32": "DeepSeekMTP", "glm4_moe": "Glm4MoeMTP",
+             "qwen3_5": "Qwen3_5MTP", "qwen3_5_moe": "Qwen3_5MoeMTP"}
+
+
+@pytest.mark.parametrize("case", list(MTP_CASES))
+def test_vllm_mtp_draft_loads_every_mtp_tensor(case, vllm_reports, engine_artifact):
+    """The MTP layers are kept with the names, shapes and dtypes vLLM's MTP loaders read: vLLM's own
+    draft model (deepseek_mtp.py, glm4_moe_mtp.py, qwen3_5_mtp.py) takes every tensor of the MTP layer
+    (the target model skips them), its heads (eh_proj nn.Linear, shared_head.head ParallelLMHead,
+    Qwen3.5's mtp.fc) unquantized, its decoder block with the manifest's scheme (the scheme test)."""
+    import json
+
+    rep = vllm_reports[case]
+    assert "error" not in rep, f"{case}: {rep.get('error')}\n{rep.get('traceback', '')}"
+    cfg = json.loads((engine_artifact(case) / "config.json").read_text())
+    text = cfg.get("text_config") or cfg
+    prefix = "mtp." if "mtp_num_hidden_layers" in text else f"model.layers.{text['num_hidden_layers']}."
+    assert rep["mtp"]["model_class"] == MTP_DRAFT[case.split("+")[0]]
+    mtp = {t["name"] for t in rep["tensors"] if t["name"].startswith(prefix)}
+    assert len(mtp) > 20, sorted(mtp)  # the whole layer is in the artifact
+    missing = mtp - set(rep["mtp"]["tensors_loaded"])
+    assert not missing, f"{case}: MTP tensors vLLM's draft model does not load: {sorted(missing)[:10]}"
+    heads = [n for n in rep["linears"] if n.startswith(prefix) and n.endswith(("eh_proj", "shared_head.head", "mtp.fc"))]
+    assert heads and all(rep["linears"][n]["scheme"] is None for n in heads), {n: rep["linears"][n] for n in heads}

@@ -3,6 +3,7 @@
     python vllm_driver.py inspect DIR [DIR ...]    -> one JSON object per artifact (a list)
     python vllm_driver.py generate PROMPTS.json DIR [DIR ...]
         -> one {"tokens": [[...]], "logprobs": [[{id: lp}]]} per artifact (a list)
+    python vllm_driver.py nvfp4-qdq IN.pt OUT.pt   -> vLLM's NVFP4 activation QDQ of each input
 
 `inspect` builds each artifact's model the way vLLM's engine does (EngineArgs ->
 VllmConfig -> DefaultModelLoader.load_model: vLLM's CompressedTensorsConfig, its model
@@ -27,101 +28,7 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-STANDINS: list[str] = []  # why each stand-in was needed (the kernel factory's message, first line)
-
-
-class StandInKernel:
-    """Replaces a GEMM kernel vLLM's CPU build lacks: loads nothing, transforms nothing, never runs."""
-
-    def __init__(self, kind: str, reason: str):
-        self.kind, self.reason = kind, reason
-
-    def input_quant_key(self):
-        return None
-
-    def process_weights_after_loading(self, layer):
-        return None
-
-    def apply_weights(self, *a, **k):
-        raise RuntimeError(f"stand-in {self.kind} kernel: vLLM's CPU build has none ({self.reason})")
-
-
-_REFUSALS = (ValueError, NotImplementedError, RuntimeError, AssertionError)
-
-
-def _wrap(module, name: str, fallback) -> None:
-    """module.name(...) as vLLM calls it; where it raises (no kernel for this platform), the reason is
-    recorded and fallback(reason) is returned instead."""
-    real = getattr(module, name)
-    if getattr(real, "_tfcompile_standin", False):
-        return
-
-    def wrapped(*args, **kwargs):
-        try:
-            out = real(*args, **kwargs)
-        except _REFUSALS as e:
-            reason = str(e).strip().splitlines()[0][:200]
-            STANDINS.append(f"{name}: {reason}")
-            out = fallback(reason)
-        try:  # what the scheme asked of the kernel (e.g. the MXFP4 activation key): reported per layer
-            out._tfcompile_args = {k: str(v) for k, v in kwargs.items() if "quant_key" in k or k == "use_a16"}
-        except AttributeError:
-            pass
-        return out
-
-    wrapped._tfcompile_standin = True
-    setattr(module, name, wrapped)
-
-
-def _static_fp8_quant_standin() -> None:
-    """`_C::static_scaled_fp8_quant` is a placeholder in the CPU build; vLLM calls it to requantize
-    fused per-tensor FP8 shards to the group's largest scale (w8a8_utils.requantize_with_max_scale).
-    Plain torch, the CUDA kernel's arithmetic: x / scale in fp32, clamped to +-448, cast to E4M3."""
-    import torch
-    from vllm import _custom_ops as ops
-
-    real = ops.scaled_fp8_quant
-    if getattr(real, "_tfcompile_standin", False):
-        return
-
-    def scaled_fp8_quant(input, scale=None, *args, **kwargs):
-        if scale is None or scale.numel() != 1 or input.device.type != "cpu":
-            return real(input, scale, *args, **kwargs)
-        STANDINS.append("scaled_fp8_quant: static per-tensor FP8 quantize in plain torch (CPU build has none)")
-        q = (input.float() / scale.float()).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
-        return q, scale
-
-    scaled_fp8_quant._tfcompile_standin = True
-    ops.scaled_fp8_quant = scaled_fp8_quant
-
-
-class StandInMoeBackend:
-    """What a `select_*_moe_backend` returns when the CPU build has no fused-MoE kernel for a scheme:
-    equal to no real backend, so create_weights takes its generic path; processing it fails (recorded)."""
-
-    value = "STAND-IN"
-
-    def __repr__(self):
-        return "StandInMoeBackend"
-
-
-def install_standins() -> None:
-    import importlib
-
-    _static_fp8_quant_standin()
-    moe = "vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe."
-    for mod in ("compressed_tensors_moe_w4a4_nvfp4", "compressed_tensors_moe_w4a4_mxfp4",
-                "compressed_tensors_moe_w8a8_mxfp8", "compressed_tensors_moe_w8a8_fp8"):
-        m = importlib.import_module(moe + mod)
-        for name in [n for n in dir(m) if n.startswith("select_") and n.endswith("_moe_backend")]:
-            _wrap(m, name, lambda reason: (StandInMoeBackend(), None))
-
-    base = "vllm.model_executor.layers.quantization.compressed_tensors.schemes."
-    for mod, fn in (("compressed_tensors_w4a4_nvfp4", "init_nvfp4_linear_kernel"),
-                    ("compressed_tensors_w4a4_mxfp4", "init_mxfp4_linear_kernel"),
-                    ("compressed_tensors_w8a8_mxfp8", "init_mxfp8_linear_kernel"),
-                    ("compressed_tensors_w8a8_fp8", "init_fp8_linear_kernel")):
-        _wrap(importlib.import_module(base + mod), fn, lambda reason, fn=fn: StandInKernel(fn, reason))
+from vllm_standins import STANDINS, install_standins, torchvision_standin  # noqa: E402
 
 
 _DIST = {"ready": False}
@@ -211,6 +118,7 @@ def _linears(model) -> dict:
             continue
         scheme = getattr(m, "scheme", None)
         d = {"class": type(m).__name__, "method": type(getattr(m, "quant_method", None)).__name__,
+             "prefix": getattr(m, "prefix", None),
              "scheme": type(scheme).__name__ if scheme is not None else None,
              "shards": list(getattr(m, "output_sizes", []) or [])}
         if scheme is not None:
@@ -275,41 +183,106 @@ def _process(model, mc) -> dict:
     return errors
 
 
+def _mtp_layers(path: str) -> int:
+    """MTP layers the checkpoint's config.json declares (DeepSeek / GLM: num_nextn_predict_layers,
+    Qwen3.5: mtp_num_hidden_layers, in text_config for the multimodal wrapper) and carries: the
+    configs of checkpoints without them declare them too (transformers' default is 1), and serving
+    one of those without speculative decoding is what a user does."""
+    import glob
+
+    from safetensors import safe_open
+
+    cfg = json.loads(open(os.path.join(path, "config.json")).read())
+    text = cfg.get("text_config") or cfg
+    n = int(text.get("num_nextn_predict_layers") or text.get("mtp_num_hidden_layers") or 0)
+    prefix = "mtp." if text.get("mtp_num_hidden_layers") else f"model.layers.{text.get('num_hidden_layers')}."
+    for f in glob.glob(os.path.join(path, "*.safetensors")):
+        with safe_open(f, "pt") as st:
+            if n and any(k.startswith(prefix) for k in st.keys()):
+                return n
+    return 0
+
+
+def _mtp_name(name: str) -> str:
+    """A draft (MTP) model's module as the checkpoint names it: DeepSeek / GLM nest the decoder block
+    under `model.layers.L.mtp_block.` (deepseek_mtp.py `_rewrite_spec_layer_name`)."""
+    return name.replace(".mtp_block.", ".")
+
+
+def _hf_to_vllm(model, tensors) -> dict:
+    """Checkpoint module -> the vLLM module its weight goes to, by the model's own `hf_to_vllm_mapper`
+    (e.g. Qwen3.5-MoE's `model.language_model.` -> `language_model.model.`); names it drops (the MTP
+    layers, loaded by the draft model) stay as they are."""
+    mapper = getattr(model, "hf_to_vllm_mapper", None)
+    if mapper is None:
+        return {}
+    out = {}
+    for module in {t["name"].rsplit(".", 1)[0] for t in tensors}:
+        mapped = mapper.map_name(module + ".weight")
+        out[module] = mapped.removesuffix(".weight") if mapped else module
+    return out
+
+
+def _experts_name(m) -> str:
+    """A draft's RoutedExperts under its quant-config prefix (`layer_name`, the FusedMoE's `...mlp.experts`)."""
+    return f"{m.layer_name}.routed_experts"
+
+
+def _load(loader, vc, mc, rep: dict, draft: bool) -> None:
+    """Build `mc`'s model (the target, or the MTP draft), run its loaders, record into rep."""
+    import torch
+
+    from vllm.utils.torch_utils import set_default_torch_dtype
+
+    with set_default_torch_dtype(mc.dtype), torch.device("cpu"):
+        model = loader.create_model(vllm_config=vc, model_config=mc)
+        state = _record_loading(model, loader)
+        loader.load_weights(model, mc)
+        scales, errors = _pre_process_snapshot(model), _process(model, mc)
+    # the draft's modules under the checkpoint's names: its Linears' quant-config prefix (Qwen3.5's
+    # MTP module is `model.layers.0` in vLLM, `mtp.layers.0` in the checkpoint and the ignore list)
+    rename = _mtp_name if draft else (lambda n: n)
+    linears = {rename((v["prefix"] if draft else None) or n): v for n, v in _linears(model).items()}
+    experts = {rename(_experts_name(m) if draft else n): type(m.quant_method).__name__
+               for n, m in model.named_modules() if type(m).__name__ == "RoutedExperts" and hasattr(m, "quant_method")}
+    served = {rename(n): v for n, v in _pre_process_snapshot(model).items()}
+    if draft:  # the draft's own Linears, loader calls and errors join the target's
+        rep["mtp"] = {"model_class": type(model).__name__, "linears": sorted(linears),
+                      "tensors_loaded": sorted({c["tensor"] for c in state["calls"]})}
+        rep["calls"] += state["calls"]
+        rep["process_errors"].update({rename(n): e for n, e in errors.items()})
+        for k, v in (("linears", linears), ("experts", experts), ("served_scales", served)):
+            rep[k].update({n: x for n, x in v.items() if n not in rep[k]})
+        return
+    rep["hf_to_vllm"] = _hf_to_vllm(model, state["tensors"])
+    rep.update(model_class=type(model).__name__, loaded=True, process_errors=errors, loaded_scales=scales,
+               packed_modules_mapping={k: list(v) for k, v in getattr(model, "packed_modules_mapping", {}).items()},
+               tensors=state["tensors"], calls=state["calls"], linears=linears, attention=_attention(model),
+               experts=experts, served_scales=served)
+
+
 def inspect_one(path: str, **engine_kw) -> dict:
+    """One artifact; with MTP layers declared, the MTP draft model vLLM's `speculative_config`
+    {"method": "mtp"} builds is loaded too (its model class, its loaders, its quant config)."""
     from vllm.config import set_current_vllm_config
     from vllm.model_executor.model_loader import get_model_loader
 
     STANDINS.clear()
     rep: dict = {"path": path}
     try:
+        mtp = _mtp_layers(path)
+        if mtp:
+            engine_kw.setdefault("speculative_config", {"method": "mtp", "num_speculative_tokens": mtp})
         vc = _engine_config(path, **engine_kw)
         with set_current_vllm_config(vc):
             _init_dist(vc)
-            import torch
-
-            from vllm.utils.torch_utils import set_default_torch_dtype
-
             loader = get_model_loader(vc.load_config)
-            mc = vc.model_config
             qc = vc.quant_config
             rep["quant_config"] = type(qc).__name__ if qc is not None else None
             rep["kv_cache_scheme"] = getattr(qc, "kv_cache_scheme", None)
-            with set_default_torch_dtype(mc.dtype), torch.device("cpu"):
-                model = loader.create_model(vllm_config=vc, model_config=mc)
-                rep["model_class"] = type(model).__name__
-                rep["packed_modules_mapping"] = {k: list(v) for k, v in
-                                                 getattr(model, "packed_modules_mapping", {}).items()}
-                state = _record_loading(model, loader)
-                loader.load_weights(model, mc)
-                rep["loaded_scales"] = _pre_process_snapshot(model)
-                rep["tensors"], rep["calls"] = state["tensors"], state["calls"]
-                rep["loaded"] = True
-                rep["process_errors"] = _process(model, mc)
-            rep["linears"] = _linears(model)
-            rep["attention"] = _attention(model)
-            rep["experts"] = {n: type(m.quant_method).__name__ for n, m in model.named_modules()
-                              if type(m).__name__ == "RoutedExperts" and hasattr(m, "quant_method")}
-            rep["served_scales"] = _pre_process_snapshot(model)
+            _load(loader, vc, vc.model_config, rep, draft=False)
+            if mtp:
+                _load(loader, vc, vc.speculative_config.draft_model_config, rep, draft=True)
     except Exception as e:  # the engine's refusal is a result, reported with its message
         rep["error"] = f"{type(e).__name__}: {e}"
         rep["traceback"] = traceback.format_exc()[-4000:]
@@ -347,11 +320,25 @@ def _generate(LLM, SamplingParams, path: str, req: dict) -> dict:
     return {"path": path, "tokens": tokens, "logprobs": lps}
 
 
+def nvfp4_qdq(src: str, dst: str) -> dict:
+    """vLLM's own NVFP4 activation quantize-dequantize (nvfp4_emulation_utils.ref_nvfp4_quant_dequant,
+    what its emulated W4A4 scheme runs on CPU) on each {"x": bf16 [M, K], "g": fp32 (1,)} of a
+    torch.save'd dict; the results saved to dst under the same keys."""
+    import torch
+
+    from vllm.model_executor.layers.quantization.utils.nvfp4_emulation_utils import ref_nvfp4_quant_dequant
+
+    cases = torch.load(src)
+    torch.save({k: ref_nvfp4_quant_dequant(c["x"], c["g"].float(), 16) for k, c in cases.items()}, dst)
+    return {"cases": sorted(cases)}
+
+
 def _json_out(obj) -> None:
     os.write(_STDOUT, (json.dumps(obj) + "\n").encode())
 
 
 def main(argv: list[str]) -> int:
+    torchvision_standin()
     if len(argv) >= 2 and argv[0] == "inspect":
         install_standins()
         _json_out([inspect_one(p) for p in argv[1:]])
@@ -359,6 +346,9 @@ def main(argv: list[str]) -> int:
     if len(argv) >= 3 and argv[0] == "generate":
         req = json.loads(open(argv[1]).read())
         _json_out([generate(p, req) for p in argv[2:]])
+        return 0
+    if len(argv) == 3 and argv[0] == "nvfp4-qdq":
+        _json_out(nvfp4_qdq(argv[1], argv[2]))
         return 0
     print(__doc__, file=sys.stderr)
     return 2

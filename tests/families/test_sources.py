@@ -63,6 +63,30 @@ def test_compressed_tensors_artifact_requantized(family, first, then, family_src
     assert rec["format"] == "compressed-tensors" and rec["dequantized_tensors"] == len(manifest(src)["layers"])
 
 
+@pytest.mark.parametrize("fmt", ["nvfp4", "fp8-dynamic"])
+def test_int4_pack_quantized_kimi_checkpoint(fmt, family_src, published, tmp_path):
+    """Kimi K2-Thinking / K2.5's published INT4 experts (compressed-tensors pack-quantized) read as
+    they are: the artifact equals the one of the bf16 model compressed-tensors' own
+    PackedQuantizationCompressor decodes from the same files."""
+    src = published.to_int4_pack_quantized(family_src("kimi_k2"), tmp_path / "int4")
+    bf16 = published.dequantize_compressed(src, tmp_path / "bf16")
+    a, b = quantize(src, tmp_path / "a", fmt), quantize(bf16, tmp_path / "b", fmt)
+    _same_artifact(a, b)
+    rec = manifest(a)["source"]["format"]
+    assert rec["compression"] == "pack-quantized" and rec["dequantized_tensors"] == 3 * 8 * 2  # 2 MoE layers
+
+
+def test_int4_pack_quantized_other_widths_are_refused(family_src, published, tmp_path):
+    import json
+
+    src = published.to_int4_pack_quantized(family_src("kimi_k2"), tmp_path / "int4")
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["quantization_config"]["config_groups"]["group_0"]["weights"]["num_bits"] = 8
+    (src / "config.json").write_text(json.dumps(cfg))
+    code, _, err = run_cli("quantize", src, "-o", tmp_path / "out", "--format", "nvfp4a16", "-q")
+    assert code == 1 and "8-bit" in err and "hint:" in err
+
+
 def test_mxfp4_source_decodes_one_expert_at_a_time(family_src, published, tmp_path, monkeypatch):
     """Memory stays bounded: pack never decodes a layer's fused experts whole (each expert once)."""
     from tfcompile.io.sources import mxfp4

@@ -182,8 +182,8 @@ def _weight_only_mxfp4(doc: Mapping, engine: str, target: str | None) -> list[En
     where = "on sm_100a" if target == "sm_100a" else "where a W4A4 kernel exists (sm_100 + FlashInfer)"
     return [EngineProblem(engine, False, f"vllm 0.32 reads mxfp4a16 as W4A4 MXFP4 {where}: activations get "
                           "quantized although the artifact says weight-only (vLLM #56770)",
-                          "eval with --format mxfp4 to see what vLLM serves there; on sm_90a it runs weight-only "
-                          "(Marlin)")]
+                          "`tfcompile eval --served-on vllm:sm_100a` scores what vLLM serves there; on sm_90a "
+                          "it runs weight-only (Marlin)")]
 
 
 def _target(doc: Mapping, engine: str, target: str | None) -> list[EngineProblem]:
@@ -195,6 +195,23 @@ def _target(doc: Mapping, engine: str, target: str | None) -> list[EngineProblem
     return [EngineProblem(engine, False, f"{', '.join(fmts)}: sm_90a has no FP4/MX tensor cores; {engine} serves "
                           "them weight-only (Marlin), activations unquantized", "--target sm_100a, or --format "
                           "nvfp4a16 / fp8-dynamic for Hopper")]
+
+
+# ENGINE:TARGET -> {format written: format whose activations the engine runs instead}, where an engine
+# reads an artifact otherwise than written (`tfcompile eval --served-on`): vLLM 0.32 builds
+# CompressedTensorsW4A4Mxfp4 with kMxfp4Dynamic activations for a weight-only MXFP4 artifact, and on
+# sm_100 its first MXFP4 kernel, FlashInfer's, quantizes them (kernels/linear/mxfp4/flashinfer.py);
+# on sm_90 Marlin runs weight-only, as written (#56770).
+SERVED_ON = {"vllm:sm_100a": {"mxfp4a16": "mxfp4"}, "vllm:sm_90a": {}}
+
+
+def served_activations(served_on: str | None) -> dict[str, str]:
+    """`eval --served-on ENGINE:TARGET` -> {written format: the format whose activation emulation runs}."""
+    if served_on is None:
+        return {}
+    if served_on not in SERVED_ON:
+        raise ValueError(f"unknown --served-on {served_on!r}; choose one of: {', '.join(SERVED_ON)}")
+    return dict(SERVED_ON[served_on])
 
 
 def check_engines(doc: Mapping, engines: Iterable[str], **kw) -> list[EngineProblem]:

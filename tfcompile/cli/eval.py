@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 from rich.table import Table
 
+from tfcompile.artifact.engines import SERVED_ON
 from tfcompile.artifact.manifest import MANIFEST, load_manifest
 from tfcompile.cli.model_ref import resolve_params
 from tfcompile.cli.output import RichReporter, emit_json, rank_output
@@ -90,6 +91,10 @@ def layers_table(layers: list[dict]) -> Table:
               show_default=True, help="Compute dtype of both models.")
 @click.option("--kv-cache", type=click.Choice(KV_MODES), default="auto", show_default=True,
               help="auto: emulate the artifact's FP8 KV cache when it has one (kv_cache_scheme); off: never.")
+@click.option("--served-on", type=click.Choice(list(SERVED_ON)), default=None,
+              help="Score what ENGINE:TARGET serves where it reads the artifact otherwise than written "
+              "(vllm:sm_100a: an mxfp4a16 artifact's activations quantized as W4A4 MXFP4, vLLM #56770); "
+              "default: as written.")
 @click.option("--max-kl", type=float, help="Gate: mean KL(ref || model) in nats must be <= this.")
 @click.option("--max-ppl-increase", type=float, help="Gate: relative perplexity increase, e.g. 0.05 = 5%.")
 @click.option("--min-top1", type=float, help="Gate: top-1 agreement with the reference must be >= this.")
@@ -113,7 +118,7 @@ def layers_table(layers: list[dict]) -> Table:
 @click.option("-q", "--quiet", is_flag=True, help="No progress on stderr.")
 @click.option("--no-verify", "no_verify", is_flag=True, help="Skip the integrity checks of an artifact MODEL "
               "(verify's manifest integrity, paths, extra files and checksums) run before evaluating it.")
-def eval_cmd(model, reference, revision, text, max_tokens, seq_len, batch_size, dtype, kv_cache, max_kl,
+def eval_cmd(model, reference, revision, text, max_tokens, seq_len, batch_size, dtype, kv_cache, served_on, max_kl,
              max_ppl_increase, min_top1, device, layers, layer_kl, draft, draft_k, draft_prompts, draft_prompt_len,
              draft_new_tokens, min_acceptance, tasks, max_task_drop, task_limit, junit, as_json, quiet, no_verify):
     """Evaluate MODEL (artifact or checkpoint) against --reference: perplexity, KL, top-1, layer SQNR.
@@ -146,7 +151,7 @@ def eval_cmd(model, reference, revision, text, max_tokens, seq_len, batch_size, 
         doc = evaluate(model, reference, text=text, max_tokens=max_tokens, seq_len=seq_len,
                        batch_size=batch_size, dtype=dtype, kv_cache=kv_cache, progress=reporter, layer_kl=layer_kl,
                        thresholds={"max-kl": max_kl, "max-ppl-increase": max_ppl_increase, "min-top1": min_top1},
-                       device=device, world=world)
+                       device=device, world=world, served_on=served_on)
     if draft and world.is_root:
         doc = _with_draft(doc, model, reference, draft, ks, text=text, prompts=draft_prompts,
                           prompt_len=draft_prompt_len, new_tokens=draft_new_tokens, dtype=dtype, kv_cache=kv_cache,

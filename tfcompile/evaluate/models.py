@@ -115,10 +115,12 @@ def load_checkpoint_model(path: Path, dtype: torch.dtype, role: str) -> nn.Modul
 
 
 def load_candidate(path: Path, dtype: torch.dtype, kv_cache: str = "auto",
-                   manifest: JsonDict | None = None) -> Candidate:
+                   manifest: JsonDict | None = None, act_as: dict[str, str] | None = None) -> Candidate:
     """MODEL_OR_ARTIFACT: a tfcompile artifact (dequantized + emulated) or a checkpoint (as is).
 
     kv_cache: "auto" emulates the artifact's FP8 KV cache when it has one, "off" never does.
+    act_as: {written format: format whose activation emulation runs instead} (what an engine serves:
+    artifact/engines.py `served_activations`); the weights are always the artifact's.
     manifest: the artifact's manifest when it is not on disk yet (`quantize --eval` evaluates
     the staged artifact before the manifest is written); None reads it."""
     if kv_cache not in KV_MODES:
@@ -130,7 +132,7 @@ def load_candidate(path: Path, dtype: torch.dtype, kv_cache: str = "auto",
     scheme = get_scheme(manifest["scheme"]["name"])
     ckpt = open_checkpoint(path)
     try:
-        cand = _build_artifact(path, ckpt, manifest, scheme, dtype)
+        cand = _build_artifact(path, ckpt, manifest, scheme, dtype, act_as or {})
     finally:
         ckpt.close()
     if cand.kv_scales is not None and kv_cache == "auto":
@@ -139,7 +141,7 @@ def load_candidate(path: Path, dtype: torch.dtype, kv_cache: str = "auto",
 
 
 def _build_artifact(path: Path, ckpt: Checkpoint, manifest: dict, scheme: Scheme,
-                    dtype: torch.dtype) -> Candidate:
+                    dtype: torch.dtype, act_as: dict[str, str]) -> Candidate:
     cfg = load_hf_config(path)  # CheckpointError for a config transformers cannot read
     if hasattr(cfg, "quantization_config"):
         delattr(cfg, "quantization_config")
@@ -167,8 +169,9 @@ def _build_artifact(path: Path, ckpt: Checkpoint, manifest: dict, scheme: Scheme
     expert_acts: dict[str, ActFn] = {}  # per-expert Linear (model names) -> its input quantization
     for name, (n, k) in sorted(layers.items()):
         w = dequantize(qtensor_of(ckpt, schemes[name], name, n, k), torch.float32)
-        act = _act_fn(ckpt, schemes[name], name)
-        key = _act_key(ckpt, schemes[name], name) if act is not None else None
+        served = get_scheme(act_as[schemes[name].name]) if schemes[name].name in act_as else schemes[name]
+        act = _act_fn(ckpt, served, name)
+        key = _act_key(ckpt, served, name) if act is not None else None
         name = names.to_model(name)
         mod = modules.get(name)
         if isinstance(mod, nn.Linear):

@@ -9,6 +9,7 @@ from typing import Protocol
 
 import torch
 
+from tfcompile.artifact.engines import served_activations
 from tfcompile.dist import LOCAL
 from tfcompile.dist.devices import resolve_device
 from tfcompile.dist.world import World
@@ -44,7 +45,7 @@ def evaluate(model_path: Path, reference: Path, *, text: Path | None = None, max
              kv_cache: str = "auto", thresholds: dict[str, float | None] | None = None,
              progress: Progress | None = None, layer_kl: bool = False,
              manifest: JsonDict | None = None, device: str = "auto", world: World | None = None,
-             layers: bool = True) -> dict:
+             layers: bool = True, served_on: str | None = None) -> dict:
     """The report as a JSON-ready dict (see docs/ci.md for the fields).
 
     kv_cache: "auto" emulates an artifact's FP8 KV cache (kvcache.py), "off" does not.
@@ -52,6 +53,8 @@ def evaluate(model_path: Path, reference: Path, *, text: Path | None = None, max
     layers: the per-Linear output SQNR rows (False: `layers` is empty; bench/eval_layers.py's
     plain eval, the baseline of what the per-layer figures cost).
     manifest: the artifact's manifest when it is not on disk yet (`quantize --eval`).
+    served_on: "ENGINE:TARGET" (artifact/engines.py SERVED_ON): emulate the activations that engine
+    runs where it reads the artifact otherwise than written (vLLM 0.32 on sm_100a: mxfp4a16 as W4A4).
     device: where both models run (tfcompile/dist/devices.py). Under torchrun (`world`) batch b
     runs on rank b mod N and every rank gets the figures one process computes, bit for bit."""
     for name, value in (("--max-tokens", max_tokens), ("--seq-len", seq_len), ("--batch-size", batch_size)):
@@ -64,7 +67,11 @@ def evaluate(model_path: Path, reference: Path, *, text: Path | None = None, max
     source = load_text(text)  # cheap checks first
     ref = load_checkpoint_model(Path(reference), DTYPES[dtype], "reference")
     tokenizer = load_tokenizer(Path(reference))
-    cand = load_candidate(Path(model_path), DTYPES[dtype], kv_cache, manifest)
+    try:
+        act_as = served_activations(served_on)
+    except ValueError as e:
+        raise EvalError(str(e), hint="omit --served-on to score the artifact as written") from None
+    cand = load_candidate(Path(model_path), DTYPES[dtype], kv_cache, manifest, act_as)
     vocab, ref_vocab = _vocab(cand.model), _vocab(ref)
     if vocab != ref_vocab:
         raise EvalError(f"vocabulary mismatch: {model_path} has {vocab} output tokens, "
@@ -96,6 +103,7 @@ def evaluate(model_path: Path, reference: Path, *, text: Path | None = None, max
         "model": str(model_path), "reference": str(reference), "kind": cand.kind,
         "format": scheme.name if scheme else None,
         "activations": (scheme.act if scheme else None),
+        "served_on": served_on, "activations_as_served": act_as,  # {written format: format emulated}
         "kv_cache": kv_entry,
         "dtype": dtype,
         "text": {"source": source.source, "tokens": metrics["tokens"], "sequences": len(rows),

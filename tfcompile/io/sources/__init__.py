@@ -8,7 +8,7 @@ encodes (`DequantizedSource`, decoded tensor by tensor on demand), chosen by con
 |---------------------|------------------------------------------|--------|
 | fp8 (+ weight_block_size) | DeepSeek-V3/R1, Kimi K2: E4M3 + `weight_scale_inv` per block | fp8_block.py |
 | mxfp4               | GPT-OSS: experts as `*_blocks` + `*_scales` | mxfp4.py |
-| compressed-tensors  | tfcompile / llm-compressor artifacts (re-quantization) | compressed.py |
+| compressed-tensors  | tfcompile / llm-compressor artifacts (re-quantization); Kimi K2-Thinking / K2.5 INT4 pack-quantized experts | compressed.py, int4_pack.py |
 
 Anything else is refused with a hint. The manifest records `source.format`.
 """

@@ -6,7 +6,9 @@ Re-quantization, e.g. an FP8 model to NVFP4: every quantized Linear reads as its
 - MXFP4: `weight_packed` u8 [N, K/2], `weight_scale` u8 E8M0 [N, K/32];
 - MXFP8: `weight` e4m3 [N, K], `weight_scale` u8 E8M0 [N, K/32];
 - FP8:   `weight` e4m3 [N, K], `weight_scale` (1,) per tensor, (N, 1) per channel, or
-         [ceil(N/128), ceil(K/128)] per block, in the model dtype.
+         [ceil(N/128), ceil(K/128)] per block, in the model dtype;
+- INT4 (`pack-quantized`, Kimi K2-Thinking / K2.5 experts): `weight_packed` int32 [N, K/8],
+         `weight_scale` [N, K/32], `weight_shape` [2] (int4_pack.py).
 Activation and KV-cache scales (`input_scale`, `input_global_scale`, `k_scale`, `v_scale`)
 are hidden: the new run computes its own. The decoded values are exactly what
 compressed-tensors' decompressors give (tests/interop/test_ct_decompress.py proves it
@@ -19,6 +21,7 @@ import torch
 
 from tfcompile.errors import CheckpointError
 from tfcompile.io.sources.base import DequantizedSource
+from tfcompile.io.sources.int4_pack import check_int4_config, int4_decoder, int4_shape
 from tfcompile.io.sources.scales import FLOAT_CODES, cdiv, check_header, check_values
 from tfcompile.kernels.formats import QTensor, dequantize, quantizer_from_stored
 
@@ -33,8 +36,13 @@ def open_compressed(ckpt, qc: dict) -> DequantizedSource:
         parts = [f"{m}.{s}" for s in ("weight_packed", "weight", "weight_scale", "weight_global_scale")
                  if f"{m}.{s}" in names]
         data = f"{m}.weight_packed" if f"{m}.weight_packed" in names else f"{m}.weight"
-        n_rows, k = _checked_shape(ckpt, names, m, data)
-        decoders[f"{m}.weight"] = ((n_rows, k), data, _decoder(ckpt, m, (n_rows, k)))
+        if data in names and ckpt.info(data).dtype == "I32":  # pack-quantized INT4 (Kimi K2-Thinking / K2.5)
+            check_int4_config(ckpt, qc)
+            shape = int4_shape(ckpt, names, m)
+            decoders[f"{m}.weight"] = (shape, data, int4_decoder(ckpt, m, shape))
+        else:
+            n_rows, k = _checked_shape(ckpt, names, m, data)
+            decoders[f"{m}.weight"] = ((n_rows, k), data, _decoder(ckpt, m, (n_rows, k)))
         hidden |= set(parts)
     return DequantizedSource(ckpt, decoders, hidden, {"format": "compressed-tensors",
                                                       "quant_method": "compressed-tensors",
