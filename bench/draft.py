@@ -31,8 +31,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import REPO, machine_line, replace_doc_section  # noqa: E402
-# bench/kernels.py would answer `import kernels`, Hugging Face's distribution transformers >= 5.25 imports
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 ACCURACY = REPO / "docs" / "accuracy.md"
 HEADING = "## SmolLM2: speculative drafts (EAGLE-3)"

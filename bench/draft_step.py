@@ -24,8 +24,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine_line  # noqa: E402
-# bench/kernels.py would answer `import kernels`, Hugging Face's distribution transformers >= 5.25 imports
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 
 def main() -> None:

@@ -14,7 +14,7 @@
 3. GPTQ on the GPU: `tfcompile quantize --format nvfp4a16 --algorithm gptq --device cuda` on
    the 4-layer model of the same widths: calibrate and pack seconds, next to what
    `plan --estimate --devices 1x<GPU>` predicts.
-4. `python bench/kernels.py --quick --json`.
+4. `python bench/gpu_kernels.py --quick --json`.
 5. The AWQ scale search (passes/quantize/awq.py `search`) on one synthetic fusion group
    (K 2048, members 3 x 2048 rows, 1024 input rows with outlier channels) with device=cuda vs
    cpu, for nvfp4a16, nvfp4 (static activation scales) and mxfp4: the same alpha and s (the
@@ -117,7 +117,7 @@ def gptq_on_gpu(gpu_kind: str, shape: dict, layers: int) -> dict:
 
 
 def kernels_quick() -> dict:
-    p = subprocess.run([sys.executable, str(REPO / "bench" / "kernels.py"), "--quick", "--json"],
+    p = subprocess.run([sys.executable, str(REPO / "bench" / "gpu_kernels.py"), "--quick", "--json"],
                        capture_output=True, text=True)
     return {"rc": p.returncode, "result": json.loads(p.stdout) if p.returncode == 0 and p.stdout.strip() else None,
             "stderr_tail": p.stderr[-2000:]}
@@ -172,7 +172,7 @@ def _markdown(doc: dict) -> str:
         "- AWQ search, one K=2048 group, GPU vs CPU: " + "; ".join(
             f"{f} same fold {a['same_fold']} (alpha {a['alpha']}), losses within {a['loss_max_rel_diff']:.1e}, "
             f"{a['gpu_s']} s vs {a['cpu_s']} s" for f, a in doc["awq"].items()) + ".",
-        f"- bench/kernels.py --quick: exit {doc['kernels']['rc']} (figures in /tmp/tfc-bench-gpu/gpu.json).", ""])
+        f"- bench/gpu_kernels.py --quick: exit {doc['kernels']['rc']} (figures in /tmp/tfc-bench-gpu/gpu.json).", ""])
 
 
 def main() -> None:

@@ -81,7 +81,7 @@ def test_gpu_bench_exits_2_without_a_gpu():
 
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
-    script = Path(__file__).resolve().parents[2] / "bench" / "kernels.py"
+    script = Path(__file__).resolve().parents[2] / "bench" / "gpu_kernels.py"
     res = subprocess.run([sys.executable, str(script), "--quick"], capture_output=True, text=True, timeout=300)
     assert res.returncode == 2 and "needs an H100/H200/B200" in res.stderr and "hint:" in res.stderr
     assert res.stdout == ""

@@ -66,7 +66,7 @@ FACTS: tuple[tuple[str, str, float, str, str], ...] = (
 MODEL = {
     "version": 1,
     "mma_efficiency": 0.78,  # best FP8 GEMM on Hopper ~1.5 of 1.98 PFLOP/s (docs/kernels.md "Hardware facts")
-    "hbm_efficiency": 0.90,  # copy kernels reach ~90% of the HBM peak (bench/kernels.py measures it)
+    "hbm_efficiency": 0.90,  # copy kernels reach ~90% of the HBM peak (bench/gpu_kernels.py measures it)
     "dram_latency_us": 0.8,  # load-to-use latency of a DRAM access, ~0.5-1 us on recent GPUs
     # One SM draws at most this multiple of its fair share (HBM / SMs): memory-bound kernels
     # need about half the SMs busy to reach the HBM peak (why decode GEMMs split K).

@@ -1,7 +1,7 @@
 """GPU kernels: achieved TFLOP/s and GB/s per kernel and shape, against this device's measured
 bf16 matmul rate and copy bandwidth, torch baselines, and exhaustive search.
 
-    python bench/kernels.py [--json] [--quick] [--exhaustive 48]
+    python bench/gpu_kernels.py [--json] [--quick] [--exhaustive 48]
 
 Needs one CUDA GPU of an emitted target (H100 / H200: sm_90a, B200: sm_100a); without one it
 exits 2. Everything runs in this one call (about 5-10 minutes on an H100, mostly compiling):
@@ -70,8 +70,8 @@ def main(argv=None) -> int:
 
 
 def _no_gpu(why: str) -> int:
-    sys.stderr.write(f"error: bench/kernels.py measures GPU kernels and needs an H100/H200/B200: {why}\n"
-                     "hint: run it on a GPU machine: python bench/kernels.py --json > kernels.json\n")
+    sys.stderr.write(f"error: bench/gpu_kernels.py measures GPU kernels and needs an H100/H200/B200: {why}\n"
+                     "hint: run it on a GPU machine: python bench/gpu_kernels.py --json > kernels.json\n")
     return 2
 
 
