@@ -113,14 +113,15 @@ class LayerPropagation:
     def block(self, i: int, layer: torch.nn.Module, inputs: list, targets: list) -> Block:
         """Layer i's `Block` (the layer bound to its original weights)."""
         prefix = f"{self.path}.{i}."
-        params = {n for n, _ in layer.named_parameters()}
+        params = {n: tuple(p.shape) for n, p in layer.named_parameters()}
         param_of = {}
         for module, layer_i in self.layer_of.items():
             t = self.solver.targets[module]
             if layer_i != i or t.expert is not None or t.rows is not None or t.transposed:
                 continue
             name = self.names.to_model(t.source)
-            if name.startswith(prefix) and name[len(prefix):] in params:
+            # a whole parameter of the target's shape (not a fused expert tensor the model gathers)
+            if name.startswith(prefix) and params.get(name[len(prefix):]) == tuple(t.shape):
                 param_of[module] = name[len(prefix):]
         return Block(i, layer, inputs, targets, param_of)
 
