@@ -16,10 +16,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
+from pathlib import Path
 
-import numpy as np
-import torch
+# bench/ holds a kernels.py, which would shadow Hugging Face's `kernels` package transformers imports
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
 
 # W4A16 schemes as auto-round spells them (its NVFP4 / MXFP4 presets quantize activations too)
 SCHEMES = {
