@@ -27,7 +27,7 @@ from common import cpu_busy, replace_doc_section  # noqa: E402
 from lm_eval import ACCURACY_DOC as DOC, HeldOut, Results  # noqa: E402
 
 STORE = Results("autoround-peer")
-HEADING = "## Learned rounding beside auto-round (SmolLM2-135M-Instruct)"
+HEADING = "## Learned rounding beside auto-round"
 PYTHON = "/work/venvs/autoround/bin/python"
 
 
@@ -63,14 +63,15 @@ def run_scheme(model: Path, scheme: str, args, held: HeldOut, tmp: Path, results
                        "--algorithm", "signround", "--calib", "python-doc", "--calib-samples", str(args.samples),
                        "--calib-seq-len", str(args.seq_len), "--set", f"quantize.signround_iters={args.iters}",
                        "--set", f"calibrate.batch={args.batch}"])
-    results[f"{scheme}/tfcompile"] = {"seconds": round(s, 1), "rss_mb": round(rss), "busy_cores": round(busy, 2),
+    key = f"{model.name}/{scheme}/iters={args.iters},batch={args.batch},calib={args.samples}x{args.seq_len}"
+    results[f"{key}/tfcompile"] = {"seconds": round(s, 1), "rss_mb": round(rss), "busy_cores": round(busy, 2),
                                       **held.score_artifact(ours)}
     busy = cpu_busy(0.5)
     s, rss, _ = timed([PYTHON, str(REPO / "bench" / "peers_autoround.py"), str(model), str(theirs), "--scheme",
                        scheme, "--tokens", str(ids), "--iters", str(args.iters), "--batch", str(args.batch)])
     model_dir = next((p.parent for p in theirs.rglob("config.json")), theirs)
     ar = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch_dtype(held.dtype)).eval()
-    results[f"{scheme}/auto-round"] = {"seconds": round(s, 1), "rss_mb": round(rss), "busy_cores": round(busy, 2),
+    results[f"{key}/auto-round"] = {"seconds": round(s, 1), "rss_mb": round(rss), "busy_cores": round(busy, 2),
                                        **held.score(ar)}
     STORE.save(results)
 
@@ -82,11 +83,11 @@ def torch_dtype(name: str):
 
 
 def table(results: dict) -> str:
-    lines = ["| scheme | tool | KL (nats/token) | perplexity | change | top-1 agreement | wall s | peak RSS MB |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| model | scheme | run | tool | KL (nats/token) | perplexity | change | top-1 agreement | wall s | "
+             "peak RSS MB |", "|---|---|---|---|---:|---:|---:|---:|---:|---:|"]
     for name, r in results.items():
-        scheme, tool = name.split("/")
-        lines.append(f"| {scheme} | {tool} | {r['kl_mean']:.4f} | {r['perplexity']:.3f} | "
+        model, scheme, run, tool = name.split("/")
+        lines.append(f"| {model} | {scheme} | {run} | {tool} | {r['kl_mean']:.4f} | {r['perplexity']:.3f} | "
                      f"{100 * r['ppl_increase']:+.2f}% | {r['top1_agreement']:.4f} | {r['seconds']:.1f} | "
                      f"{r['rss_mb']} |")
     return "\n".join(lines)
@@ -114,8 +115,11 @@ def main() -> int:
             run_scheme(args.model, scheme, args, held, Path(tmp), results)
     print(json.dumps(results, indent=1))
     if args.write_docs:
-        replace_doc_section(HEADING, f"Command: `python bench/acc_autoround.py --iters {args.iters} --batch "
-                            f"{args.batch} --write-docs`.\n\n" + table(results), DOC)
+        replace_doc_section(HEADING, f"Command: `python bench/acc_autoround.py --model {args.model} --iters "
+                            f"{args.iters} --batch {args.batch} --samples {args.samples} --seq-len {args.seq_len} "
+                            f"--max-tokens {args.max_tokens} --write-docs` (held-out python-doc text, bf16 scoring; "
+                            "auto-round's `fake` export holds the dequantized weights in bf16).\n\n"
+                            + table(results), DOC)
     return 0
 
 
