@@ -26,6 +26,9 @@ sys.path.insert(0, str(REPO / "bench"))
 from common import cpu_busy, replace_doc_section  # noqa: E402
 from lm_eval import ACCURACY_DOC as DOC, HeldOut, Results  # noqa: E402
 
+# then bench/ leaves the path: its kernels.py would shadow Hugging Face's `kernels`, which transformers imports
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != REPO / "bench"]
+
 STORE = Results("autoround-peer")
 HEADING = "## Learned rounding beside auto-round"
 PYTHON = "/work/venvs/autoround/bin/python"
