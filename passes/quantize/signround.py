@@ -149,6 +149,8 @@ class SignRoundLayerSolver:
 
     def _solve(self, modules, owned, block):
         jobs = [j for k, j in self.jobs.items() if j.group.members[0].module in modules and owned(k)]
+        # tuned where the layer loop keeps the layer and its activations (calibrate.device)
+        device = block.inputs[0][0].device if block is not None and block.inputs else self.device
         t0 = time.perf_counter()
         rounders, groups = {}, []  # local parameter name -> its rounder; (job, [(target, rounder|QTensor)])
         for job in jobs:
@@ -162,7 +164,7 @@ class SignRoundLayerSolver:
             for t, w, n in zip(members, weights, names):
                 q = quantize_weight(w, program, gscale, t.source, w.dtype)
                 if tuned:
-                    rounders[n] = LearnedRounding(w, q, program.mx_rule, self.device, self.cfg.signround_scales)
+                    rounders[n] = LearnedRounding(w, q, program.mx_rule, device, self.cfg.signround_scales)
                     row.append((t, rounders[n]))
                 else:
                     row.append((t, q))
