@@ -74,6 +74,14 @@ for _f in ("nvfp4a16", "nvfp4"):
     row(_f, "rotate-all", *ROT, "--set", "rotate.keep_suppressed=false", label="rotate, every channel")
     row(_f, "rotate+gptq", *ROT, *GPTQ, label="rotate + gptq")
     row(_f, "rotate+gptq+fos", *ROT, *GPTQ, *FOS, label="rotate + gptq + 4/6")
+# learned rounding (passes/quantize/signround.py), cut to SR_ITERS signed-gradient steps per block (auto-round's
+# default is 200) and one 512-token sequence per step, so a row fits a loaded 2-core machine
+SR_ITERS = 16
+SR = ["--algorithm", "signround", "--set", f"quantize.signround_iters={SR_ITERS}", "--set", "calibrate.batch=1"]
+for _f in ("nvfp4a16", "nvfp4", "mxfp4a16", "mxfp4"):
+    row(_f, "signround", *SR, label=f"signround, {SR_ITERS} steps")
+    if _f.startswith("nvfp4"):
+        row(_f, "signround+fos", *SR, *FOS, label=f"signround + 4/6, {SR_ITERS} steps")
 for _f in ("mxfp4a16", "mxfp4"):
     row(_f, "rtn")
     row(_f, "gptq", *GPTQ)

@@ -24,6 +24,7 @@ Cost: a second forward of each layer, and the solves move from pack into this lo
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
@@ -47,6 +48,21 @@ class LayerSolver(Protocol):
         codes of its GPTQ-solved members, concatenated on dim 0, for the groups with a Hessian;
         module -> its dequantized weight [N, K] in the model dtype, for every group)."""
         ...
+
+
+@dataclass
+class Block:
+    """What a solver with `needs_block` (learned rounding: passes/quantize/signround.py) is handed
+    for decoder layer `index`: the layer, still bound to the original weights; each calibration
+    batch's input as the quantized layers before it made it ([(hidden, kwargs)], on the loop's
+    device); the original model's output of this layer per batch (`targets`); and quantized
+    module (checkpoint name) -> its weight parameter's name inside the layer, for the modules
+    whose weight is a whole parameter (not a slice of fused experts)."""
+    index: int
+    layer: torch.nn.Module
+    inputs: list
+    targets: list
+    param_of: dict[str, str]
 
 
 class Overrides:
@@ -79,7 +95,8 @@ class LayerPropagation:
         self.owner = dict(owner or {})
         self.view = Overrides(ckpt)
         self.checkpoint = RenamedView(self.view, model)  # what the layer is rebound from
-        names = NameMap(model)
+        names = self.names = NameMap(model)
+        self.path = path
         pattern = re.compile(re.escape(path) + r"\.(\d+)\.")
         self.layer_of: dict[str, int] = {}
         for module in solver.targets:
@@ -88,7 +105,27 @@ class LayerPropagation:
                 self.layer_of[module] = int(m.group(1))
         self.solved: list[str] = []  # group keys solved here (this rank's)
 
-    def solve(self, i: int, rec: Recorders) -> dict[str, torch.Tensor]:
+    @property
+    def needs_block(self) -> bool:
+        """The solver tunes against the layer's outputs (`Block`): the loop keeps the original stream."""
+        return bool(getattr(self.solver, "needs_block", False))
+
+    def block(self, i: int, layer: torch.nn.Module, inputs: list, targets: list) -> Block:
+        """Layer i's `Block` (the layer bound to its original weights)."""
+        prefix = f"{self.path}.{i}."
+        params = {n: tuple(p.shape) for n, p in layer.named_parameters()}
+        param_of = {}
+        for module, layer_i in self.layer_of.items():
+            t = self.solver.targets[module]
+            if layer_i != i or t.expert is not None or t.rows is not None or t.transposed:
+                continue
+            name = self.names.to_model(t.source)
+            # a whole parameter of the target's shape (not a fused expert tensor the model gathers)
+            if name.startswith(prefix) and params.get(name[len(prefix):]) == tuple(t.shape):
+                param_of[module] = name[len(prefix):]
+        return Block(i, layer, inputs, targets, param_of)
+
+    def solve(self, i: int, rec: Recorders, block: Block | None = None) -> dict[str, torch.Tensor]:
         """Layer i's statistics are complete: quantize its groups, share the weights, and point
         the checkpoint view at them. Returns the codes to keep (this rank's solves)."""
         rows = rec.hessians.rows()
@@ -100,7 +137,9 @@ class LayerPropagation:
         hessians = {k: h for k, h in rec.hessians.take().items() if enough_tokens(k, tokens, self.min_tokens)}
         modules = {m for m, layer in self.layer_of.items() if layer == i}
         rank = self.world.rank
-        codes, weights = self.solver(modules, hessians, lambda key: self.owner.get(key, rank) == rank)
+        owned = lambda key: self.owner.get(key, rank) == rank  # noqa: E731
+        codes, weights = (self.solver(modules, hessians, owned) if block is None
+                          else self.solver(modules, hessians, owned, block=block))
         self.solved += sorted(codes)
         weights = share_tensors(self.world, weights, f"propagate/{i}")
         self.view.tensors = rebuilt(weights, self.solver.targets, self.view, self.dtype)

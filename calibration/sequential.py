@@ -74,7 +74,9 @@ def observe_sequential(model_dir: Path, ckpt, modules: set[str], *, data: str, s
     at a time; on the CPU they are the mapped pages themselves). Under torchrun (`world`),
     batch b runs on rank b mod N and the statistics are reduced exactly (calibration.recorders).
     `solver`: quantize each layer once its statistics are in and feed the next layer its quantized
-    outputs (calibration/propagate.py); the stats then hold the solved codes, not Hessians."""
+    outputs (calibration/propagate.py); the stats then hold the solved codes, not Hessians. A
+    solver with `needs_block` (learned rounding) is also handed the layer, its quantized-stream
+    inputs and the original model's outputs of the layer (`Block`), which the loop keeps."""
     fixed_mmap_threshold()
     model = skeleton(model_dir)
     model.config.use_cache = False  # layers run one at a time: no KV cache to build
@@ -100,6 +102,11 @@ def observe_sequential(model_dir: Path, ckpt, modules: set[str], *, data: str, s
                     hessian_groups=hessian_groups, kv=kv, all_experts=all_experts, moe_min_tokens=moe_min_tokens,
                     world=world, hessian_owner=hessian_owner)
     spill = _Spill()
+    # learned rounding (a solver with needs_block): the unquantized model's activations, kept beside
+    # the quantized stream as each block's target (one more copy of the activations)
+    originals = list(inputs) if propagation is not None and propagation.needs_block else None
+    if originals is not None and world.distributed:
+        raise Unsupported("learned rounding under torchrun (each rank holds only its batches)")
     n_rounds = rounds(len(starts), world.size)
     passes = 1 if propagation is None else 2
     progress.task(f"calibrate {len(layers)} layers x {len(starts)} batches", len(layers) * n_rounds * passes)
@@ -116,12 +123,20 @@ def observe_sequential(model_dir: Path, ckpt, modules: set[str], *, data: str, s
                             inputs[r] = (out, kwargs)
                     rec.flush()
                     progress.advance(1, f"layer {i + 1}/{len(layers)}")
-                unbind(layer)
-                ckpt.release()
+                block = None
+                if originals is not None:  # the original model's stream: this layer's targets, next inputs
+                    with rec.paused():
+                        originals = [(_first(layer(h, **kw)), kw) for h, kw in originals]
+                    block = propagation.block(i, layer, inputs, [h for h, _ in originals])
                 if propagation is None:
+                    unbind(layer)
+                    ckpt.release()
                     spill.put(i, rec.hessians.take())
                 else:
-                    spill.put(i, propagation.solve(i, rec))
+                    codes = propagation.solve(i, rec, block)  # a block solver tunes the still-bound layer
+                    unbind(layer)
+                    ckpt.release()
+                    spill.put(i, codes)
                     _rerun(layer, inputs, propagation, rec, prefix=f"{path}.{i}.", dtype=dtype, device=device,
                            progress=lambda: progress.advance(n_rounds, f"layer {i + 1}/{len(layers)}, quantized"))
                 if on_layer:

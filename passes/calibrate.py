@@ -22,6 +22,7 @@ from tfcompile.ir import CalibStats, torch_dtype
 from tfcompile.machine import COMPUTE_DTYPES, compute_dtype
 from tfcompile.passes.pack import per_decoder_layer
 from tfcompile.passes.quantize.gptq_layer import GPTQLayerSolver
+from tfcompile.passes.quantize.signround import SignRoundLayerSolver
 from tfcompile.pipeline.passes import PassResult, Selection, register_pass
 from tfcompile.schemes import KV_FORMATS, Scheme
 
@@ -148,8 +149,9 @@ def calibrate(ctx, cfg: CalibrateConfig, reporter) -> PassResult:
                               hint="use --set calibrate.mode=auto (or whole) with --algorithm awq")
         awq_groups = {t.module: g.key for g in ctx.plan.groups for t in g.members}
         stats, loop = observe_input_amax(Path(ctx.source.path), modules, awq_groups=awq_groups, **common), "whole"
+        extra = {}
     else:
-        stats, loop = _observe(ctx, cfg, modules, reporter, common)
+        stats, loop, extra = _observe(ctx, cfg, modules, reporter, common)
     if propagating(ctx, cfg) and loop != "sequential":
         reporter.warn("calibrate: GPTQ's error propagation needs the layer-by-layer loop; its Hessians come "
                       "from the unquantized model (calibrate.propagate has no effect)")
@@ -170,7 +172,7 @@ def calibrate(ctx, cfg: CalibrateConfig, reporter) -> PassResult:
                                                "awq_groups": len(stats.awq),
                                                "awq_skipped_groups": len(stats.awq_skipped),
                                                "compute_dtype": dtype, "compute_dtype_why": why,
-                                               **_timings(stats)})
+                                               **extra, **_timings(stats)})
 
 
 MODES = ("auto", "sequential", "whole")
@@ -225,7 +227,8 @@ def _check_seq_len(seq_len: int, config: dict) -> None:
 
 
 def _observe(ctx, cfg: CalibrateConfig, modules: set[str], reporter, common: dict):
-    """(stats, "sequential" | "whole"): the layer loop when it applies, else the whole model."""
+    """(stats, "sequential" | "whole", extra pass statistics): the layer loop when it applies, else
+    the whole model."""
     if cfg.mode != "whole":
         layer_times: list[float] = []
 
@@ -233,15 +236,20 @@ def _observe(ctx, cfg: CalibrateConfig, modules: set[str], reporter, common: dic
             layer_times.append(round(seconds, 4))
 
         try:
+            solver = _solver(ctx, cfg)
             stats = observe_sequential(Path(ctx.source.path), ctx.source, modules, batch=cfg.batch,
-                                       on_layer=on_layer, solver=_solver(ctx, cfg), **common)
-            return dataclasses.replace(stats, layer_seconds=tuple(layer_times)), "sequential"
+                                       on_layer=on_layer, solver=solver, **common)
+            extra = {}
+            if getattr(solver, "losses", None):  # learned rounding: block output MSE per layer, start and kept
+                extra["signround_block_loss"] = {k: [round(v["loss_start"], 8), round(v["loss"], 8)]
+                                                 for k, v in solver.losses.items()}
+            return dataclasses.replace(stats, layer_seconds=tuple(layer_times)), "sequential", extra
         except Unsupported as e:
             if cfg.mode == "sequential":
                 raise RecipeError(f"calibrate.mode sequential: {e}",
                                   hint="use --set calibrate.mode=whole (the model must fit in RAM)") from None
             reporter.warn(f"calibrate: layer-by-layer loop not possible ({e}); running the whole model")
-    return observe_input_amax(Path(ctx.source.path), modules, **common), "whole"
+    return observe_input_amax(Path(ctx.source.path), modules, **common), "whole", {}
 
 
 def propagating(ctx, cfg: CalibrateConfig) -> bool:
@@ -250,13 +258,21 @@ def propagating(ctx, cfg: CalibrateConfig) -> bool:
         and ctx.recipe.config("quantize").algorithm == "gptq"
 
 
-def _solver(ctx, cfg: CalibrateConfig) -> GPTQLayerSolver | None:
-    """The layer loop's GPTQ solver (quantize's settings and device), when propagating."""
-    if not propagating(ctx, cfg):
+def learned_rounding(ctx) -> bool:
+    """quantize.algorithm signround: each block is tuned in the layer loop (passes/quantize/signround.py)."""
+    return "quantize" in ctx.recipe.names() and ctx.recipe.config("quantize").algorithm == "signround"
+
+
+def _solver(ctx, cfg: CalibrateConfig) -> GPTQLayerSolver | SignRoundLayerSolver | None:
+    """The layer loop's solver (quantize's settings and device): GPTQ's when propagating, or
+    learned rounding's."""
+    signround = learned_rounding(ctx)
+    if not (propagating(ctx, cfg) or signround):
         return None
     qcfg = ctx.recipe.config("quantize")
-    return GPTQLayerSolver(ctx.plan, qcfg, ctx.source, torch_dtype(ctx.model.dtype),
-                           resolve_device(qcfg.device, ctx.world or LOCAL))
+    cls = SignRoundLayerSolver if signround else GPTQLayerSolver
+    return cls(ctx.plan, qcfg, ctx.source, torch_dtype(ctx.model.dtype),
+               resolve_device(qcfg.device, ctx.world or LOCAL))
 
 
 def _timings(stats: CalibStats) -> dict:

@@ -13,7 +13,7 @@ imports a pass to learn a type. The flow:
 tensors (name, dtype, shape) it yields. `pack` plans shards from the specs, then `execute`s
 one job at a time, so peak memory follows the largest fusion group, not the model. How a
 group's tensors are computed is the program's algorithm (`ALGORITHMS`: rtn, mse, gptq, awq,
-registered by the quantize passes).
+smoothquant, signround, registered by the quantize passes).
 """
 
 from __future__ import annotations
@@ -159,7 +159,8 @@ class CalibStats:
     # under torchrun: group key -> the rank holding its Hessian (which solves its GPTQ); {} = this process
     hessian_owner: Mapping[str, int] = field(default_factory=dict)
     # GPTQ solved in the layer loop (calibrate.propagate: calibration/propagate.py): group key -> the
-    # packed codes (QTensor.data) of its members, concatenated on dim 0 (lazy: spilled; under torchrun
+    # packed codes (QTensor.data) of its members, concatenated on dim 0 (signround: codes then block
+    # scales per row, passes/quantize/signround.py `codes_of`) (lazy: spilled; under torchrun
     # every group's key, `owner(key)` the rank holding it). `hessians` is then empty.
     gptq_codes: Mapping[str, torch.Tensor] = field(default_factory=dict)
     # why `--calib auto` passed over the first text source (calibration.datasets.fallback_message); ""

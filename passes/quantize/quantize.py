@@ -29,24 +29,38 @@ from tfcompile.schemes import SCHEMES
 
 MX_RULES = ("floor", "ceil")
 # algorithms that need calibration statistics, and the calibrate settings that record them
-CALIBRATION = {"gptq": {"hessian": True}, "awq": {"awq": True}, "smoothquant": {"awq": True}}
+CALIBRATION = {"gptq": {"hessian": True}, "awq": {"awq": True}, "smoothquant": {"awq": True},
+               "signround": {"mode": "sequential"}}  # signround tunes each block in the layer loop
 NVFP4_SCALE_RULES = ("max", "four_over_six")  # quantize.nvfp4_scales (four_over_six.py)
 
 
 @dataclass(frozen=True)
 class QuantizeConfig:
-    algorithm: str = "rtn"  # "rtn" | "mse" (block-scale search, mse.py) | "gptq" (gptq.py) | "awq" (awq.py)
+    # "rtn" | "mse" (block-scale search, mse.py) | "gptq" (gptq.py) | "awq" (awq.py) | "signround" (signround.py)
+    algorithm: str = "rtn"
     gptq_act_order: bool = True  # gptq: visit columns by decreasing diag(H)
     gptq_damp: float = 0.01  # gptq: fraction of mean diag(H) added to the diagonal
     gptq_expert_batch: int = 8  # gptq: MoE experts of one shape solved together (memory: that many experts)
     mx_rule: str = ""  # "floor" | "ceil"; empty = the formats module default
     nvfp4_scales: str = "max"  # NVFP4 block scales: "max" (block max -> 6) | "four_over_six" (four_over_six.py)
+    # signround (signround.py): signed-gradient steps per decoder block, their initial step (0: 1 / iters,
+    # auto-round's default, decayed linearly to 0) and the seed of the batch order
+    signround_iters: int = 200
+    signround_lr: float = 0.0
+    signround_seed: int = 0
+    # signround: tune the block scales' factors too (default off: on the demo LM they held the block loss at
+    # -9% where the rounding offsets alone reached -63%: docs/accuracy.md)
+    signround_scales: bool = False
     sqnr_rows: int = 16  # rows per Linear sampled for the manifest's weight SQNR (0 = all)
     # GPTQ solves and the AWQ search run here (--device); the packed bytes are encoded on the CPU
     device: str = field(default="auto", metadata={"runtime": True})
 
     def __post_init__(self) -> None:
         check_device(self.device, "quantize.device")
+        if self.signround_iters < 1 or self.signround_lr < 0:
+            raise RecipeError(f"quantize.signround_iters {self.signround_iters} must be >= 1 and "
+                              f"quantize.signround_lr {self.signround_lr} >= 0",
+                              hint="e.g. --set quantize.signround_iters=200 (signround_lr 0: 1 / iters)")
 
 
 def _supports(recipe: Recipe, cfg: QuantizeConfig) -> list[Unsupported]:
@@ -109,6 +123,10 @@ def quantize(ctx, cfg: QuantizeConfig, reporter) -> PassResult:
     if cfg.algorithm == "gptq" and not hessians and not codes:
         raise RecipeError("quantize.algorithm gptq needs Hessians from the calibrate pass",
                           hint="use --algorithm gptq (it schedules calibrate with hessian=true)")
+    if cfg.algorithm == "signround" and not codes:
+        raise RecipeError("quantize.algorithm signround tunes each block in the calibrate pass's layer loop, "
+                          "which did not run", hint="use --algorithm signround (it schedules calibrate with "
+                                                    "mode=sequential); the model must load layer by layer")
     device = resolve_device(cfg.device, ctx.world) if cfg.algorithm != "rtn" else "cpu"
     program = Program(scheme, cfg.algorithm, tuple(jobs + kv_jobs), act, rule, cfg.sqnr_rows,
                       kv_strategy, kv_modules, hessians, cfg.gptq_act_order, cfg.gptq_damp,

@@ -1,0 +1,215 @@
+"""`signround` algorithm: learned rounding (SignRound / AutoRound) in the calibrate pass's layer loop.
+
+Per decoder block, every Linear's rounding offsets V in [-0.5, 0.5] and per-block scale factors
+alpha (signround_math.py) are tuned by signed gradient descent so the block, with its weights
+quantized, reproduces the *original* block's output on the calibration activations:
+
+    loss = mean((block_q(x_q) - block(x))^2)      x: the original model's input to the block
+                                                  x_q: the input the quantized blocks before it give
+
+as auto-round does it (intel/auto-round: `enable_quanted_input`, SignSGD, lr = 1 / iters decayed
+linearly to 0, one random calibration batch per step, V and the scale factors at the same rate).
+The float targets come from a second activation stream the layer loop keeps (calibration/
+sequential.py); the quantized stream feeds the next block, as GPTQ's error propagation does.
+Unlike auto-round, the kept parameters are the best of the starting point (RTN, or four over
+six's scales) and a few checkpoints along the run, scored on *every* calibration batch, so a
+block never ends worse than round-to-nearest on the calibration data.
+
+The result is an ordinary NVFP4 / MXFP4 tensor (E2M1 codes, the format's own scales): pack writes
+the tuned codes and block scales (kept per group as one uint8 tensor, `codes_of`) under the RTN
+global scale. Linears that are slices of fused tensors (MoE experts stored as one [E, ...]
+tensor) and groups no calibration batch reached keep round-to-nearest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import torch
+from torch.func import functional_call
+
+from tfcompile.dist.devices import one_torch_thread
+from tfcompile.io.checkpoint import Checkpoint
+from tfcompile.io.jsonfile import JsonDict
+from tfcompile.ir import CalibStats, Job, LayerStats, Program, QuantPlan, load_target, register_algorithm
+from tfcompile.kernels.formats import QTensor, dequantize
+from tfcompile.passes.quantize.quantize import QuantizeConfig, group_job, mx_rule, nvfp4_weights
+from tfcompile.passes.quantize.rtn import quantize_weight, run_rtn
+from tfcompile.passes.quantize.signround_math import LearnedRounding
+from tfcompile.reporter import Reporter
+from tfcompile.schemes import Scheme
+
+CHECKPOINTS = 8  # full-calibration scorings of the parameters along a block's run (+ the start)
+
+
+def supports(scheme: Scheme) -> str | None:
+    w = scheme.weights
+    if w.element == "e2m1" and w.block_scaled:
+        return None
+    return f"quantize.algorithm signround tunes E2M1 codes under block scales, not {scheme.name}"
+
+
+def codes_of(qs: list[QTensor]) -> torch.Tensor:
+    """A group's tuned tensors as one uint8 [sum N, K/2 + K/block]: per row its packed codes,
+    then its block scales' bytes (E4M3 or E8M0)."""
+    return torch.cat([torch.cat([q.data, q.scale.view(torch.uint8)], 1) for q in qs])
+
+
+def _from_codes(q: QTensor, part: torch.Tensor) -> QTensor:
+    """q (RTN's, for the global scale and layout) with the tuned codes and scales of `part`."""
+    half = q.data.shape[1]
+    return dataclasses.replace(q, data=part[:, :half].contiguous(),
+                               scale=part[:, half:].contiguous().view(q.scale.dtype))
+
+
+def _clone(obj):
+    """Tensors in nested tuples/lists/dicts as float32 autograd-able copies (the loop's
+    activations are inference tensors); other values as they are."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().clone().float() if obj.is_floating_point() else obj.detach().clone()
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(_clone(x) for x in obj)
+    if isinstance(obj, dict):
+        return {k: _clone(v) for k, v in obj.items()}
+    return obj
+
+
+def _first(out):
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
+def tune_block(layer: torch.nn.Module, rounders: dict[str, LearnedRounding], inputs: list, targets: list, *,
+               iters: int, lr: float, seed: int) -> JsonDict:
+    """SignSGD on the rounders' V and alpha (module docstring). `inputs`: [(hidden, kwargs)] per
+    calibration batch (the quantized stream), `targets`: the original block's outputs. Leaves
+    every rounder at its best scored parameters; returns the block losses (start, kept).
+
+    On the CPU it runs on one torch thread: most of its ops are elementwise on one weight, where an
+    OpenMP team on a busy 2-core machine costs more than it gives (as GPTQ's sweep), and the bits
+    then do not depend on the machine's thread count."""
+    cpu = all(p.device.type == "cpu" for p in layer.parameters())
+    with torch.inference_mode(False), torch.enable_grad(), one_torch_thread(cpu):
+        fixed = {n: p.detach().clone().float() for n, p in layer.named_parameters() if n not in rounders}
+        batches = [(_clone(h), _clone(kw), _clone(t)) for (h, kw), t in zip(inputs, targets)]
+        params = [p for r in rounders.values() for p in r.params()]
+
+        def loss_on(b: int, weights: dict | None = None) -> torch.Tensor:
+            h, kw, t = batches[b]
+            weights = weights or dict(fixed, **{n: r.fake() for n, r in rounders.items()})
+            return (_first(functional_call(layer, weights, (h,), kw)) - t).pow(2).mean()
+
+        def score() -> float:  # the mean loss over every calibration batch
+            with torch.no_grad():
+                weights = dict(fixed, **{n: r.fake() for n, r in rounders.items()})
+                return sum(float(loss_on(b, weights)) for b in range(len(batches))) / len(batches)
+
+        start = best = score()
+        kept = [p.detach().clone() for p in params]
+        gen = torch.Generator().manual_seed(seed)
+        every = max(1, iters // CHECKPOINTS)
+        for it in range(iters):
+            b = int(torch.randint(len(batches), (1,), generator=gen))
+            loss_on(b).backward()
+            step = lr * (1.0 - it / iters)  # linear decay to 0 (auto-round's LinearLR)
+            with torch.no_grad():
+                for p in params:
+                    p -= step * torch.sign(p.grad)
+                    p.grad = None
+            for r in rounders.values():
+                r.clamp_()
+            if (it + 1) % every == 0 or it + 1 == iters:
+                if (s := score()) < best:
+                    best, kept = s, [p.detach().clone() for p in params]
+        with torch.no_grad():
+            for p, k in zip(params, kept):
+                p.copy_(k)
+    return {"loss_start": start, "loss": best}
+
+
+class SignRoundLayerSolver:
+    """The layer loop's solver for `signround` (calibration/propagate.py `LayerSolver`, with
+    `needs_block`: it is handed the bound block, its inputs and the original block's outputs)."""
+
+    needs_block = True
+
+    def __init__(self, plan: QuantPlan, cfg: QuantizeConfig, source: Checkpoint, model_dtype: torch.dtype,
+                 device: torch.device | str = "cpu"):
+        self.jobs = {g.key: group_job(g, plan, model_dtype) for g in plan.groups}
+        self.targets = {t.module: t for g in plan.groups for t in g.members}
+        self.program = Program(plan.scheme, "signround", (), {}, mx_rule(cfg, plan.scheme), 0, device=device,
+                               nvfp4_weights=nvfp4_weights(cfg))
+        self.cfg, self.source, self.dtype, self.device = cfg, source, model_dtype, device
+        self.seconds: dict[str, float] = {}  # layer -> wall seconds of its tuning
+        self.losses: dict[str, JsonDict] = {}  # layer -> block loss at the start and as kept
+
+    def __call__(self, modules, hessians, owned, block=None):
+        with torch.inference_mode(False):  # the layer loop's mode: its tensors cannot be tuned
+            return self._solve(modules, owned, block)
+
+    def _solve(self, modules, owned, block):
+        jobs = [j for k, j in self.jobs.items() if j.group.members[0].module in modules and owned(k)]
+        # tuned where the layer loop keeps the layer and its activations (calibrate.device)
+        device = block.inputs[0][0].device if block is not None and block.inputs else self.device
+        t0 = time.perf_counter()
+        rounders, groups = {}, []  # local parameter name -> its rounder; (job, [(target, rounder|QTensor)])
+        for job in jobs:
+            program = self.program if job.scheme is None else dataclasses.replace(self.program, scheme=job.scheme)
+            members = job.group.members
+            weights = [load_target(self.source, t) for t in members]
+            gscale = program.weights.group_global_scale(weights, [t.source for t in members])
+            names = [block.param_of.get(t.module) if block is not None else None for t in members]
+            tuned = all(n is not None for n in names) and program.scheme.weights.element == "e2m1"
+            row = []
+            for t, w, n in zip(members, weights, names):
+                q = quantize_weight(w, program, gscale, t.source, w.dtype)
+                if tuned:
+                    rounders[n] = LearnedRounding(w, q, program.mx_rule, device, self.cfg.signround_scales)
+                    row.append((t, rounders[n]))
+                else:
+                    row.append((t, q))
+            groups.append((job, row))
+        if rounders and block is not None:
+            self.losses[str(block.index)] = tune_block(
+                block.layer, rounders, block.inputs, block.targets, iters=self.cfg.signround_iters,
+                lr=self.cfg.signround_lr or 1.0 / self.cfg.signround_iters, seed=self.cfg.signround_seed + block.index)
+        codes, weights = {}, {}
+        for job, row in groups:
+            qs = [x.finish() if isinstance(x, LearnedRounding) else x for _, x in row]
+            if any(isinstance(x, LearnedRounding) for _, x in row):  # the others: pack's RTN is the same
+                codes[job.group.key] = codes_of(qs)
+            for (t, _), q in zip(row, qs):
+                weights[t.module] = dequantize(q, self.dtype)
+        self.source.release()
+        if block is not None:
+            self.seconds[str(block.index)] = time.perf_counter() - t0
+        return codes, weights
+
+
+def _warn_unsolved(plan: QuantPlan, calib: CalibStats | None, source: Checkpoint, program: Program,
+                   reporter: Reporter) -> tuple[Program, JsonDict]:
+    """Before pack runs: name the groups the layer loop did not tune (they stay RTN)."""
+    have = set(program.gptq_codes)
+    missing = [j.group.key for j in program.jobs if j.group is not None and j.group.key not in have]
+    if missing:
+        reporter.warn(f"signround: {len(missing)} group(s) were not tuned in the layer loop; they are "
+                      f"quantized round-to-nearest, e.g. {missing[0]}")
+    return program, {"signround_untuned": len(missing)}
+
+
+@register_algorithm("signround", prepare=_warn_unsolved, supports=supports,
+                    hint="use --algorithm signround with --format nvfp4, nvfp4a16, mxfp4 or mxfp4a16")
+def run_signround(job: Job, program: Program, source: Checkpoint) -> tuple[dict[str, torch.Tensor],
+                                                                           list[LayerStats]]:
+    """Write a group from the codes and scales the layer loop tuned (RTN when it has none)."""
+    codes = program.gptq_codes.get(job.group.key)
+    if codes is None:
+        out, stats = run_rtn(job, program, source)
+        return out, [dict(x, algorithm="rtn (not tuned)") for x in stats]
+    parts = list(torch.split(codes, [t.shape[0] for t in job.group.members]))
+
+    def quantizer(w, prog, gscale, name, model_dtype):
+        return _from_codes(quantize_weight(w, prog, gscale, name, model_dtype), parts.pop(0))
+
+    out, stats = run_rtn(job, program, source, quantizer=quantizer)
+    return out, [dict(x, algorithm="signround") for x in stats]
