@@ -149,7 +149,6 @@ class LayerKL:
         if self._local.numel() == h.shape[0]:
             return h
         return h.index_select(0, self._local.to(h.device))
-        return hook
 
     def _kl(self, hc: torch.Tensor, hr: torch.Tensor) -> float:
         """Sum over the rows of hc, hr [n, H] of KL(ref || model) through norm and head, in
