@@ -126,9 +126,10 @@ def evaluate_artifact(ctx, cfg: EvalConfig, reporter) -> PassResult:
 def manifest_section(doc: dict, details: bool = False) -> JsonDict:
     """The eval report (tfcompile.evaluate.evaluate) as stored in the manifest: no paths of the
     staging directory, no timings, rounded floats; per-layer rows (`layers`: output SQNR per
-    Linear; `layer_kl`: KL per decoder layer) only with `details`, else their summary only."""
+    Linear; `layer_kl`: KL per decoder layer, on `layer_kl_positions` positions) only with
+    `details`, else their summary only."""
     keep = ("ok", "activations", "dtype", "text", "kv_cache", "metrics", "layer_summary", "gates", "tasks")
-    keep += ("layers", "layer_kl") if details else ()
+    keep += ("layers", "layer_kl", "layer_kl_positions") if details else ()
     return _rounded({k: doc[k] for k in keep if k in doc})
 
 

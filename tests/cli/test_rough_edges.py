@@ -66,3 +66,23 @@ def test_report_title_is_the_model_and_shows_the_signer(run_cli, tiny_llama, tmp
     assert "<h1>Tiny Llama 2M: fp8-dynamic</h1>" in page and "<title>tfcompile report: Tiny Llama 2M</title>" in page
     sig = json.loads((out / "tfcompile" / "manifest.sig").read_text())
     assert f"ed25519, key id <code>{sig['key_id']}</code>" in page and "built by</td><td>tfcompile " in page
+
+
+def test_smollm2_build_reports_its_steps(tmp_path, monkeypatch, capsys):
+    """The SmolLM2 build (5 silent minutes on a loaded machine, issue 31) says each step on stderr;
+    the build itself is stubbed (it needs the GGUF file and minutes), its `say` calls are real."""
+    from tfcompile.fixtures import smollm2
+
+    def build(out, say):
+        for step in ("1/3: reading", "2/3: converting", "3/3: writing"):
+            say(step)
+        (out / "model.safetensors").write_bytes(b"")
+
+    monkeypatch.setattr(smollm2, "checkpoint_dir", lambda root=None: tmp_path / "models" / "smollm2-test")
+    monkeypatch.setattr(smollm2, "_build", build)
+    assert smollm2.smollm2_checkpoint() == tmp_path / "models" / "smollm2-test"
+    err = capsys.readouterr().err
+    assert "building the SmolLM2 checkpoint" in err and "SmolLM2 checkpoint built in" in err
+    assert [ln.split(" (")[0] for ln in err.splitlines() if "SmolLM2 build " in ln] == [
+        "tfcompile: SmolLM2 build 1/3: reading", "tfcompile: SmolLM2 build 2/3: converting",
+        "tfcompile: SmolLM2 build 3/3: writing"]

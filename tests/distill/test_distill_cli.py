@@ -113,6 +113,8 @@ def test_json_and_metrics(tiny_llama_src, fast, tmp_path, run_cli):
     assert [x["step"] for x in lines] == [1, 2, 3, 4]
     assert {"loss", "kl", "lr", "grad_norm", "tokens", "eta_s", "elapsed_s"} <= set(lines[-1])
     assert "distill model step 4/4" in res.err  # plain progress lines off a TTY
+    steps = [ln for ln in res.err.splitlines() if ln.startswith("distill model step")]
+    assert steps and all(ln.count("eta") <= 1 for ln in steps)  # the ETA once (issue 31: it was printed twice)
 
 
 @pytest.mark.parametrize("args,msg", [

@@ -16,7 +16,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-SEQ, TOKENS, LENS = 64, 256, 100  # LENS: a lens limit inside the second row
+SEQ, TOKENS, LENS = 64, 256, 100  # LENS: the lens's positions, spread over all four rows
+
+
+def _lens_picks(total: int, n: int) -> list[int]:
+    """The lens's positions as docs/cli.md defines them: position k of n at floor((k + 1/2) total / n)."""
+    return [(2 * k + 1) * total // (2 * n) for k in range(n)]
 
 
 def _oracle(source, artifact, w4a4: bool) -> torch.nn.Module:
@@ -82,8 +87,8 @@ def _direct_sqnr(ref, cand, ids, iso_positions=None):
     return out
 
 
-def _direct_lens(ref, cand, ids, positions):
-    """Per decoder layer: mean KL(ref || cand) over the first `positions` positions (row-major),
+def _direct_lens(ref, cand, ids, picks):
+    """Per decoder layer: mean KL(ref || cand) over the positions `picks` (row-major indices),
     every layer (the last one too) through the model's final norm and lm_head, float64."""
     layers = len(ref.model.layers)
     hs = {}
@@ -94,7 +99,7 @@ def _direct_lens(ref, cand, ids, positions):
         ref(input_ids=ids), cand(input_ids=ids)
         out = []
         for i in range(layers):
-            lens = [m.lm_head(m.model.norm(hs[(tag, i)])).double().reshape(-1, m.config.vocab_size)[:positions]
+            lens = [m.lm_head(m.model.norm(hs[(tag, i)])).double().reshape(-1, m.config.vocab_size)[picks]
                     for tag, m in (("r", ref), ("c", cand))]
             lpr, lp = (F.log_softmax(z, -1) for z in lens)
             out.append(float((lpr.exp() * (lpr - lp)).sum(-1).mean()))
@@ -143,7 +148,9 @@ def test_layer_sqnr_and_lens_kl_match_a_direct_computation(eval_artifact, tiny_l
         assert got[n]["sqnr_db"] == pytest.approx(iso, abs=2e-3), n
         assert got[n]["e2e_sqnr_db"] == pytest.approx(e2e, abs=2e-3), n
     assert lens.positions == LENS
-    want = _direct_lens(ref, oracle, ids, LENS)
+    picks = _lens_picks(TOKENS, LENS)
+    assert len(set(picks)) == LENS and {p // SEQ for p in picks} == {0, 1, 2, 3}  # every row, none twice
+    want = _direct_lens(ref, oracle, ids, picks)
     assert [r["kl_mean"] for r in lens.result()] == pytest.approx(want, rel=1e-4, abs=1e-8)
     assert all(k > 0 for k in want)
 
@@ -172,3 +179,22 @@ def test_shared_inputs_are_quantized_once_bit_for_bit(eval_artifact, tiny_llama_
     calls.clear()
     alone = runner._run(cand, ref, work, None)[1].result()
     assert len(calls) == len(work) * 14 and alone == shared
+
+
+def test_lens_positions_keep_the_lens_within_its_share_of_a_plain_eval():
+    """The lens's count (lens.lens_positions): every position of a short evaluation, else as many as
+    keep its matmul work within LENS_WORK_SHARE of a plain eval's, within [MIN, MAX]; SmolLM2's
+    shapes (30 layers of 3.54 M Linear weights, lm_head 49,152 x 576) at 4,096 tokens."""
+    from tfcompile.evaluate.kvtext import LENS_MAX_POSITIONS, LENS_MIN_POSITIONS, LENS_WORK_SHARE
+    from tfcompile.evaluate.lens import lens_positions, spread
+
+    head, linears = 49152 * 576, 30 * (2 * 576 * 576 + 2 * 576 * 192 + 3 * 576 * 1536)
+    plain, lens = 2 * (linears + head), 2 * 29 * head
+    assert lens_positions(LENS_MIN_POSITIONS, plain, lens) == LENS_MIN_POSITIONS  # all of a short eval
+    n = lens_positions(4096, plain, lens)
+    assert LENS_MIN_POSITIONS < n < LENS_MAX_POSITIONS
+    assert n * lens <= LENS_WORK_SHARE * plain * 4096 < (n + 1) * lens
+    assert lens_positions(1 << 20, plain, lens) == LENS_MAX_POSITIONS
+    assert lens_positions(4096, plain, 1) == LENS_MAX_POSITIONS  # a small vocabulary: the cap
+    assert lens_positions(4096, 1, lens) == LENS_MIN_POSITIONS  # the floor
+    assert spread(7, 7).tolist() == list(range(7)) and spread(4096, n).tolist() == _lens_picks(4096, n)

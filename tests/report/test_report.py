@@ -78,7 +78,7 @@ def test_without_report_the_artifact_is_unchanged(reported, report_text, tmp_pat
     section = json.loads((plain / "tfcompile/manifest.json").read_text())["eval"]
     assert set(section) == {"ok", "activations", "dtype", "text", "kv_cache", "metrics", "layer_summary", "gates"}
     full = json.loads((out / "tfcompile/manifest.json").read_text())
-    assert {k: v for k, v in full["eval"].items() if k not in ("layers", "layer_kl")} == section
+    assert {k: v for k, v in full["eval"].items() if k not in ("layers", "layer_kl", "layer_kl_positions")} == section
     same = {p.relative_to(plain) for p in plain.rglob("*") if p.is_file()} - {Path("tfcompile/manifest.json")}
     assert same == {p.relative_to(out) for p in out.rglob("*") if p.is_file()} - {
         Path("tfcompile/manifest.json"), Path("tfcompile/report.html")}

@@ -71,13 +71,11 @@ def test_release_job_runs_every_step(tmp_path):
     assert v["ok"] is True and any(c["check"] == "signature" and c["ok"] for c in v["checks"])
     # the report's KL plot and the eval table's KL: the same positions, and the lens's last layer agrees
     page = (out / "tfcompile" / "report.html").read_text()
-    from tfcompile.evaluate.kvtext import LENS_MAX_POSITIONS
-
-    tokens = q["eval"]["metrics"]["tokens"]
-    if tokens <= LENS_MAX_POSITIONS:
+    tokens, lens = q["eval"]["metrics"]["tokens"], q["eval"]["layer_kl_positions"]
+    if tokens <= lens:
         assert f"on all {tokens} evaluation positions (the last one is the table&#x27;s KL)" in page
         assert q["eval"]["layer_kl"][-1]["kl_mean"] == pytest.approx(q["eval"]["metrics"]["kl_mean"], rel=1e-3)
-    else:  # the lens's positions are a prefix, and the page says so
-        assert f"on the first {LENS_MAX_POSITIONS} of the {tokens} evaluation positions" in page
+    else:  # the lens samples the positions, and the page says how many
+        assert f"on {lens} of the {tokens} evaluation positions spread evenly over the text" in page
     assert (tmp_path / "srv-models" / out.name / "tfcompile" / "manifest.json").is_file()
     assert oct((work / "release.pem").stat().st_mode & 0o777) == "0o600"  # umask 077

@@ -39,7 +39,7 @@ EVAL = (
     ("gates[].metric", "str!"), ("gates[].value", "num?!"), ("gates[].threshold", "num?!"), ("gates[].ok", "bool!"),
     ("layers", "list?"), ("layers[]", "dict"), ("layers[].module", "str!"), ("layers[].sqnr_db", "num?"),
     ("layers[].e2e_sqnr_db", "num?"), ("layer_kl", "list?"), ("layer_kl[]", "dict"), ("layer_kl[].layer", "num!"),
-    ("layer_kl[].kl_mean", "num!"), ("kv_cache", "dict?"), ("kv_cache.dtype", "scalar?"),
+    ("layer_kl[].kl_mean", "num!"), ("layer_kl_positions", "num?"), ("kv_cache", "dict?"), ("kv_cache.dtype", "scalar?"),
     ("kv_cache.strategy", "str?!"), ("kv_cache.emulated", "bool!"), ("kv_cache.modules", "scalar?!"),
     ("kv_cache.mode", "scalar?!"),
 )

@@ -7,11 +7,16 @@ report page read them from here, so neither imports torch to build its help or i
 
 from __future__ import annotations
 
-# per-layer KL (evaluate/lens.py) covers at most this many positions: the lens costs two lm_head
-# projections per decoder layer and position, and 512 keeps all per-layer figures within 1.5x of a
-# plain eval's matmul work on the demo LM (2048 cost 1.75x; bench/eval_layers.py, issue 31); the
-# mean KL of 512 positions ranks layers as well, and the page says which positions it covers
+# per-layer KL (evaluate/lens.py): the lens costs two lm_head projections per decoder layer and
+# position, so it covers positions spread evenly over the evaluation, as many as keep that work
+# within LENS_WORK_SHARE of a plain eval's matmul work (evaluate/lens.py lens_positions), at least
+# LENS_MIN_POSITIONS (every position of an evaluation that has no more) and at most
+# LENS_MAX_POSITIONS; the eval's JSON gives the count (`layer_kl_positions`) and the page says it.
+# On SmolLM2 (its lm_head 49,152 x 576, ~7x a decoder layer's Linears) 512 positions of 4,096
+# cost 0.76x a plain eval's matmul work, all per-layer figures 1.86x (issue 31's target: 1.5x)
 LENS_MAX_POSITIONS = 512
+LENS_MIN_POSITIONS = 128
+LENS_WORK_SHARE = 0.3
 # the isolated per-Linear SQNR (evaluate/metrics.py) feeds each quantized Linear the reference's input
 # once more: one extra matmul per Linear and position, on at most this many positions (the end-to-end
 # SQNR, which costs nothing extra, covers every position); 1024 puts all per-layer figures at about

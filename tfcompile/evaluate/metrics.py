@@ -27,21 +27,22 @@ class LogitMetrics:
     agree: int = 0  # positions whose argmax matches
     positions: int = 0  # every position of every row
 
-    prefix_kl: float = 0.0  # the last update's KL sum over its first `prefix` positions (lens.py)
+    picked_kl: float = 0.0  # the last update's KL sum over its `picks` positions (lens.py)
 
     def update(self, ids: torch.Tensor, logits: torch.Tensor, ref_logits: torch.Tensor,
-               prefix: int = 0) -> list[tuple]:
+               picks: torch.Tensor | None = None) -> list[tuple]:
         """ids [B, L]; logits [B, L, V] of the candidate and the reference. Returns each row's
         terms (`add` replays them: a data-parallel eval sums every row's in row order).
-        prefix: also sum the per-position KL over the batch's first `prefix` positions (row-major)
-        into `prefix_kl`, the logit lens's last layer (lens.LayerKL.batch_done)."""
-        rows, self.prefix_kl = [], 0.0
+        picks: sorted row-major indices into the batch's B * L positions; also sum the
+        per-position KL over them into `picked_kl`, the logit lens's last layer (lens.py)."""
+        rows, self.picked_kl = [], 0.0
+        start = 0  # this row's first row-major index
         for row, lm, lr in zip(ids, logits.float(), ref_logits.float()):  # one row at a time: V is large
             lp, lpr = F.log_softmax(lm, -1), F.log_softmax(lr, -1)
             kl = (lpr.exp() * (lpr - lp)).sum(-1).clamp_min(0)
-            if prefix > 0:
-                self.prefix_kl += float(kl[:prefix].double().sum())
-                prefix -= kl.numel()
+            if picks is not None:
+                self.picked_kl += _picked(kl, picks, start)
+            start += kl.numel()
             tgt = row[1:]
             rows.append((float(kl.double().sum()), float(kl.max()), int((lm.argmax(-1) == lr.argmax(-1)).sum()),
                          row.numel(), float(lp[:-1].gather(-1, tgt[:, None]).double().sum()),
@@ -66,6 +67,14 @@ class LogitMetrics:
                 "kl_mean": self.kl / self.positions, "kl_max": self.kl_max,
                 "top1_agreement": self.agree / self.positions,
                 "tokens": self.positions, "predicted_tokens": self.targets}
+
+
+def _picked(kl: torch.Tensor, picks: torch.Tensor, start: int) -> float:
+    """Sum of kl [L] (one row, row-major indices start .. start + L - 1) over those in `picks`."""
+    sel = picks[(picks >= start) & (picks < start + kl.numel())] - start
+    if sel.numel() == kl.numel():
+        return float(kl.double().sum())  # the whole row, as a sum over kl[:L] gives it
+    return float(kl[sel.to(kl.device)].double().sum()) if sel.numel() else 0.0
 
 
 def _exp(x: float) -> float:

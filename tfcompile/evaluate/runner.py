@@ -97,7 +97,7 @@ def evaluate(model_path: Path, reference: Path, *, text: Path | None = None, max
         metrics = {k: v if math.isfinite(v) else None for k, v in metrics.items()}
         gates = [{**g, "value": g["value"] if math.isfinite(g["value"]) else None} for g in gates]
     scheme = cand.scheme
-    extra = {"layer_kl": lens.result()} if lens is not None else {}
+    extra = {"layer_kl": lens.result(), "layer_kl_positions": lens.positions} if lens is not None else {}
     return {
         "ok": all(g["ok"] for g in gates),
         "model": str(model_path), "reference": str(reference), "kind": cand.kind,
@@ -135,12 +135,12 @@ def _run(cand, ref, work: list[torch.Tensor], progress: Progress | None, lens: L
     logit_m, layer_m = LogitMetrics(), LayerSQNR()
     if per_layer:
         layer_m.attach(cand.linears, ref)
-    if lens is not None and not lens.attach(cand.model, ref):
-        lens = None
-    mine = range(world.rank, len(work), world.size)
-    starts = [0]  # batch b's first global position (the lens counts positions in batch order)
+    starts = [0]  # batch b's first global position (the lens and the isolated SQNR count in batch order)
     for ids in work:
         starts.append(starts[-1] + ids.numel())
+    if lens is not None and not lens.attach(cand.model, ref, starts[-1]):
+        lens = None
+    mine = range(world.rank, len(work), world.size)
     steps = _LayerSteps(progress, cand.model, ref, len(mine))  # progress per decoder layer, inside a batch
     terms = {}  # batch -> (row terms, layer terms, lens terms): what other ranks replay
     try:
@@ -148,13 +148,12 @@ def _run(cand, ref, work: list[torch.Tensor], progress: Progress | None, lens: L
             for b in mine:
                 ids = work[b].to(device)
                 layer_m.begin(starts[b], ids.numel())  # the isolated SQNR's positions of this batch
-                if lens is not None and world.distributed:
-                    lens.begin(starts[b])
+                picks = lens.begin(starts[b], ids.numel()) if lens is not None else None
                 logits = cand.model(input_ids=ids).logits  # candidate first: layer_m pairs outputs
                 ref_logits = ref(input_ids=ids).logits
-                rows = logit_m.update(ids, logits, ref_logits, prefix=lens.wanted(ids) if lens is not None else 0)
+                rows = logit_m.update(ids, logits, ref_logits, picks=picks)
                 if lens is not None:  # its last layer: the KL just computed, on its positions
-                    lens.batch_done(ids, logit_m.prefix_kl)
+                    lens.batch_done(logit_m.picked_kl)
                 if world.distributed:
                     terms[b] = (rows, layer_m.take(), lens.take() if lens is not None else None)
                 steps.batch_done(ids.numel())
@@ -164,7 +163,7 @@ def _run(cand, ref, work: list[torch.Tensor], progress: Progress | None, lens: L
         if lens is not None:
             lens.detach()
     if world.distributed:
-        logit_m, layer_m = _replay(world, cand, terms, len(work), layer_m, lens, starts[-1])
+        logit_m, layer_m = _replay(world, cand, terms, len(work), layer_m, lens)
     return logit_m, layer_m
 
 
@@ -202,8 +201,8 @@ class _LayerSteps:
         self.hooks.clear()
 
 
-def _replay(world, cand, terms: dict, n: int, layer_m: LayerSQNR, lens: LayerKL | None,
-            positions: int) -> tuple[LogitMetrics, LayerSQNR]:
+def _replay(world, cand, terms: dict, n: int, layer_m: LayerSQNR,
+            lens: LayerKL | None) -> tuple[LogitMetrics, LayerSQNR]:
     """Every rank's batch terms, added in batch order as one process adds them (bit for bit)."""
     logit_m, layers = LogitMetrics(), LayerSQNR(acc={m: type(a)() for m, a in layer_m.acc.items()})
     calls = dict(cand.kv.calls) if cand.kv is not None else {}
@@ -217,7 +216,7 @@ def _replay(world, cand, terms: dict, n: int, layer_m: LayerSQNR, lens: LayerKL 
             logit_m.add(row)
         layers.add(terms[b][1])
     if lens is not None:
-        lens.replay([terms[b][2] for b in range(n)], positions)
+        lens.replay([terms[b][2] for b in range(n)])
     return logit_m, layers
 
 

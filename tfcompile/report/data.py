@@ -89,7 +89,7 @@ def _merge_eval(section: dict | None, doc: dict | None) -> dict | None:
     if doc is None:
         return section
     keep = ("ok", "activations", "dtype", "text", "kv_cache", "metrics", "layer_summary", "gates", "layers",
-            "layer_kl", "reference", "tasks", "worst_layers")
+            "layer_kl", "layer_kl_positions", "reference", "tasks", "worst_layers")
     return {**(section or {}), **{k: doc[k] for k in keep if k in doc}}
 
 

@@ -160,11 +160,16 @@ def _lens_positions(ev: dict) -> str:
     tokens = (ev.get("metrics") or {}).get("tokens")
     if not isinstance(tokens, int):
         return " (the last one is the model's KL)"
-    n = min(tokens, LENS_POSITIONS)
-    if n == tokens:
+    n = ev.get("layer_kl_positions")
+    if not isinstance(n, int):  # recorded before the lens spread its positions: it took the first ones
+        n = min(tokens, LENS_POSITIONS)
+        if n < tokens:
+            return (f", on the first {n} of the {tokens} evaluation positions (the last one is the model's KL on "
+                    f"those positions; the table's KL is over all {tokens})")
+    if n >= tokens:
         return f", on all {tokens} evaluation positions (the last one is the table's KL)"
-    return (f", on the first {n} of the {tokens} evaluation positions (the last one is the model's KL on "
-            f"those positions; the table's KL is over all {tokens})")
+    return (f", on {n} of the {tokens} evaluation positions spread evenly over the text (the last one is the "
+            f"model's KL on those positions; the table's KL is over all {tokens})")
 
 
 def _figure(fid: str, caption: str, chart: str) -> str:
