@@ -2,7 +2,7 @@
 
 Same model, same calibration ids (tfcompile's `--calib python-doc` tokens, written to a .npy file
 auto-round reads), same number of signed-gradient steps and sequences per step, the same held-out
-scoring (bench/lm_eval.py: tfcompile eval's metrics). auto-round runs in its own venv
+scoring (bench/heldout.py: tfcompile eval's metrics). auto-round runs in its own venv
 (/work/venvs/autoround: `pip install auto-round==0.16.0`, never a tfcompile dependency) through
 bench/peers_autoround.py; both tools run under `/usr/bin/time -v` for wall time and peak RSS.
 
@@ -24,7 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 from common import cpu_busy, replace_doc_section  # noqa: E402
-from lm_eval import ACCURACY_DOC as DOC, HeldOut, Results  # noqa: E402
+from heldout import ACCURACY_DOC as DOC, HeldOut, Results  # noqa: E402
 
 # then bench/ leaves the path: its kernels.py would shadow Hugging Face's `kernels`, which transformers imports
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != REPO / "bench"]

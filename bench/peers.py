@@ -5,7 +5,7 @@ ids (tfcompile's `--calib python-doc` tokens, 16 x 512, written to a .npy file t
 reads), same evaluation: every artifact is loaded by transformers + compressed-tensors as users
 load it (`AutoModelForCausalLM.from_pretrained(out, dtype=bfloat16)`: weights decompressed by
 compressed-tensors, W4A4/W8A8 activations fake-quantized by its QDQ) and scored by
-bench/lm_eval.py on the held-out python-doc tokens against the bf16 model. modelopt (its own
+bench/heldout.py on the held-out python-doc tokens against the bf16 model. modelopt (its own
 format, which transformers does not load) is scored as its fake-quantized model in memory
 (`mtq.quantize(model, CONFIG, forward_loop)` on the same ids). What of modelopt 0.47 runs on this
 CPU (MODELOPT_CPU): its FP8 fake quantization is plain torch, so FP8_DEFAULT_CFG (fp8: per-tensor
@@ -34,7 +34,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 from common import cpu_busy, replace_doc_section  # noqa: E402
-from lm_eval import ACCURACY_DOC as DOC, CALIB_SAMPLES as SAMPLES, CALIB_SEQ as SEQ, HeldOut, Results, bench_parser  # noqa: E402,E501
+from heldout import ACCURACY_DOC as DOC, CALIB_SAMPLES as SAMPLES, CALIB_SEQ as SEQ, HeldOut, Results, bench_parser  # noqa: E402,E501
 
 STORE = Results("smollm2-peers")
 
@@ -244,7 +244,7 @@ BODY = ("Command: `python bench/peers.py --max-tokens {tokens} --write-docs` (ll
         "for both tools (tfcompile's `--calib python-doc`: the corpus' calib split). Evaluation: the same for "
         "every artifact: transformers + compressed-tensors load it as users do (weights decompressed by "
         "compressed-tensors, W4A4/W8A8 inputs fake-quantized by its QDQ, bf16) and it is scored on the first "
-        "{tokens} tokens of the held-out split against the bf16 model (bench/lm_eval.py). RTN is "
+        "{tokens} tokens of the held-out split against the bf16 model (bench/heldout.py). RTN is "
         "llm-compressor's QuantizationModifier, GPTQ its GPTQModifier (defaults: block 128, dampening 0.01), "
         "both with `ignore=['lm_head']` as tfcompile's default; tfcompile: `--algorithm rtn|gptq`. s: wall "
         "seconds of each tool's whole run on this shared 2-core machine (llm-compressor's include loading "
