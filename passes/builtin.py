@@ -7,7 +7,7 @@ a pass. Which of STANDARD a run schedules is each pass's `when` (and other passe
 
 from tfcompile.passes import (calibrate, distill, emit, emit_cutlass, evaluate, layout, load,  # noqa: F401
                               manifest, mixed, onnx, pack, report, rotate, select, verify)
-from tfcompile.passes.quantize import awq, gptq, mse, quantize, rtn, signround, smoothquant  # noqa: F401
+from tfcompile.passes.quantize import awq, gptq, gptq_layer, mse, quantize, rtn, signround, smoothquant  # noqa: F401
 from tfcompile.pipeline.passes import set_schedule  # noqa: E402
 
 # The standard pipeline, in order (docs/design.md "Passes declare when they run").

@@ -17,12 +17,10 @@ from tfcompile.calibration.sequential import Unsupported, observe_sequential, wi
 from tfcompile.dist import LOCAL
 from tfcompile.dist.devices import check_device, resolve_device
 from tfcompile.dist.partition import hessian_owners
+from tfcompile.families.names import per_decoder_layer
 from tfcompile.errors import RecipeError
-from tfcompile.ir import CalibStats, torch_dtype
+from tfcompile.ir import LAYER_SOLVERS, CalibStats, LayerSolverSpec, torch_dtype
 from tfcompile.machine import COMPUTE_DTYPES, compute_dtype
-from tfcompile.passes.pack import per_decoder_layer
-from tfcompile.passes.quantize.gptq_layer import GPTQLayerSolver
-from tfcompile.passes.quantize.signround import SignRoundLayerSolver
 from tfcompile.pipeline.passes import PassResult, Selection, register_pass
 from tfcompile.schemes import KV_FORMATS, Scheme
 
@@ -252,27 +250,27 @@ def _observe(ctx, cfg: CalibrateConfig, modules: set[str], reporter, common: dic
     return observe_input_amax(Path(ctx.source.path), modules, **common), "whole", {}
 
 
+def _layer_solver(ctx) -> LayerSolverSpec | None:
+    """quantize's algorithm's layer-loop solver (tfcompile/ir.py LAYER_SOLVERS), if quantize is scheduled."""
+    return LAYER_SOLVERS.get(ctx.recipe.config("quantize").algorithm) if "quantize" in ctx.recipe.names() else None
+
+
 def propagating(ctx, cfg: CalibrateConfig) -> bool:
-    """GPTQ's Hessians are recorded and calibrate.propagate asks for the error to be propagated."""
-    return cfg.hessian and cfg.propagate and "quantize" in ctx.recipe.names() \
-        and ctx.recipe.config("quantize").algorithm == "gptq"
+    """An algorithm that solves in the layer loop when propagating (GPTQ) has its Hessians
+    recorded, and calibrate.propagate asks for the error to be propagated."""
+    spec = _layer_solver(ctx)
+    return cfg.hessian and cfg.propagate and spec is not None and spec.loop == "propagate"
 
 
-def learned_rounding(ctx) -> bool:
-    """quantize.algorithm signround: each block is tuned in the layer loop (passes/quantize/signround.py)."""
-    return "quantize" in ctx.recipe.names() and ctx.recipe.config("quantize").algorithm == "signround"
-
-
-def _solver(ctx, cfg: CalibrateConfig) -> GPTQLayerSolver | SignRoundLayerSolver | None:
-    """The layer loop's solver (quantize's settings and device): GPTQ's when propagating, or
-    learned rounding's."""
-    signround = learned_rounding(ctx)
-    if not (propagating(ctx, cfg) or signround):
+def _solver(ctx, cfg: CalibrateConfig):
+    """The layer loop's solver (quantize's settings and device), as the algorithm registered it:
+    GPTQ's when propagating, learned rounding's always; else None."""
+    spec = _layer_solver(ctx)
+    if spec is None or not (spec.loop == "always" or propagating(ctx, cfg)):
         return None
     qcfg = ctx.recipe.config("quantize")
-    cls = SignRoundLayerSolver if signround else GPTQLayerSolver
-    return cls(ctx.plan, qcfg, ctx.source, torch_dtype(ctx.model.dtype),
-               resolve_device(qcfg.device, ctx.world or LOCAL))
+    return spec.cls(ctx.plan, qcfg, ctx.source, torch_dtype(ctx.model.dtype),
+                    resolve_device(qcfg.device, ctx.world or LOCAL))
 
 
 def _timings(stats: CalibStats) -> dict:

@@ -34,7 +34,7 @@ from tfcompile.evaluate.text import CORPUS
 from tfcompile.io.jsonfile import JsonDict
 from tfcompile.pipeline.passes import PassResult, Unsupported, given, register_pass
 from tfcompile.pipeline.recipe import Recipe
-from tfcompile.passes.manifest import manifest_doc
+from tfcompile.manifest_doc import manifest_doc
 from tfcompile.tasks.gate import require_lm_eval, resolve, run_task_gates
 
 SIG_DIGITS = 6  # manifest floats: insensitive to summation order in the last bits

@@ -17,18 +17,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from pathlib import Path
 
 from tfcompile.errors import RecipeError
-from tfcompile.io.aux_files import copy_aux_files
-from tfcompile.io.jsonfile import write_json
-from tfcompile.ir import QuantPlan, torch_dtype
+from tfcompile.ir import QuantPlan
 from tfcompile.layout import engines as E
-from tfcompile.layout.descriptor import DESCRIPTOR, build_descriptor
 from tfcompile.layout.heads import HeadGeometry, plan_heads, rope_order
-from tfcompile.layout.plan import LayoutPlan, LayoutSpec, build, pattern
-from tfcompile.layout.view import LAYOUT_JSON, EngineView, heads_record, write_view_files
-from tfcompile.layout.view import open_view as _open_view
+from tfcompile.layout.plan import LayoutPlan, LayoutSpec, build
 from tfcompile.pipeline.passes import PassResult, Unsupported, check, given, register_pass
 from tfcompile.pipeline.recipe import Recipe
 from tfcompile.schemes import KV_FORMATS
@@ -173,70 +167,3 @@ def _check_blocks(lp: LayoutPlan, plan: QuantPlan) -> None:
             if lp.spec.tp > 1 and any(s % bn for s in starts):
                 raise RecipeError(f"{v.module}: TP shards start at rows {starts}, not on the {bn}-row "
                                   f"blocks of {plan.scheme.name}", hint="use another --tp or --format")
-
-
-def descriptor(ctx) -> dict | None:
-    """OUT/tfcompile/kv_cache.json's content for this run (pack writes it), or None."""
-    lp = ctx.layout
-    if lp is None:
-        return None
-    geom = lp.heads.geom if lp.heads else None
-    modules = ctx.program.kv_modules or tuple(sorted({g.key.rpartition(".")[0] for g in ctx.plan.groups
-                                                      if g.key.endswith(".qkv")}))
-    return build_descriptor(lp, num_layers=ctx.model.num_layers, kv_strategy=ctx.program.kv_strategy,
-                            kv_modules=modules, head_dim=geom.head_dim if geom else None,
-                            config=ctx.source.config)
-
-
-def manifest_record(ctx, files: dict[str, str]) -> dict | None:
-    """The manifest's `layout` section: each transform and what it did."""
-    lp = ctx.layout
-    if lp is None:
-        return None
-    s = lp.spec
-    fused = lp.fused()
-    transforms = []
-    if fused:
-        pats = sorted({(pattern(k), tuple(v)) for k, v in fused.items()})
-        transforms.append({"transform": "fuse", "linears": len(fused),
-                           "names": {p: list(m) for p, m in pats}})
-    if lp.heads is not None and lp.heads.order is not None:
-        transforms.append({"transform": "rope", "from": s.rope_src, "to": s.rope,
-                           "row_order": list(lp.heads.order), "applies_to": "q, k rows per head; q_norm, k_norm"})
-    if lp.heads is not None and s.tp > 1:
-        transforms.append({"transform": "tp_heads", "tp": s.tp, "kv_head_map": list(lp.heads.kv_map),
-                           "q_heads_per_shard": lp.heads.q_per_shard,
-                           "kv_heads_per_shard": lp.heads.kv_per_shard, "kv_replicas": lp.heads.replicas})
-    view = None
-    if lp.view is not None:
-        view = {"dir": lp.view, "layout_json": f"{lp.view}/{LAYOUT_JSON}",
-                "sha256": files.get(f"{lp.view}/{LAYOUT_JSON}")}
-    return {"target": s.target, "backend": s.backend, "spec": dataclasses.asdict(s), "view": view,
-            "transforms": transforms, "heads": _geometry(heads_record(lp)) if lp.heads else None,
-            "kv_cache": {"descriptor": DESCRIPTOR, "sha256": files.get(DESCRIPTOR)},
-            "warnings": list(lp.warnings)}
-
-
-def _geometry(heads: dict) -> dict:
-    """The head record without the row maps the transforms already list."""
-    return {k: v for k, v in heads.items() if k not in ("rope_row_order", "kv_head_map")}
-
-
-def open_view(ctx) -> EngineView | None:
-    """The engine view pack streams beside the compressed-tensors view (None: no weight changes)."""
-    return _open_view(ctx.layout, ctx.program, ctx.source, torch_dtype(ctx.model.dtype))
-
-
-def write_files(out: Path, ctx, view: EngineView | None, layers: list[dict]) -> dict[str, str]:
-    """The view's config.json / layout.json / tokenizer files and tfcompile/kv_cache.json; hashes."""
-    doc = descriptor(ctx)
-    if doc is None:
-        return {}
-    files = {DESCRIPTOR: write_json(out / DESCRIPTOR, doc)}
-    if view is not None:
-        shapes = {x["module"]: x["shape"] for x in layers}
-        files.update(write_view_files(out, ctx.layout, ctx.source.config, ctx.plan,
-                                      ctx.program.kv_strategy, shapes))
-        aux = copy_aux_files(ctx.source.aux_files(), out / view.dir)
-        files.update({f"{view.dir}/{k}": v for k, v in aux.items()})
-    return files

@@ -13,7 +13,6 @@ pages are released after each job. How and why: docs/design.md "Streaming".
 from __future__ import annotations
 
 import math
-import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,9 +35,10 @@ from tfcompile.io.jsonfile import write_json
 from tfcompile.io.writer import write_index
 from tfcompile.ir import ArtifactInfo, Job, OutSpec, Program, execute
 from tfcompile.kernels.formats import kernel_threads
+from tfcompile.families.names import per_decoder_layer
+from tfcompile.layout import artifact_files as layout_files
 from tfcompile.layout.view import EngineView
 from tfcompile.artifact.mixed_config import ct_mixed_config
-from tfcompile.passes import layout as layout_pass
 from tfcompile.pipeline.passes import PassResult, Unsupported, register_pass
 from tfcompile.pipeline.recipe import Recipe
 
@@ -75,7 +75,7 @@ def pack(ctx, cfg: PackConfig, reporter) -> PassResult:
     sinks = {"": ShardSink(out, program.specs(), limit, owned=owned)}
     if "modelopt" in cfg.export:
         sinks["modelopt"] = ShardSink(out / "modelopt", _modelopt_specs(program), limit, "modelopt/", owned=owned)
-    view = layout_pass.open_view(ctx)  # the engine view OUT/<target>/ (passes/layout.py), or None
+    view = layout_files.open_view(ctx)  # the engine view OUT/<target>/ (tfcompile/layout/artifact_files.py), or None
     if view is not None:  # (one process only: tfcompile/pipeline/ranks.py refuses it after the layout pass)
         sinks[view.dir] = ShardSink(out / view.dir, view.specs(), limit, f"{view.dir}/")
     files: dict[str, str] = {}
@@ -96,7 +96,7 @@ def pack(ctx, cfg: PackConfig, reporter) -> PassResult:
         layers, files, sources, bytes_out = _merge_ranks(world, layers, files, sources, bytes_out)
     if world.is_root:  # config.json, index, tokenizer: written once
         files.update(_write_configs(out, ctx, cfg))
-        files.update(layout_pass.write_files(out, ctx, view, layers))  # view configs, kv_cache.json
+        files.update(layout_files.write_files(out, ctx, view, layers))  # view configs, kv_cache.json
         files.update(_write_indexes(sinks) if world.distributed else {})
         files.update(copy_aux_files(ctx.source.aux_files(), out))
         if "modelopt" in sinks:
@@ -111,16 +111,6 @@ def pack(ctx, cfg: PackConfig, reporter) -> PassResult:
     if solve:
         stats["gptq_solve_seconds_per_layer"] = solve
     return PassResult(ctx.with_(artifact=info), stats)
-
-
-def per_decoder_layer(seconds: dict[str, float]) -> dict[str, float]:
-    """Sum seconds by decoder layer index ("model.layers.3.mlp.up_proj" -> "3"; others -> "other")."""
-    out: dict[str, float] = {}
-    for name, s in seconds.items():
-        m = re.search(r"\.layers\.(\d+)\.", name)
-        key = m.group(1) if m else "other"
-        out[key] = out.get(key, 0.0) + s
-    return {k: round(v, 4) for k, v in sorted(out.items(), key=lambda kv: (not kv[0].isdigit(), int(kv[0]) if kv[0].isdigit() else 0))}
 
 
 def _torch_threads(program: Program):

@@ -18,7 +18,7 @@ from tfcompile.artifact.engines import (DEFAULT_ENGINES, ENGINES, TARGETS, Engin
                                         engine_record)
 from tfcompile.artifact.verify import verify_artifact
 from tfcompile.errors import VerifyError
-from tfcompile.passes.manifest import manifest_doc
+from tfcompile.manifest_doc import manifest_doc
 from tfcompile.pipeline.passes import PassResult, Unsupported, register_pass
 
 _RUNTIME = {"runtime": True}  # not recorded in the manifest's recipe: no byte depends on it

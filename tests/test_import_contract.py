@@ -35,7 +35,7 @@ LAYERS = [
     ["tfcompile.evaluate"],
     ["tfcompile.runtime", "tfcompile.distill", "tfcompile.report", "tfcompile.mixed", "tfcompile.tasks"],
     ["tfcompile.pipeline", "tfcompile.draft"],
-    ["tfcompile.recipe", "tfcompile.estimate"],
+    ["tfcompile.recipe", "tfcompile.estimate", "tfcompile.manifest_doc"],
     ["tfcompile.passes"],
     ["tfcompile.api"],
     ["tfcompile.cli"],
@@ -242,6 +242,27 @@ def test_no_library_module_imports_a_pass():
     """Only the entry points import tfcompile.passes (and so fill the pass registry)."""
     bad = [f"{i.module}:{i.line}" for i in _internal() if i.target.startswith("tfcompile.passes")
            and not i.module.startswith(("tfcompile.passes", "tfcompile.api", "tfcompile.cli"))]
+    assert bad == []
+
+
+def _pass_of(module: str) -> str | None:
+    """The pass a module of tfcompile.passes belongs to: its first name under tfcompile.passes
+    (tfcompile.passes.quantize.gptq -> "quantize"); None for the package itself and for
+    tfcompile.passes.builtin, the one list that imports every pass to register it."""
+    parts = module.split(".")
+    if parts[:2] != ["tfcompile", "passes"] or len(parts) < 3 or parts[2] == "builtin":
+        return None
+    return parts[2]
+
+
+def test_no_pass_imports_another_pass():
+    """Passes exchange facts through the context and registries (tfcompile/ir.py LAYER_SOLVERS, the
+    layout plan, tfcompile/manifest_doc.py), never by importing one another (issue 25)."""
+    bad = []
+    for i in _internal():
+        mine, theirs = _pass_of(i.module), _pass_of(i.target)
+        if mine is not None and theirs is not None and mine != theirs:
+            bad.append(f"{i.module}:{i.line} imports {i.target} (pass {mine} -> pass {theirs})")
     assert bad == []
 
 

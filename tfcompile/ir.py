@@ -299,6 +299,32 @@ class Algorithm:
 ALGORITHMS: dict[str, Algorithm] = {}
 
 
+@dataclass(frozen=True)
+class LayerSolverSpec:
+    """An algorithm's solver for the calibrate pass's layer loop (calibration/propagate.py
+    `LayerSolver`), built with (plan, quantize config, source, model dtype, device)."""
+    cls: type
+    # "always": the loop runs it on every block (learned rounding); "propagate": only with
+    # calibrate.propagate (GPTQ: its Hessians are otherwise the unquantized model's, solved in pack)
+    loop: str
+
+
+LAYER_SOLVERS: dict[str, LayerSolverSpec] = {}
+
+
+def register_layer_solver(algorithm: str, *, loop: str):
+    """Class decorator: the layer-loop solver of `algorithm` (the calibrate pass asks here,
+    naming no algorithm)."""
+    if loop not in ("always", "propagate"):
+        raise ValueError(f"algorithm {algorithm!r}: loop must be 'always' or 'propagate', not {loop!r}")
+
+    def wrap(cls: type) -> type:
+        LAYER_SOLVERS[algorithm] = LayerSolverSpec(cls, loop)
+        return cls
+
+    return wrap
+
+
 def register_algorithm(name: str, *, prepare: PrepareFn | None = None,
                        supports: Callable[[Scheme], "str | None"] | None = None, hint: str = ""):
     """Decorator: register `run` as algorithm `name` (quantize.algorithm)."""

@@ -16,12 +16,13 @@ from collections.abc import Callable, Mapping
 import torch
 
 from tfcompile.io.checkpoint import Checkpoint
-from tfcompile.ir import Program, QuantPlan
+from tfcompile.ir import Program, QuantPlan, register_layer_solver
 from tfcompile.kernels.formats import dequantize
 from tfcompile.passes.quantize.gptq import group_qtensors
 from tfcompile.passes.quantize.quantize import QuantizeConfig, group_job, mx_rule, nvfp4_weights
 
 
+@register_layer_solver("gptq", loop="propagate")
 class GPTQLayerSolver:
     """Quantizes the plan's groups layer by layer (calibration/propagate.py `LayerSolver`)."""
 

@@ -32,7 +32,8 @@ from torch.func import functional_call
 from tfcompile.dist.devices import one_torch_thread
 from tfcompile.io.checkpoint import Checkpoint
 from tfcompile.io.jsonfile import JsonDict
-from tfcompile.ir import CalibStats, Job, LayerStats, Program, QuantPlan, load_target, register_algorithm
+from tfcompile.ir import (CalibStats, Job, LayerStats, Program, QuantPlan, load_target, register_algorithm,
+                          register_layer_solver)
 from tfcompile.kernels.formats import QTensor, dequantize
 from tfcompile.passes.quantize.quantize import QuantizeConfig, group_job, mx_rule, nvfp4_weights
 from tfcompile.passes.quantize.rtn import quantize_weight, run_rtn
@@ -127,6 +128,7 @@ def tune_block(layer: torch.nn.Module, rounders: dict[str, LearnedRounding], inp
     return {"loss_start": start, "loss": best}
 
 
+@register_layer_solver("signround", loop="always")
 class SignRoundLayerSolver:
     """The layer loop's solver for `signround` (calibration/propagate.py `LayerSolver`, with
     `needs_block`: it is handed the bound block, its inputs and the original block's outputs)."""

@@ -132,3 +132,14 @@ class RenamedView:
 
     def release(self) -> None:
         self._ckpt.release()
+
+
+def per_decoder_layer(seconds: dict[str, float]) -> dict[str, float]:
+    """Per-module seconds (pack's solves, calibrate's Hessians) summed by decoder layer index ("model.layers.3.mlp.up_proj" -> "3"; others -> "other")."""
+    out: dict[str, float] = {}
+    for name, s in seconds.items():
+        m = re.search(r"\.layers\.(\d+)\.", name)
+        key = m.group(1) if m else "other"
+        out[key] = out.get(key, 0.0) + s
+    order = sorted(out.items(), key=lambda kv: (not kv[0].isdigit(), int(kv[0]) if kv[0].isdigit() else 0))
+    return {k: round(v, 4) for k, v in order}
