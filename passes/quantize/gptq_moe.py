@@ -11,7 +11,7 @@ warns, listing them).
 The column loop of GPTQ is Python-bound, so experts of one layer, projection and
 shape are solved together: `gptq_values` on a [B, N, K] batch (B = experts x members,
 experts e // `quantize.gptq_expert_batch` together, in expert order). Each expert's
-result is its own problem's (batched Cholesky and matmuls; tests/families/test_moe.py
+result is its own problem's (batched Cholesky and matmuls; tests/families/test_moe_experts.py
 checks batch == one at a time). Memory: one batch of experts' weights in fp32 beside
 their Hessians, held in the program's scratch until their jobs are written.
 """

@@ -2,7 +2,7 @@
 
 Each group's weights go through the scheme's weight quantizer as they are
 (`Scheme.weights`: NVFP4's group-shared global scale, the recipe's MX rule, FP8 scales
-rounded up to the model dtype; tfcompile/kernels/formats/quantizer.py) and are written
+rounded up to the model dtype; kernels/formats/quantizer.py) and are written
 under compressed-tensors names (tfcompile/artifact/naming.py). The other algorithms
 reuse `run_rtn` with their own weight quantizer (mse, gptq) or weights (awq).
 """

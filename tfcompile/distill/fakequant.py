@@ -11,7 +11,7 @@ estimator: d(fq(x))/dx = 1 (Bengio et al. 2013), because rounding has a zero
 derivative almost everywhere.
 
 Weights and activations go through the scheme's own quantizers (`Scheme.weights`,
-`Scheme.acts`; tfcompile/kernels/formats/quantizer.py), the objects pack and `tfcompile
+`Scheme.acts`; kernels/formats/quantizer.py), the objects pack and `tfcompile
 eval` use, so the rules are the artifact's by construction:
 - NVFP4: one global scale per fusion group (q/k/v, gate/up), 2688 / the group's
   max |w|, recomputed from the current weights at every forward (no gradient

@@ -3,7 +3,7 @@
 For the architectures below every parameter's name and shape follows from a few config.json
 integers, so the checkpoint check (tfcompile/checkpoint_check.py) compares a checkpoint's
 safetensors headers with this table instead of building the model through transformers'
-modeling module (~3-6 s of imports). The table is the model's: tests/checkpoint/test_dense_spec.py
+modeling module (~3-6 s of imports). The table is the model's: tests/families/test_dense_spec.py
 compares it with transformers' own meta model for each architecture and option.
 
 `dense_spec(config)` is None whenever the config is not one of these, holds a key or value

@@ -17,7 +17,7 @@ projection, `experts.{e}.gate_proj` / `up_proj` / `down_proj` (vLLM's
 [N, K] = (out, in), with GPT-OSS's biases split the same way (`experts.{e}.gate_proj.bias`
 ...). The engine re-fuses them into its w13/w2 in the order its activation kernel reads.
 `fuse_weight` is the exact inverse of `split_slices`, proven by a round trip on every
-layout (tests/families/test_experts.py).
+layout (tests/families/test_moe_experts.py).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 One table (`FAMILIES`), read by `select` (what is quantized, which Linears share an
 NVFP4 global scale), by calibration and eval (how fused experts are laid out in
-memory) and by docs/models.md (tests/families/test_docs.py checks the table there
+memory) and by docs/models.md (tests/families/test_families.py `test_docs_table_lists_every_family_rule` checks the table there
 lists every rule here). A model_type not in the table gets the generic rules only.
 
 Generic rules (every model; `passes/select.py` DEFAULT_IGNORE): lm_head, embeddings,

@@ -1,7 +1,7 @@
 """Build a Recipe from presets, a recipe file and CLI edits (one code path).
 
 Presets < recipe file < CLI options < --set; then --skip / --until. The standard pipeline's
-order is one list (`pipeline.passes.SCHEDULE`, set by tfcompile/passes/builtin.py); which of
+order is one list (`pipeline.passes.SCHEDULE`, set by passes/builtin.py); which of
 its passes a format runs is declared by the passes themselves (their `when` and `implies`,
 tfcompile/pipeline/passes.py): `preset_pipeline` only asks them.
 """

@@ -7,7 +7,7 @@ nothing is recompiled. Launch: grid = KernelDef.grid(M, N, K, config), the
 arguments in the kernel's parameter order (`arg_order`): runtime ones from
 runtime/bindings.py, constexprs from the JSON.
 
-Exercised only on a GPU (tests/runtime/test_cuda.py is skipped without one).
+Exercised only on a GPU (tests/runtime/test_runtime_cuda.py is skipped without one).
 """
 
 from __future__ import annotations
