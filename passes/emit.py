@@ -80,7 +80,7 @@ def _check_kernels(names, kernels: Mapping) -> None:
 
 
 @register_pass("emit", config=EmitConfig, requires=("plan", "artifact", "out_dir"), produces=("artifact",),
-               supports=_supports, when=_when)
+               supports=_supports, when=_when, ranks="root")
 def emit(ctx, cfg: EmitConfig, reporter) -> PassResult:
     """Compile the GEMM and activation-quant kernels per target and shape into kernels/."""
     files, stats = emit_kernels(Path(ctx.out_dir), ctx.plan.scheme, [la["shape"] for la in ctx.artifact.layers],

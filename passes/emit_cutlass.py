@@ -93,7 +93,7 @@ def _implies(settings: Settings) -> dict:
 
 @register_pass("emit_cutlass", config=EmitCutlassConfig, requires=("plan", "artifact", "out_dir"),
                produces=("artifact", "cutlass"), supports=_supports, when=given("emit_cutlass"),
-               implies=_implies)
+               implies=_implies, ranks="root")
 def emit_cutlass(ctx, cfg: EmitCutlassConfig, reporter) -> PassResult:
     """Generate and compile the CUTLASS GEMMs per target and tile config into kernels/<target>/cutlass/."""
     shapes = sorted({tuple(int(v) for v in la["shape"]) for la in ctx.artifact.layers})

@@ -116,6 +116,10 @@ def layout(ctx, cfg: LayoutConfig, reporter) -> PassResult:
     lp = build(spec, heads, ctx.plan, names)
     _check_blocks(lp, ctx.plan)
     lp = dataclasses.replace(lp, warnings=tuple(warnings))
+    if lp.view is not None and ctx.world is not None and ctx.world.distributed:
+        raise RecipeError("an engine view that rewrites weights (OUT/<engine>/) is not written by more than "
+                          "one process yet", hint="run this --layout without torchrun, or drop --tp / the "
+                          "fused-weights engine")
     for w in warnings:
         reporter.warn(w)
     fused = lp.fused()

@@ -33,7 +33,7 @@ def _write(ctx: Context) -> Context:
 
 @register_pass("manifest", config=ManifestConfig,
                requires=("source", "model", "plan", "program", "artifact", "out_dir"), produces=("manifest",),
-               finish=_write)
+               finish=_write, ranks="root")
 def manifest(ctx, cfg: ManifestConfig, reporter) -> PassResult:
     """Record versions, the recipe, checksums and per-layer figures (written after the last pass)."""
     return PassResult(ctx.with_(manifest=manifest_doc(ctx)), {"path": MANIFEST})

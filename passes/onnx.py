@@ -43,7 +43,7 @@ def _supports(recipe: Recipe, cfg: OnnxConfig) -> list[Unsupported]:
 
 
 @register_pass("onnx", config=OnnxConfig, requires=("plan", "program", "artifact", "out_dir"),
-               produces=("artifact",), supports=_supports, when=given("onnx"))
+               produces=("artifact",), supports=_supports, when=given("onnx"), ranks="root")
 def onnx_export(ctx, cfg: OnnxConfig, reporter) -> PassResult:
     """Export the staged artifact to ONNX and add the files to the artifact's checksums."""
     out_dir = Path(ctx.out_dir)

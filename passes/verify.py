@@ -47,7 +47,7 @@ def _supports(recipe, cfg: VerifyConfig) -> list[Unsupported]:
 
 
 @register_pass("verify", config=VerifyConfig, requires=("manifest", "out_dir"), produces=("verify",),
-               supports=_supports)
+               supports=_supports, ranks="root")
 def verify(ctx, cfg: VerifyConfig, reporter) -> PassResult:
     """Check checksums, layers, shapes, scales and shared global scales; ask the serving engines."""
     doc = manifest_doc(ctx)

@@ -86,6 +86,10 @@ class PassSpec:
     when: WhenFn | None = None  # None: every standard pipeline runs it
     implies: ImpliesFn | None = None
     finish: FinishFn | None = None  # called with the final context after the last pass
+    # under torchrun: "all" (every rank runs it and divides its own work) or "root" (rank 0 runs
+    # it, the others receive the context fields it produces: passes that only write files or
+    # read the finished artifact; pipeline/ranks.py)
+    ranks: str = "all"
 
 
 REGISTRY: dict[str, PassSpec] = {}
@@ -102,9 +106,12 @@ def set_schedule(names) -> None:
 
 
 def register_pass(name: str, *, config: type, requires=(), produces=(), supports: SupportsFn | None = None,
-                  when: WhenFn | None = None, implies: ImpliesFn | None = None, finish: FinishFn | None = None):
+                  when: WhenFn | None = None, implies: ImpliesFn | None = None, finish: FinishFn | None = None,
+                  ranks: str = "all"):
     """Decorator: register `run` as pass `name`. Field names are checked here."""
     req, prod = frozenset(requires), frozenset(produces)
+    if ranks not in ("all", "root"):
+        raise ValueError(f"pass {name!r}: ranks must be 'all' or 'root', not {ranks!r}")
     bad = (req | prod) - FIELDS
     if bad:
         raise ValueError(f"pass {name!r} names unknown context fields {sorted(bad)}")
@@ -115,7 +122,7 @@ def register_pass(name: str, *, config: type, requires=(), produces=(), supports
         if name in REGISTRY:
             raise ValueError(f"pass {name!r} registered twice")
         doc = (fn.__doc__ or "").strip().splitlines()[0] if fn.__doc__ else ""
-        REGISTRY[name] = PassSpec(name, config, req, prod, fn, doc, supports, when, implies, finish)
+        REGISTRY[name] = PassSpec(name, config, req, prod, fn, doc, supports, when, implies, finish, ranks)
         return fn
 
     return wrap
