@@ -88,6 +88,14 @@ DSA_INDEXER = Keep(r"re:.*\.indexer\.(wk|weights_proj)$", "DSA lightning indexer
                    "vLLM fuses them into `wk_weights_proj`, built with quant_config=None (deepseek_v2.py "
                    "`Indexer`): it cannot load them packed; the published V3.2 keeps weights_proj in fp32 and "
                    "NVIDIA's NVFP4 releases keep the indexer unquantized", "dsa_indexer", engine_unquantized=True)
+# Kimi K2.5 / K2.6 (`Kimi_K25ForConditionalGeneration`): the Kimi K2 language model beside the MoonViT tower
+# (`vision_tower.encoder.blocks.N.wqkv / wo / mlp.fc0 / fc1`) and its projector (`mm_projector.proj.0 / .2`).
+# vLLM's kimi_k25.py `KimiK25ForConditionalGeneration._maybe_ignore_quant_config` builds both with
+# quant_config=None for a compressed-tensors checkpoint: quantized, they cannot be loaded there.
+K25_TOWER = Keep(r"re:(^|.*\.)(vision_tower|mm_projector)(\..*)?$", "MoonViT vision tower and `mm_projector`",
+                 "vLLM's kimi_k25.py builds them with quant_config=None for compressed-tensors checkpoints "
+                 "(`_maybe_ignore_quant_config`), so it cannot load them packed; the published K2.5 keeps them bf16",
+                 "vision", engine_unquantized=True)
 LINEAR_ATTN = Keep(r"re:.*\.linear_attn\..*", "Gated DeltaNet projections (in_proj_qkvz / in_proj_qkv + "
                    "in_proj_z, in_proj_ba / in_proj_b + in_proj_a, out_proj)",
                    "they feed a recurrent state that carries their error through the whole sequence (no KV cache "
@@ -116,6 +124,9 @@ FAMILIES: tuple[Family, ...] = (
     # (`DeepseekV2MLAAttention`, is_v32 when the config has index_topk).
     Family("deepseek_v32", ("deepseek_v32",), keep=(MLA_KV_B, DSA_INDEXER), fuse=MLA_FUSE),
     Family("glm_moe_dsa", ("glm_moe_dsa",), keep=(MLA_KV_B, DSA_INDEXER), fuse=MLA_FUSE),
+    # Kimi K2.5: its text model is Kimi K2 (`language_model.model.*`, served by vLLM's DeepseekV2ForCausalLM
+    # inside kimi_k25.py), so the K2 rules plus the tower vLLM builds unquantized.
+    Family("kimi_k25", ("kimi_k25",), keep=(MLA_KV_B, K25_TOWER), fuse=MLA_FUSE),
     Family("gpt_oss", ("gpt_oss",), experts=GPT_OSS, modelopt=True),
     Family("glm4_moe", ("glm4_moe",)),
     # MiniMax-M2: GQA + experts `block_sparse_moe.experts.{e}.w1/w2/w3` (w1/w3 one group), router
