@@ -305,8 +305,12 @@ def generate(path: str, req: dict) -> dict:
 
 
 def _generate(LLM, SamplingParams, path: str, req: dict) -> dict:
+    """`req["engine"]`: extra LLM(...) arguments for every artifact, `req["engine_by_path"][path]` for one
+    (e.g. speculative_config); with speculative decoding, vLLM's own spec-decode counters are returned."""
+    engine = req.get("engine_by_path", {}).get(path, req.get("engine", {}))
+    spec = bool(engine.get("speculative_config"))
     llm = LLM(model=path, dtype="bfloat16", max_model_len=req.get("max_model_len", 256), enforce_eager=True,
-              seed=0, **req.get("engine", {}))
+              seed=0, **({"disable_log_stats": False} if spec else {}), **engine)
     sp = SamplingParams(temperature=0.0, max_tokens=req["max_tokens"], logprobs=req.get("logprobs", 5),
                         ignore_eos=True)
     prompts = req["prompts"][path] if isinstance(req["prompts"], dict) else req["prompts"]
@@ -316,8 +320,12 @@ def _generate(LLM, SamplingParams, path: str, req: dict) -> dict:
         c = o.outputs[0]
         tokens.append(list(c.token_ids))
         lps.append([{str(t): float(v.logprob) for t, v in step.items()} for step in (c.logprobs or [])])
+    out = {"path": path, "tokens": tokens, "logprobs": lps}
+    if spec:  # vllm:spec_decode_num_drafts / _num_draft_tokens / _num_accepted_tokens (counters)
+        out["spec_decode"] = {m.name: m.value for m in llm.get_metrics()
+                              if m.name.startswith("vllm:spec_decode") and hasattr(m, "value")}
     del llm
-    return {"path": path, "tokens": tokens, "logprobs": lps}
+    return out
 
 
 def nvfp4_qdq(src: str, dst: str) -> dict:

@@ -116,6 +116,7 @@ class Family:
     experts: ExpertLayout = V5  # layout of fused expert tensors, when the checkpoint stores them fused
     modelopt: bool = False  # TensorRT-LLM serves it: the modelopt view is tested (tests/families)
     linears: str = "all"  # "all": every decoder-layer Linear; "standard": only what standard_linear shows
+    no_model: tuple[str, ...] = ()  # engines whose release (vLLM 0.32) has no model class for it: refused
 
 
 FAMILIES: tuple[Family, ...] = (
@@ -143,6 +144,12 @@ FAMILIES: tuple[Family, ...] = (
     # BertSelfAttention's QKVParallelLinear packs query/key/value, BertSelfOutput / BertOutput
     # RowParallelLinear `dense`, BertIntermediate ColumnParallelLinear); the pooler is outside the layers.
     Family("bert", ("bert",)),
+    # DeepSeek-V4 (hyper-connections, compressed sparse attention, hash-routed MoE): vLLM 0.32 registers no
+    # model class for DeepseekV4ForCausalLM (only its chat parsers), so nothing here is read from an engine
+    # and the model is quantized by the conservative rules of a model type with none; its published
+    # FP8 / FP4 checkpoint is read (io/sources/deepseek_v4.py), the model itself is refused at load (its
+    # hash router's int64 `tid2eid`).
+    Family("deepseek_v4", ("deepseek_v4",), linears="standard", no_model=("vllm",)),
 )
 GENERIC = Family("generic", (), linears="standard")
 _BY_TYPE = {t: f for f in FAMILIES for t in f.model_types}
@@ -179,6 +186,12 @@ def fusion_roles(family: str) -> dict[str, str]:
     """Leaf -> fusion role for family `family` (a manifest's "family")."""
     fam = next((f for f in FAMILIES if f.name == family), GENERIC)
     return {**FUSE, **fam.fuse}
+
+
+def engine_has_no_model(family: str, engine: str) -> bool:
+    """True when `engine`'s release has no model class for family `family` (a manifest's "family")."""
+    fam = next((f for f in FAMILIES if f.name == family), GENERIC)
+    return engine in fam.no_model
 
 
 def engine_unquantized(family: str) -> tuple[Keep, ...]:
