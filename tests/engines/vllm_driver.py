@@ -256,9 +256,19 @@ def _load(loader, vc, mc, rep: dict, draft: bool) -> None:
         return
     rep["hf_to_vllm"] = _hf_to_vllm(model, state["tensors"])
     rep.update(model_class=type(model).__name__, loaded=True, process_errors=errors, loaded_scales=scales,
-               packed_modules_mapping={k: list(v) for k, v in getattr(model, "packed_modules_mapping", {}).items()},
+               packed_modules_mapping=_packed(model),
                tensors=state["tensors"], calls=state["calls"], linears=linears, attention=_attention(model),
                experts=experts, served_scales=served)
+
+
+def _packed(model) -> dict:
+    """The fused layers of the model and of the models it wraps (Kimi K2.5's `language_model` is a
+    DeepseekV2ForCausalLM with its own packed_modules_mapping; the wrapper declares none)."""
+    out: dict = {}
+    for m in model.modules():
+        for k, v in (getattr(m, "packed_modules_mapping", None) or {}).items():
+            out.setdefault(k, list(v))
+    return out
 
 
 def inspect_one(path: str, **engine_kw) -> dict:

@@ -75,9 +75,9 @@ def tensors(directory: Path) -> dict[str, torch.Tensor]:
 
 
 def model_class(src: Path):
-    import transformers
+    from tfcompile.io.hf_config import transformers_class  # published names of native classes too
 
-    return getattr(transformers, json.loads((Path(src) / "config.json").read_text())["architectures"][0])
+    return transformers_class(json.loads((Path(src) / "config.json").read_text())["architectures"][0])
 
 
 def dequantized_reference(src: Path, artifact: Path, dtype=torch.bfloat16):

@@ -22,7 +22,8 @@ LM = "language_model.model.layers"
 def test_tiny_kimi_k25_has_the_published_names(families, family_src):
     src = family_src("kimi_k25")
     names = set(tensors(src))
-    assert json.loads((src / "config.json").read_text())["architectures"] == ["Kimi_K25ForConditionalGeneration"]
+    # the published class name (vLLM's registry key), not transformers' own: read through io.hf_config.ARCH_ALIASES
+    assert json.loads((src / "config.json").read_text())["architectures"] == ["KimiK25ForConditionalGeneration"]
     assert {f"{LM}.0.self_attn.kv_b_proj.weight", f"{LM}.3.mlp.experts.7.down_proj.weight",
             "language_model.lm_head.weight", "vision_tower.encoder.blocks.1.wqkv.weight",
             "vision_tower.encoder.blocks.1.mlp.fc0.weight", "mm_projector.proj.2.weight",
