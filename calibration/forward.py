@@ -22,7 +22,7 @@ from tfcompile.dist import LOCAL
 from tfcompile.dist.collect import broadcast
 from tfcompile.dist.partition import rounds
 from tfcompile.errors import CheckpointError
-from tfcompile.io.hf_config import load_hf_config
+from tfcompile.io.hf_config import load_hf_config, transformers_class
 from tfcompile.io.sources.model import is_published, load_decoded_model
 from tfcompile.ir import CalibStats
 
@@ -37,10 +37,9 @@ class Silent:
 
 def model_class(model_dir: Path, cfg):
     """The transformers class named by config.json's architectures (never remote code)."""
-    import transformers  # lazy: transformers (~2 s to import); only when a model is built
 
     arch = (cfg.architectures or [None])[0]
-    cls = getattr(transformers, arch, None) if arch else None
+    cls = transformers_class(arch)
     if cls is None:
         raise CheckpointError(f"{model_dir}/config.json: architecture {arch!r} is not in transformers",
                               hint="calibration needs a transformers architecture; use a weight-only "

@@ -47,6 +47,7 @@ from tfcompile.errors import CheckpointError
 from tfcompile.families import V5, family_of
 from tfcompile.families.dense import dense_spec, matches
 from tfcompile.families.experts import PROJS, fuse_bias, fuse_weight
+from tfcompile.io.hf_config import transformers_class
 from tfcompile.families.mtp import is_mtp, mtp_prefixes
 from tfcompile.io.dtypes import code_of, torch_dtype_of
 
@@ -85,7 +86,7 @@ def model_class(config: dict):
     import transformers
 
     arch = (config.get("architectures") or [None])[0]
-    cls = getattr(transformers, arch, None) if isinstance(arch, str) else None
+    cls = transformers_class(arch)
     if not isinstance(cls, type) or not issubclass(cls, transformers.PreTrainedModel):
         return None
     return cls

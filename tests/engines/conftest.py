@@ -33,7 +33,8 @@ CASES.update({
     "gpt_oss-mxfp4a16": ("gpt_oss", "mxfp4a16", ()),  # sinks, biased experts
 })
 # the 2026 families (DSA indexer, Gated DeltaNet + vision, experts w1/w2/w3), fp8-dynamic and nvfp4
-for _fam in ("deepseek_v32", "glm_moe_dsa", "qwen3_5", "qwen3_5_moe", "minimax_m2"):
+# and Kimi K2.5 (vision wrapper around the K2 language model: kimi_k25.py builds the tower unquantized)
+for _fam in ("deepseek_v32", "glm_moe_dsa", "qwen3_5", "qwen3_5_moe", "minimax_m2", "kimi_k25"):
     CASES.update({f"{_fam}-{f}": (_fam, f, ()) for f in ("fp8-dynamic", "nvfp4")})
 # MTP layers (source "+mtp": the published layout, tests/fixtures/families.py add_mtp_layer /
 # add_qwen3_5_mtp): the driver loads vLLM's MTP draft model too (speculative_config method "mtp")

@@ -256,9 +256,19 @@ def _load(loader, vc, mc, rep: dict, draft: bool) -> None:
         return
     rep["hf_to_vllm"] = _hf_to_vllm(model, state["tensors"])
     rep.update(model_class=type(model).__name__, loaded=True, process_errors=errors, loaded_scales=scales,
-               packed_modules_mapping={k: list(v) for k, v in getattr(model, "packed_modules_mapping", {}).items()},
+               packed_modules_mapping=_packed(model),
                tensors=state["tensors"], calls=state["calls"], linears=linears, attention=_attention(model),
                experts=experts, served_scales=served)
+
+
+def _packed(model) -> dict:
+    """The fused layers of the model and of the models it wraps (Kimi K2.5's `language_model` is a
+    DeepseekV2ForCausalLM with its own packed_modules_mapping; the wrapper declares none)."""
+    out: dict = {}
+    for m in model.modules():
+        for k, v in (getattr(m, "packed_modules_mapping", None) or {}).items():
+            out.setdefault(k, list(v))
+    return out
 
 
 def inspect_one(path: str, **engine_kw) -> dict:
@@ -305,8 +315,12 @@ def generate(path: str, req: dict) -> dict:
 
 
 def _generate(LLM, SamplingParams, path: str, req: dict) -> dict:
+    """`req["engine"]`: extra LLM(...) arguments for every artifact, `req["engine_by_path"][path]` for one
+    (e.g. speculative_config); with speculative decoding, vLLM's own spec-decode counters are returned."""
+    engine = req.get("engine_by_path", {}).get(path, req.get("engine", {}))
+    spec = bool(engine.get("speculative_config"))
     llm = LLM(model=path, dtype="bfloat16", max_model_len=req.get("max_model_len", 256), enforce_eager=True,
-              seed=0, **req.get("engine", {}))
+              seed=0, **({"disable_log_stats": False} if spec else {}), **engine)
     sp = SamplingParams(temperature=0.0, max_tokens=req["max_tokens"], logprobs=req.get("logprobs", 5),
                         ignore_eos=True)
     prompts = req["prompts"][path] if isinstance(req["prompts"], dict) else req["prompts"]
@@ -316,8 +330,12 @@ def _generate(LLM, SamplingParams, path: str, req: dict) -> dict:
         c = o.outputs[0]
         tokens.append(list(c.token_ids))
         lps.append([{str(t): float(v.logprob) for t, v in step.items()} for step in (c.logprobs or [])])
+    out = {"path": path, "tokens": tokens, "logprobs": lps}
+    if spec:  # vllm:spec_decode_num_drafts / _num_draft_tokens / _num_accepted_tokens (counters)
+        out["spec_decode"] = {m.name: m.value for m in llm.get_metrics()
+                              if m.name.startswith("vllm:spec_decode") and hasattr(m, "value")}
     del llm
-    return {"path": path, "tokens": tokens, "logprobs": lps}
+    return out
 
 
 def nvfp4_qdq(src: str, dst: str) -> dict:

@@ -17,7 +17,7 @@ STATIC = {"nvfp4", "fp8"}  # formats with calibrated input scales
 # Quick calibration: random tokens; the statistics only need to exist and be valid.
 CALIB = ("--calib", "random", "--calib-samples", "2", "--calib-seq-len", "32")
 # The CI subset of the family x format matrix: every family twice, every format at least twice, the
-# calibrated ones on every MoE layout. TFCOMPILE_FAMILY_MATRIX=full runs all 13 x 8 (bench/families.py
+# calibrated ones on every MoE layout. TFCOMPILE_FAMILY_MATRIX=full runs all 14 x 8 (bench/families.py
 # runs them too, with the loader checks, into docs/models.md).
 CI_MATRIX = (
     ("deepseek_v3", "nvfp4"), ("deepseek_v3", "fp8-block"), ("kimi_k2", "mxfp4a16"),
@@ -39,9 +39,18 @@ def load_fixture(name: str):
     return module
 
 
-def matrix() -> list[tuple[str, str]]:
+# Families `tfcompile eval` cannot build yet, with why (a strict xfail in the full matrix: it must go when fixed).
+EVAL_GAPS = {"kimi_k25": "tfcompile eval loads an artifact's plain tensors by transformers' renames only; Kimi "
+                         "K2.5's published vision tower needs its WeightConverter (wqkv split + RoPE permutation) and "
+                         "the `model.` prefix fallback (mm_projector.pre_norm, vision_tower.patch_embed)"}
+
+
+def matrix() -> list:
+    import pytest
+
     if os.environ.get("TFCOMPILE_FAMILY_MATRIX") == "full":
-        return [(f, fmt) for f in load_fixture("families").FAMILIES for fmt in FORMATS]
+        return [pytest.param(f, fmt, marks=pytest.mark.xfail(strict=True, reason=EVAL_GAPS[f])) if f in EVAL_GAPS
+                else (f, fmt) for f in load_fixture("families").FAMILIES for fmt in FORMATS]
     return list(CI_MATRIX)
 
 
@@ -75,9 +84,9 @@ def tensors(directory: Path) -> dict[str, torch.Tensor]:
 
 
 def model_class(src: Path):
-    import transformers
+    from tfcompile.io.hf_config import transformers_class  # published names of native classes too
 
-    return getattr(transformers, json.loads((Path(src) / "config.json").read_text())["architectures"][0])
+    return transformers_class(json.loads((Path(src) / "config.json").read_text())["architectures"][0])
 
 
 def dequantized_reference(src: Path, artifact: Path, dtype=torch.bfloat16):

@@ -120,10 +120,12 @@ def test_minimax_m2_keeps_its_router_and_fuses_w1_w3(family_src, family_artifact
 # engines' verdict on fp8-block at TP 8 (tfcompile/artifact/engines.py): DeepSeek-V3.2 / GLM-5 serve
 # (MLA's q_a/kv_a and the indexer's wq_b are replicated by vLLM, not split); MiniMax-M2's experts
 # (1536 / 8 = 192) and Qwen3.5-35B-A3B's (512 / 8 = 64) do not split into 128-blocks: vLLM serves
-# them at TP 4 / TP 2, or with expert parallelism.
+# them at TP 4 / TP 2, or with expert parallelism. Kimi K2.5: the K2 language model (384 experts of 2048,
+# 16 rows of 128 per rank at TP 8) beside its MoonViT tower, as DeepSeek-V3 serves.
 @pytest.mark.parametrize("name,params_b,vllm_tp8", [("deepseek-v3.2", 671.9, None), ("glm-5", 743.9, None),
                                                     ("qwen3.5-35b-a3b", 35.1, "per partition = 64 "),
-                                                    ("minimax-m2", 228.7, "per partition = 192 ")])
+                                                    ("minimax-m2", 228.7, "per partition = 192 "),
+                                                    ("kimi-k2.5", 1026.9, None)])
 def test_full_size_configs_estimate_with_the_engines_verdict(name, params_b, vllm_tp8):
     cfg = Path(__file__).resolve().parents[2] / "examples" / "configs" / name
     code, out, err = run_cli("plan", "--format", "fp8-block", "--estimate", cfg, "--json",

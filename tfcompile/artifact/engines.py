@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Iterable, Mapping
 
 from tfcompile.families import engine_unquantized
-from tfcompile.families.rules import fusion_roles
+from tfcompile.families.rules import engine_has_no_model, fusion_roles
 from tfcompile.schemes import get_kv_format
 
 ENGINES = ("vllm", "sglang", "trtllm")
@@ -63,6 +63,10 @@ class EngineProblem:
 def engine_problems(doc: Mapping, engine: str, *, target: str | None = None, tp: int = 1) -> list[EngineProblem]:
     """Everything `engine` cannot serve as written in the artifact whose manifest is `doc`."""
     out: list[EngineProblem] = []
+    if engine_has_no_model(doc.get("family") or "generic", engine):
+        return [EngineProblem(engine, True, f"{engine} 0.32 has no model class for the {doc.get('family')} family "
+                              "(its model registry lists none): it cannot load this model in any format",
+                              "serve it with an engine that implements the architecture, or a newer release")]
     out += _fp8_block(doc, engine, tp)
     out += _kv_cache(doc, engine)
     out += _unquantized_modules(doc, engine)

@@ -38,7 +38,7 @@ from tfcompile.families.experts import set_expert, set_expert_bias
 from tfcompile.families.mtp import is_mtp, mtp_prefixes
 from tfcompile.families.names import NameMap
 from tfcompile.io.checkpoint import Checkpoint, open_checkpoint
-from tfcompile.io.hf_config import load_hf_config
+from tfcompile.io.hf_config import load_hf_config, transformers_class
 from tfcompile.io.jsonfile import JsonDict
 from tfcompile.io.sources.model import is_published, load_decoded_model
 from tfcompile.kernels.formats import dequantize
@@ -80,7 +80,8 @@ def _transformers():
 
 def _arch_class(path: Path, cfg):
     arch = (getattr(cfg, "architectures", None) or [None])[0]
-    cls = getattr(_transformers(), arch, None) if arch else None
+    _transformers()  # its logging set up
+    cls = transformers_class(arch)
     if cls is None:
         raise EvalError(f"{path}/config.json: architecture {arch!r} is not in transformers",
                         hint="tfcompile eval builds models with transformers (no remote code); "

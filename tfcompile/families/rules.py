@@ -88,6 +88,14 @@ DSA_INDEXER = Keep(r"re:.*\.indexer\.(wk|weights_proj)$", "DSA lightning indexer
                    "vLLM fuses them into `wk_weights_proj`, built with quant_config=None (deepseek_v2.py "
                    "`Indexer`): it cannot load them packed; the published V3.2 keeps weights_proj in fp32 and "
                    "NVIDIA's NVFP4 releases keep the indexer unquantized", "dsa_indexer", engine_unquantized=True)
+# Kimi K2.5 / K2.6 (`Kimi_K25ForConditionalGeneration`): the Kimi K2 language model beside the MoonViT tower
+# (`vision_tower.encoder.blocks.N.wqkv / wo / mlp.fc0 / fc1`) and its projector (`mm_projector.proj.0 / .2`).
+# vLLM's kimi_k25.py `KimiK25ForConditionalGeneration._maybe_ignore_quant_config` builds both with
+# quant_config=None for a compressed-tensors checkpoint: quantized, they cannot be loaded there.
+K25_TOWER = Keep(r"re:(^|.*\.)(vision_tower|mm_projector)(\..*)?$", "MoonViT vision tower and `mm_projector`",
+                 "vLLM's kimi_k25.py builds them with quant_config=None for compressed-tensors checkpoints "
+                 "(`_maybe_ignore_quant_config`), so it cannot load them packed; the published K2.5 keeps them bf16",
+                 "vision", engine_unquantized=True)
 LINEAR_ATTN = Keep(r"re:.*\.linear_attn\..*", "Gated DeltaNet projections (in_proj_qkvz / in_proj_qkv + "
                    "in_proj_z, in_proj_ba / in_proj_b + in_proj_a, out_proj)",
                    "they feed a recurrent state that carries their error through the whole sequence (no KV cache "
@@ -108,6 +116,7 @@ class Family:
     experts: ExpertLayout = V5  # layout of fused expert tensors, when the checkpoint stores them fused
     modelopt: bool = False  # TensorRT-LLM serves it: the modelopt view is tested (tests/families)
     linears: str = "all"  # "all": every decoder-layer Linear; "standard": only what standard_linear shows
+    no_model: tuple[str, ...] = ()  # engines whose release (vLLM 0.32) has no model class for it: refused
 
 
 FAMILIES: tuple[Family, ...] = (
@@ -116,6 +125,9 @@ FAMILIES: tuple[Family, ...] = (
     # (`DeepseekV2MLAAttention`, is_v32 when the config has index_topk).
     Family("deepseek_v32", ("deepseek_v32",), keep=(MLA_KV_B, DSA_INDEXER), fuse=MLA_FUSE),
     Family("glm_moe_dsa", ("glm_moe_dsa",), keep=(MLA_KV_B, DSA_INDEXER), fuse=MLA_FUSE),
+    # Kimi K2.5: its text model is Kimi K2 (`language_model.model.*`, served by vLLM's DeepseekV2ForCausalLM
+    # inside kimi_k25.py), so the K2 rules plus the tower vLLM builds unquantized.
+    Family("kimi_k25", ("kimi_k25",), keep=(MLA_KV_B, K25_TOWER), fuse=MLA_FUSE),
     Family("gpt_oss", ("gpt_oss",), experts=GPT_OSS, modelopt=True),
     Family("glm4_moe", ("glm4_moe",)),
     # MiniMax-M2: GQA + experts `block_sparse_moe.experts.{e}.w1/w2/w3` (w1/w3 one group), router
@@ -132,6 +144,12 @@ FAMILIES: tuple[Family, ...] = (
     # BertSelfAttention's QKVParallelLinear packs query/key/value, BertSelfOutput / BertOutput
     # RowParallelLinear `dense`, BertIntermediate ColumnParallelLinear); the pooler is outside the layers.
     Family("bert", ("bert",)),
+    # DeepSeek-V4 (hyper-connections, compressed sparse attention, hash-routed MoE): vLLM 0.32 registers no
+    # model class for DeepseekV4ForCausalLM (only its chat parsers), so nothing here is read from an engine
+    # and the model is quantized by the conservative rules of a model type with none; its published
+    # FP8 / FP4 checkpoint is read (io/sources/deepseek_v4.py), the model itself is refused at load (its
+    # hash router's int64 `tid2eid`).
+    Family("deepseek_v4", ("deepseek_v4",), linears="standard", no_model=("vllm",)),
 )
 GENERIC = Family("generic", (), linears="standard")
 _BY_TYPE = {t: f for f in FAMILIES for t in f.model_types}
@@ -168,6 +186,12 @@ def fusion_roles(family: str) -> dict[str, str]:
     """Leaf -> fusion role for family `family` (a manifest's "family")."""
     fam = next((f for f in FAMILIES if f.name == family), GENERIC)
     return {**FUSE, **fam.fuse}
+
+
+def engine_has_no_model(family: str, engine: str) -> bool:
+    """True when `engine`'s release has no model class for family `family` (a manifest's "family")."""
+    fam = next((f for f in FAMILIES if f.name == family), GENERIC)
+    return engine in fam.no_model
 
 
 def engine_unquantized(family: str) -> tuple[Keep, ...]:

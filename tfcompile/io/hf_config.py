@@ -15,6 +15,23 @@ from typing import Any
 from tfcompile.errors import CheckpointError
 
 
+# Published architecture names (a checkpoint's own remote code) of models transformers implements natively
+# under another class name that reads the published tensor names (its conversion mapping). Kimi K2.5:
+# Moonshot's config.json and vLLM 0.32's model registry say KimiK25ForConditionalGeneration, transformers
+# 5.25's class is Kimi_K25ForConditionalGeneration (tests/families/test_kimi_k25.py).
+ARCH_ALIASES = {"KimiK25ForConditionalGeneration": "Kimi_K25ForConditionalGeneration"}
+
+
+def transformers_class(arch) -> Any:
+    """transformers' class for config.json's architecture `arch` (its own name, else its native alias), or None."""
+    # lazy: transformers (~2 s to import); only where a model is built
+    import transformers
+
+    if not isinstance(arch, str):
+        return None
+    return getattr(transformers, arch, None) or getattr(transformers, ARCH_ALIASES.get(arch, ""), None)
+
+
 def load_hf_config(model_dir: str | Path) -> Any:
     """`transformers.AutoConfig.from_pretrained(model_dir)` without remote code; CheckpointError
     naming MODEL/config.json when transformers cannot build a config from it."""
@@ -34,4 +51,4 @@ def load_hf_config(model_dir: str | Path) -> Any:
                                    "fix or re-download config.json") from None
 
 
-__all__ = ["load_hf_config"]
+__all__ = ["ARCH_ALIASES", "load_hf_config", "transformers_class"]

@@ -7,6 +7,7 @@ encodes (`DequantizedSource`, decoded tensor by tensor on demand), chosen by con
 | quant_method        | format                                   | module |
 |---------------------|------------------------------------------|--------|
 | fp8 (+ weight_block_size) | DeepSeek-V3/R1, Kimi K2: E4M3 + `weight_scale_inv` per block | fp8_block.py |
+| fp8 + scale_fmt ue8m0    | DeepSeek-V4: E4M3 + E8M0 `scale` per block, FP4 experts + E8M0 per 32 | deepseek_v4.py |
 | mxfp4               | GPT-OSS: experts as `*_blocks` + `*_scales` | mxfp4.py |
 | compressed-tensors  | tfcompile / llm-compressor artifacts (re-quantization); Kimi K2-Thinking / K2.5 INT4 pack-quantized experts | compressed.py, int4_pack.py |
 

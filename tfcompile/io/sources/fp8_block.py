@@ -14,6 +14,7 @@ import torch
 
 from tfcompile.errors import CheckpointError
 from tfcompile.io.sources.base import DequantizedSource
+from tfcompile.io.sources.deepseek_v4 import is_v4, open_deepseek_v4
 from tfcompile.io.sources.scales import FLOAT_CODES, cdiv, check_header, check_values
 from tfcompile.kernels.formats import dequantize, weight_quantizer
 
@@ -29,6 +30,8 @@ def _block(qc: dict) -> tuple:
 
 def open_fp8_block(ckpt, qc: dict) -> DequantizedSource:
     block = _block(qc)
+    if len(block) == 2 and is_v4(qc):  # DeepSeek-V4: E8M0 block scales, FP4 experts (deepseek_v4.py)
+        return open_deepseek_v4(ckpt, qc, block)
     if len(block) != 2 or qc.get("fmt", "e4m3") != "e4m3":
         raise CheckpointError(f"{ckpt.path}/config.json: quant_method fp8 with weight_block_size "
                               f"{str(qc.get('weight_block_size'))[:60]} "

@@ -21,7 +21,7 @@ import torch
 from tfcompile.errors import CheckpointError
 from tfcompile.families.experts import set_expert, set_expert_bias
 from tfcompile.families.names import NameMap
-from tfcompile.io.hf_config import load_hf_config
+from tfcompile.io.hf_config import load_hf_config, transformers_class
 from tfcompile.io.sources import READERS, open_source
 
 _EXPERT = re.compile(r"^(?P<parent>.*\.experts)\.(?P<e>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.(?P<leaf>weight|bias)$")
@@ -34,14 +34,13 @@ def is_published(config: dict) -> bool:
 
 def load_decoded_model(model_dir: Path, dtype: torch.dtype):
     """transformers' model for config.json's architecture, weights decoded by tfcompile (eval mode)."""
-    import transformers  # lazy: transformers (~2 s to import); only when a model is built
 
     source = open_source(model_dir)
     cfg = load_hf_config(model_dir)  # CheckpointError for a config transformers cannot read
     if hasattr(cfg, "quantization_config"):
         delattr(cfg, "quantization_config")
     arch = (cfg.architectures or [None])[0]
-    cls = getattr(transformers, arch or "", None)
+    cls = transformers_class(arch)
     if cls is None:
         raise CheckpointError(f"{model_dir}/config.json: architecture {arch!r} is not in transformers",
                               hint="tfcompile builds models with transformers (no remote code)")
