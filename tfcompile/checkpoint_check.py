@@ -49,6 +49,7 @@ from tfcompile.families.dense import dense_spec, matches
 from tfcompile.families.experts import PROJS, fuse_bias, fuse_weight
 from tfcompile.io.hf_config import transformers_class
 from tfcompile.families.mtp import is_mtp, mtp_prefixes
+from tfcompile.families.names import NameMap
 from tfcompile.io.dtypes import code_of, torch_dtype_of
 
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -175,9 +176,14 @@ def find_problems(model, tensors: dict[str, tuple[torch.dtype, tuple[int, ...]]]
         conversion=[f"{n} ({_last_line(msg)})" for n, msg in sorted(info.conversion_errors.items())],
     )
     # The loader casts to the parameter's dtype, so judge the checkpoint's own dtypes: every tensor it
-    # loads into a parameter (not a buffer, not one it drops) must be floating point.
+    # loads into a parameter (not a buffer, not one it drops) must be floating point, unless the model
+    # declares that parameter integer and the checkpoint's is integer too.
+    # Buffers are judged by their in-memory name (the model's renames: DeepSeek-V4's `ffn.gate.tid2eid`,
+    # int64 token -> expert ids, is the buffer `mlp.gate.tid2eid`).
+    to_model = NameMap(model, tensors).to_model
     problems.dtype = [f"{n} is {_code(dtype)}" for n, (dtype, _) in sorted(tensors.items(), key=lambda kv: _key(kv[0]))
-                      if dtype not in FLOAT_DTYPES and n not in buffers and n not in not_loaded]
+                      if dtype not in FLOAT_DTYPES and n not in not_loaded and n not in buffers
+                      and to_model(n) not in buffers]
     return problems
 
 

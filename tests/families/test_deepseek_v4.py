@@ -76,12 +76,48 @@ def test_deepseek_v4_scale_that_does_not_fit_its_weight_is_refused(v4, tmp_path,
             ckpt.get(s[: -len(".scale")] + ".weight")
 
 
-def test_deepseek_v4_quantize_is_refused_with_a_reason(v4, tmp_path):
-    """Not quantized yet: the model loads nowhere tfcompile can serve it from (vLLM 0.32 has no
-    DeepSeek-V4 model; docs/models.md), and its hash router's `tid2eid` (int64) is not a float weight."""
-    code, _, err = run_cli("quantize", v4[1], "-o", tmp_path / "out", "--format", "nvfp4a16", "-q")
-    assert code == 1 and "tid2eid" in err and "hint:" in err, err
-    assert not (tmp_path / "out").exists()
+@pytest.mark.parametrize("which", [0, 1], ids=["bf16", "published"])
+def test_deepseek_v4_quantizes_its_experts_and_keeps_the_rest(v4, tmp_path, which):
+    """The conservative rules of a model no engine here serves (vLLM 0.32 has no DeepSeek-V4 model;
+    docs/models.md): the routed and shared experts' w1/w2/w3 (named as the standard MoE projections,
+    under DeepSeek's `ffn`) are quantized, as the published checkpoint puts its experts in FP4; attention,
+    compressor, indexer, router and hyper-connection parameters stay in the source dtype; the hash
+    router's int64 `tid2eid` (a buffer transformers renames to `mlp.gate.tid2eid`) passes through
+    byte for byte. From the bf16 model and from the published FP8/FP4 checkpoint alike."""
+    from safetensors import safe_open
+
+    out = tmp_path / "out"
+    code, _, err = run_cli("quantize", v4[which], "-o", out, "--format", "nvfp4a16", "-q", "--json")
+    assert code == 0, err
+    quantized = {k[: -len(".weight_packed")] for k in _keys(out) if k.endswith(".weight_packed")}
+    assert quantized and all(".ffn.experts." in q or ".ffn.shared_experts." in q for q in quantized)
+    assert {q.rsplit(".", 1)[1] for q in quantized} == {"w1", "w2", "w3"}
+    assert not any(".attn." in q or ".gate." in q for q in quantized)
+    name = "model.layers.0.ffn.gate.tid2eid"
+    with safe_open(str(v4[0] / "model.safetensors"), "pt") as f:
+        want = f.get_tensor(name)
+    assert want.dtype == torch.int64 and _tensor(out, name).equal(want)
+    assert run_cli("verify", out)[0] == 0
+
+
+def _keys(art) -> set[str]:
+    from safetensors import safe_open
+
+    out = set()
+    for f in sorted(art.glob("*.safetensors")):
+        with safe_open(str(f), "pt") as h:
+            out |= set(h.keys())
+    return out
+
+
+def _tensor(art, name: str) -> torch.Tensor:
+    from safetensors import safe_open
+
+    for f in sorted(art.glob("*.safetensors")):
+        with safe_open(str(f), "pt") as h:
+            if name in h.keys():
+                return h.get_tensor(name)
+    raise KeyError(name)
 
 
 def test_deepseek_v4_full_size_estimate_says_vllm_has_no_model():

@@ -146,9 +146,8 @@ FAMILIES: tuple[Family, ...] = (
     Family("bert", ("bert",)),
     # DeepSeek-V4 (hyper-connections, compressed sparse attention, hash-routed MoE): vLLM 0.32 registers no
     # model class for DeepseekV4ForCausalLM (only its chat parsers), so nothing here is read from an engine
-    # and the model is quantized by the conservative rules of a model type with none; its published
-    # FP8 / FP4 checkpoint is read (io/sources/deepseek_v4.py), the model itself is refused at load (its
-    # hash router's int64 `tid2eid`).
+    # and the model is quantized by the conservative rules of a model type with none (its experts'
+    # w1/w2/w3 under `ffn`); its published FP8 / FP4 checkpoint is read (io/sources/deepseek_v4.py).
     Family("deepseek_v4", ("deepseek_v4",), linears="standard", no_model=("vllm",)),
 )
 GENERIC = Family("generic", (), linears="standard")
@@ -205,9 +204,9 @@ def engine_unquantized(family: str) -> tuple[Keep, ...]:
 # `packed_modules_mapping`, transformers' tp plans) maps to its own quantizable Linears.
 _BLOCK = r"(^|.*\.)(layers|layer|h|blocks|block)\.\d+\."
 _READS = re.compile(_BLOCK + r"((self_attn|attn|attention)\.(q_proj|k_proj|v_proj)|(mlp|feed_forward)\.(gate_proj|up_proj)"
-                    r"|(mlp|feed_forward|block_sparse_moe)\.(shared_experts?\.|experts\.\d+\.)(gate_proj|up_proj|w1|w3))$")
+                    r"|(mlp|feed_forward|ffn|block_sparse_moe)\.(shared_experts?\.|experts\.\d+\.)(gate_proj|up_proj|w1|w3))$")
 _WRITES = re.compile(_BLOCK + r"((self_attn|attn|attention)\.o_proj|(mlp|feed_forward)\.down_proj"
-                     r"|(mlp|feed_forward|block_sparse_moe)\.(shared_experts?\.|experts\.\d+\.)(down_proj|w2))$")
+                     r"|(mlp|feed_forward|ffn|block_sparse_moe)\.(shared_experts?\.|experts\.\d+\.)(down_proj|w2))$")
 NOT_STANDARD = ("not a standard attention / MLP projection (q/k/v/o_proj, gate/up/down_proj, experts.N.w1/w2/w3 "
                 "of a numbered decoder layer): tfcompile has no rules for this model type, so it cannot show "
                 "an engine builds it as a quantizable Linear")
