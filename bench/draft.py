@@ -13,7 +13,7 @@ continuations). Acceptance: tfcompile.draft.acceptance.measure on python-doc hel
 
 Every speculative output is checked token for token against the target's greedy decoding.
 
-    python bench/draft.py [--work DIR] [--steps N] [--prompts N] [--write-docs]
+    python bench/draft.py [--work DIR] [--steps N] [--lr LR] [--threads 1] [--prompts N] [--write-docs]
     python bench/draft.py --ngram-only --only nvfp4 --prompts 4 --new-tokens 48   # exactness, no drafts
 
 writes the "## SmolLM2: speculative drafts (EAGLE-3)" section of docs/accuracy.md with --write-docs.
@@ -61,15 +61,26 @@ FINDINGS = (
     ' Since 2026-12-04 (after these drafts were trained) `tfcompile draft` runs the target once per training sequence and a step costs the draft alone (3.0x cheaper per step on SmolLM2: docs/performance.md "Draft training: one step before and after the target cache"), and by default the draft starts from the target (`--init target`: fc passes the highest fused state, the layer is a copy of the target\'s layer that reads it); the rows above are of the old code (random start, 40 steps) and are **not re-measured**: on the shared 2-core machine of 2026-12-04 (load average 15-21) the data phase of a 64-sequence trial (48 of them self-generated) had not finished after 40 minutes, so whether the cheaper steps, more epochs and the target start lift the drafts above the n-gram floor is open.')
 
 
-def train_args(steps: int) -> list[str]:
-    return ["--steps", str(steps), "--batch", "4", "--seq-len", "128", "--text-blocks", "128", "--self-blocks", "32",
-            "--self-prompt", "32", "--draft-vocab", "8192", "--lr", "3e-3"]
+DRAFT_VOCAB = 2048  # EAGLE-3-style reduced vocabulary: the head costs H x 2048 instead of H x 49152
 
 
-def tfcompile(*args) -> tuple[dict, float]:
+def train_args(steps: int, lr: str) -> list[str]:
+    return ["--steps", str(steps), "--batch", "4", "--seq-len", "128", "--text-blocks", "64", "--self-blocks", "64",
+            "--self-prompt", "32", "--draft-vocab", str(DRAFT_VOCAB), "--lr", lr]
+
+
+def child_env(threads: int) -> dict:
+    """The environment of the `tfcompile` children: `threads` torch threads (OMP_NUM_THREADS). On
+    the shared 2-core machine two threads per process under load run elementwise ops ~15x slower
+    than one (their OpenMP barriers wait on descheduled threads: docs/performance.md)."""
+    return {**os.environ, "OMP_NUM_THREADS": str(threads)}
+
+
+def tfcompile(*args, threads: int = 1) -> tuple[dict, float]:
     exe = Path(sys.executable).with_name("tfcompile")
     t0 = time.perf_counter()
-    res = subprocess.run([str(exe), *map(str, args), "--json", "-q"], capture_output=True, text=True)
+    res = subprocess.run([str(exe), *map(str, args), "--json", "-q"], capture_output=True, text=True,
+                         env=child_env(threads))
     if res.returncode != 0:
         sys.exit(f"tfcompile {' '.join(map(str, args))} failed ({res.returncode}):\n{res.stderr[-3000:]}")
     return json.loads(res.stdout), time.perf_counter() - t0
@@ -84,17 +95,18 @@ def build_targets(work: Path, smol: Path) -> None:
             tfcompile("quantize", "--format", fmt, smol, "-o", work / f"smol-{fmt}", *(CALIB if fmt == "nvfp4" else []))
 
 
-def build(work: Path, smol: Path, steps: int) -> dict:
+def build(work: Path, smol: Path, steps: int, lr: str, threads: int) -> dict:
     """Artifacts and drafts (kept in work/ between runs); the two drafts train concurrently."""
     build_targets(work, smol)
     exe = Path(sys.executable).with_name("tfcompile")
     jobs = {}
     for name, extra in (("draft-bf16", []), ("draft-nvfp4", ["--target-artifact", work / "smol-nvfp4"])):
-        out = work / f"{name}-{steps}"
+        out = work / f"{name}-{steps}-v{DRAFT_VOCAB}-lr{lr}"
         if not (work / f"{out.name}.cli.json").exists():
-            argv = [str(exe), "draft", smol, "-o", out, *train_args(steps), *extra, "--json", "-q", "--overwrite"]
+            argv = [str(exe), "draft", smol, "-o", out, *train_args(steps, lr), *extra, "--json", "-q", "--overwrite"]
             fh = open(work / f"{out.name}.cli.json.tmp", "w")
-            jobs[name] = (subprocess.Popen(list(map(str, argv)), stdout=fh), fh, out, time.perf_counter(), load())
+            jobs[name] = (subprocess.Popen(list(map(str, argv)), stdout=fh, env=child_env(threads)), fh, out,
+                          time.perf_counter(), load())
     for name, (proc, fh, out, t0, l0) in jobs.items():
         if proc.wait() != 0:
             sys.exit(f"tfcompile draft ({name}) failed ({proc.returncode})")
@@ -105,7 +117,7 @@ def build(work: Path, smol: Path, steps: int) -> dict:
         (work / f"{out.name}.cli.json").write_text(json.dumps(doc))
     made = {}
     for name in ("draft-bf16", "draft-nvfp4"):
-        out = work / f"{name}-{steps}"
+        out = work / f"{name}-{steps}-v{DRAFT_VOCAB}-lr{lr}"
         doc = json.loads((work / f"{out.name}.cli.json").read_text())
         made[name] = {"train_s": doc["timings"]["train_s"], "data_s": doc["timings"]["data_s"],
                       "threads": doc["timings"]["threads"], **doc["bench"],
@@ -148,11 +160,13 @@ def measure_all(work: Path, smol: Path, drafts: dict, prompts: int, new_tokens: 
 
 
 def markdown(rows: list[dict], drafts: dict, args, prompts: int, new_tokens: int) -> str:
-    lines = [f"Command: `python bench/draft.py --steps {args.steps} --prompts {prompts} --write-docs`. Target: "
+    lines = [f"Command: `nice -n 19 python bench/draft.py --steps {args.steps} --lr {args.lr} --prompts {prompts} "
+             "--write-docs`. Target: "
              "SmolLM2-135M-Instruct (bf16 fixture, weights carry GGUF Q4_1 rounding) and its `tfcompile quantize` "
              "nvfp4 (W4A4) / nvfp4a16 artifacts (16 x 512 calibration tokens), served as `tfcompile eval` serves "
-             "them. Drafts: `tfcompile draft` " + " ".join(train_args(args.steps)) + " (one EAGLE-3 decoder layer, "
-             "3 chain steps trained, draft vocabulary 8192 of 49152), against bf16 or with `--target-artifact` "
+             "them. Drafts: `tfcompile draft` " + " ".join(train_args(args.steps, args.lr)) + " (one EAGLE-3 decoder "
+             f"layer started from the target's (`--init target`), 3 chain steps trained, draft vocabulary {DRAFT_VOCAB} "
+             f"of 49152, {args.threads} torch thread per process), against bf16 or with `--target-artifact` "
              f"nvfp4. Acceptance: {prompts} prompts of 64 tokens of python-doc's held-out split (never trained on), "
              f"{new_tokens} tokens decoded greedily each; acceptance length = tokens per target forward; exact: "
              "whether every speculative output equals the target's own greedy decoding token for token. "
@@ -183,7 +197,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--work", type=Path, default=Path(os.environ.get("TFCOMPILE_CACHE", Path.home() / ".cache/tfcompile"))
                     / "bench" / "draft")
-    ap.add_argument("--steps", type=int, default=150)
+    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--lr", default="3e-3")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads of every process (OMP_NUM_THREADS)")
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--write-docs", action="store_true")
@@ -193,15 +209,18 @@ def main() -> None:
     ap.add_argument("--ngram-only", action="store_true",
                     help="no drafts: the n-gram rows only, exactness included (prints JSON lines, writes no docs)")
     args = ap.parse_args()
+    import torch
+
     from tfcompile.fixtures.smollm2 import smollm2_checkpoint
 
+    torch.set_num_threads(args.threads)
     smol = Path(smollm2_checkpoint())
     args.work.mkdir(parents=True, exist_ok=True)
     if args.ngram_only:
         build_targets(args.work, smol)
         measure_all(args.work, smol, None, args.prompts, args.new_tokens, tuple(args.only))
         return
-    drafts = build(args.work, smol, args.steps)
+    drafts = build(args.work, smol, args.steps, args.lr, args.threads)
     if args.render:
         order = {"bf16": 0, "nvfp4": 1, "nvfp4a16": 2}
         rows = [r for f in sorted(args.work.glob("results-*.json")) for r in json.loads(f.read_text())]
