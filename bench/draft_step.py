@@ -7,7 +7,7 @@ alone. Times, on one batch of --batch x --seq-len tokens, medians of --runs:
   target_s  the target forward a step used to run (fused hidden states + draft-vocabulary log-probs)
   step_s    a cached step: the draft's chain forward (--ttt-steps), its KL loss and backward
 
-    python bench/draft_step.py [--batch 4] [--seq-len 128] [--draft-vocab 8192] [--runs 3]
+    python bench/draft_step.py [--batch 4] [--seq-len 128] [--draft-vocab 8192] [--runs 3] [--threads N]
 
 prints one JSON line (with the machine line and the load average at the start).
 """
@@ -33,8 +33,12 @@ def main() -> None:
     ap.add_argument("--draft-vocab", type=int, default=8192)
     ap.add_argument("--ttt-steps", type=int, default=3)
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     args = ap.parse_args()
     import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     from tfcompile.draft.config import DraftConfig
     from tfcompile.draft.run import _config, _keep, build_draft, load_target

@@ -63,3 +63,16 @@ def test_the_draft_starts_from_the_target(target):
         assert torch.equal(draft.norm.weight, target.get_decoder().norm.weight)
     rnd = build_draft(target, _config(DEMO), DraftConfig(init="random"), tokens)
     assert not torch.equal(rnd.layers[0].mlp.up_proj.weight, src.mlp.up_proj.weight)
+
+
+def test_self_generated_data_is_the_targets_greedy_decoding(target):
+    """greedy_continue (batched, KV cache, head on the last position only) continues each prompt
+    exactly as spec.greedy (one unbatched full forward per token) does: the exactness oracle."""
+    from tfcompile.draft.spec import Target, greedy
+    from tfcompile.draft.train import greedy_continue
+
+    prompts = torch.randint(0, 4096, (3, 8), generator=torch.Generator().manual_seed(1))
+    out = greedy_continue(target, prompts, 20, batch=2)  # batches of 2 + 1
+    assert out.shape == (3, 20) and torch.equal(out[:, :8], prompts)
+    for row, p in zip(out, prompts):
+        assert row[8:].tolist() == greedy(Target(target), p.tolist(), 12)

@@ -39,7 +39,9 @@ def greedy_continue(model, prompts: torch.Tensor, total: int, batch: int = 16) -
         cache = DynamicCache(config=model.config)
         nxt = ids
         while ids.shape[1] < total:
-            logits = model(input_ids=nxt, cache=cache, use_cache=True).logits[:, -1]
+            # logits_to_keep=1: the head runs on the last position only (the prompt's prefill
+            # would otherwise compute P x V logits per row and keep one)
+            logits = model(input_ids=nxt, cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
             nxt = logits.argmax(-1, keepdim=True)
             ids = torch.cat([ids, nxt], 1)
         out.append(ids.cpu())
