@@ -168,9 +168,14 @@ def main() -> int:
     ap.add_argument("--seeds", nargs="+", type=int, default=list(SEEDS))
     ap.add_argument("--max-tokens", type=int, default=32768, help="held-out tokens scored")
     ap.add_argument("--table", action="store_true", help="only print the table from saved results")
+    ap.add_argument("--tag", default="", help="keep these runs in their own results file (runs side by side)")
+    ap.add_argument("--merge", nargs="*", default=[], metavar="TAG", help="with --table: add these tags' runs")
     args = ap.parse_args()
-    store = Results(f"defaults-{Path(args.model).name}-{'-'.join(args.formats)}-{args.max_tokens}")
+    name = f"defaults-{Path(args.model).name}-{'-'.join(args.formats)}-{args.max_tokens}"
+    store = Results(name + (f"-{args.tag}" if args.tag else ""))
     results = store.load()
+    for tag in args.merge:
+        results.update(Results(f"{name}-{tag}").load())
     if not args.table:
         path = model_path(args.model)
         held = HeldOut(path, max_tokens=args.max_tokens, dtype="bfloat16")
