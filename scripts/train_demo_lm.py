@@ -366,7 +366,8 @@ def training_md(f: dict, args) -> str:
     cmd = f"python scripts/train_demo_lm.py examples/{name} --overwrite" + (
         " --family gemma3" if s["family"] == "gemma3" else "") + (
         f" --minutes {args.minutes:g}" if args.minutes != 25.0 else "") + (
-        f" --steps {args.steps}" if args.steps is not None else "") + (" --smoke" if args.smoke else "")
+        f" --steps {args.steps}" if args.steps is not None else "") + (
+        f" --threads {args.threads}" if args.threads != 2 else "") + (" --smoke" if args.smoke else "")
     if args.steps is not None or args.smoke:
         reproduce = (f"The cosine schedule spans a fixed {f['steps']} steps and the data order follows the seed,\n"
                      "so a rerun with the same thread count does the same arithmetic; on the same CPU and torch\n"
@@ -395,7 +396,7 @@ random) causal LM to quantize and evaluate.
 - **Model**: hidden {s['hidden']}, intermediate {s['intermediate']}, {s['layers']} layers,
   {s['heads']} heads of {s['hidden'] // s['heads']}, {s['kv_heads']} KV heads, {head},
   max positions {s['seq_len']}; {f['parameters']} parameters; weights saved in bf16.
-- **Training**: fp32 on CPU ({f['threads']} threads, {f['machine']}, torch {f['torch']}), seed {f['seed']},
+- **Training**: fp32 on CPU ({f['threads']} thread(s), {f['machine']}, torch {f['torch']}), seed {f['seed']},
   AdamW (lr {s['lr']:g}, betas 0.9/0.95, weight decay {s['weight_decay']:g} on matrices), {s['warmup']} warmup
   steps then cosine to 10%, grad clip 1.0, batch {s['batch']} x {s['seq_len']} tokens.
   {f['steps']} steps ({f['stopped_by']}), {f['tokens_seen']} tokens seen, {f['train_seconds']:.0f} s

@@ -235,6 +235,9 @@ class Program:
     nvfp4_weights: WeightQuantizer | None = None
     kv_format: str = "fp8"  # "fp8" | "nvfp4" (calibrate.kv_cache): same k_scale/v_scale, another cache
     gptq_codes: Mapping[str, torch.Tensor] = field(default_factory=dict)  # CalibStats.gptq_codes (gptq)
+    # "none" | "output": NVFP4/MXFP4 scales chosen by the layer's output error under the group's
+    # Hessian (quantize.scale_search: passes/quantize/output_scales.py; rtn and gptq)
+    scale_search: str = "none"
 
     def gptq_owner(self, key: str) -> int | None:
         """Under torchrun: the rank that holds group `key`'s Hessian or solved codes (None: any)."""

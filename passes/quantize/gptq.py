@@ -28,7 +28,7 @@ from tfcompile.io.jsonfile import JsonDict
 from tfcompile.ir import CalibStats, Job, LayerStats, Program, QuantPlan, load_target, register_algorithm
 from tfcompile.kernels import formats as F
 from tfcompile.passes.quantize.gptq_moe import run_gptq_experts, solved_expert_values
-from tfcompile.passes.quantize.rtn import quantize_weight, run_rtn
+from tfcompile.passes.quantize.rtn import quantize_weight, run_rtn, searched_scales
 from tfcompile.reporter import Reporter
 
 DAMP = 0.01
@@ -145,17 +145,21 @@ def run_gptq(job: Job, program: Program, source: Checkpoint) -> tuple[dict[str, 
         return run_gptq_experts(job, program, source, gptq_values, encode)
 
     solve: list[float] = []  # seconds per member, in member order
+    weights, searched, extra = None, None, {}
+    if program.scale_search == "output":  # GPTQ under the scales chosen by output error
+        weights = [load_target(source, t) for t in job.group.members]
+        searched, extra = searched_scales(job, program, weights, weights[0].dtype)
 
     def quantizer(w, prog, gscale, name, model_dtype):
         t0 = time.perf_counter()
-        q = quantize_weight(w, prog, gscale, name, model_dtype)
+        q = searched.pop(0) if searched else quantize_weight(w, prog, gscale, name, model_dtype)
         q = gptq_quantize(w, h, q, act_order=prog.gptq_act_order, damp=prog.gptq_damp, device=prog.device)
         solve.append(time.perf_counter() - t0)
         return q
 
-    out, stats = run_rtn(job, program, source, quantizer=quantizer)
+    out, stats = run_rtn(job, program, source, quantizer=quantizer, weights=weights)
     # "timing" is reported by pack and kept out of the manifest (it would break byte-identical reruns)
-    return out, [dict(x, algorithm="gptq", timing={"solve_s": s}) for x, s in zip(stats, solve)]
+    return out, [dict(x, algorithm="gptq", **extra, timing={"solve_s": s}) for x, s in zip(stats, solve)]
 
 
 def _run_solved(job: Job, program: Program, source: Checkpoint,
@@ -186,8 +190,9 @@ def group_qtensors(job: Job, program: Program, source: Checkpoint) -> list[F.QTe
     if h is not None and is_expert_group(key):
         vals = list(solved_expert_values(key, program, source, gptq_values)[0])
     out = []
+    searched = searched_scales(job, program, weights, weights[0].dtype)[0] if vals is None else None
     for t, w in zip(members, weights):
-        q = quantize_weight(w, program, gscale, t.source, w.dtype)
+        q = searched.pop(0) if searched else quantize_weight(w, program, gscale, t.source, w.dtype)
         if vals is not None:
             q = encode(q, vals.pop(0))
         elif h is not None:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 
 import torch
 
+from tfcompile.errors import RecipeError
 from tfcompile.io.checkpoint import Checkpoint
 from tfcompile.ir import Program, QuantPlan, register_layer_solver
 from tfcompile.kernels.formats import dequantize
@@ -28,6 +29,9 @@ class GPTQLayerSolver:
 
     def __init__(self, plan: QuantPlan, cfg: QuantizeConfig, source: Checkpoint, model_dtype: torch.dtype,
                  device: torch.device | str = "cpu"):
+        if cfg.scale_search != "none":  # pack re-derives RTN's scales for the codes solved here
+            raise RecipeError("quantize.scale_search=output does not combine with calibrate.propagate yet",
+                              hint="drop one of --set calibrate.propagate=true / quantize.scale_search=output")
         self.jobs = {g.key: group_job(g, plan, model_dtype) for g in plan.groups}
         self.targets = {t.module: t for g in plan.groups for t in g.members}
         self.program = Program(plan.scheme, "gptq", (), {}, mx_rule(cfg, plan.scheme), 0,

@@ -22,7 +22,7 @@ from tfcompile.io.checkpoint import Checkpoint
 from tfcompile.io.dtypes import torch_dtype_of
 from tfcompile.ir import ALGORITHMS, CalibStats, Job, OutSpec, Program, QuantGroup, QuantPlan, Split, torch_dtype
 from tfcompile.kernels.formats import E4M3_MAX, round_scale_up
-from tfcompile.passes.quantize import four_over_six
+from tfcompile.passes.quantize import four_over_six, output_scales
 from tfcompile.pipeline.passes import PassResult, Unsupported, register_pass
 from tfcompile.pipeline.recipe import Recipe
 from tfcompile.schemes import SCHEMES
@@ -43,6 +43,9 @@ class QuantizeConfig:
     gptq_expert_batch: int = 8  # gptq: MoE experts of one shape solved together (memory: that many experts)
     mx_rule: str = ""  # "floor" | "ceil"; empty = the formats module default
     nvfp4_scales: str = "max"  # NVFP4 block scales: "max" (block max -> 6) | "four_over_six" (four_over_six.py)
+    # NVFP4/MXFP4 scales: "none" (RTN's, from maxima) | "output" (global and block scales chosen by the layer's
+    # output error on the calibration activations, output_scales.py; rtn and gptq; schedules calibrate's Hessians)
+    scale_search: str = "none"
     # signround (signround.py): signed-gradient steps per decoder block, their initial step (0: 1 / iters,
     # auto-round's default, decayed linearly to 0) and the seed of the batch order
     signround_iters: int = 200
@@ -74,18 +77,39 @@ def _supports(recipe: Recipe, cfg: QuantizeConfig) -> list[Unsupported]:
     elif cfg.nvfp4_scales != "max" and fmt in SCHEMES and SCHEMES[fmt].weight != four_over_six.WEIGHTS.format:
         reasons.append(Unsupported(f"quantize.nvfp4_scales {cfg.nvfp4_scales} needs an NVFP4 format, not {fmt}",
                                    "use --format nvfp4 or nvfp4a16, or drop the setting"))
+    reasons += _scale_search_unsupported(cfg, fmt)
     if algo is None or algo.supports is None or fmt not in SCHEMES:
         return reasons
     reason = algo.supports(SCHEMES[fmt])
     return reasons + ([Unsupported(reason, algo.hint)] if reason else [])
 
 
+def _scale_search_unsupported(cfg: QuantizeConfig, fmt: str) -> list[Unsupported]:
+    """quantize.scale_search=output: NVFP4/MXFP4 weights, the rtn or gptq algorithm, max block scales."""
+    if cfg.scale_search == "none":
+        return []
+    if cfg.scale_search not in output_scales.MODES:
+        return [Unsupported(f"quantize.scale_search {cfg.scale_search!r} is unknown",
+                            "choose one of: " + ", ".join(output_scales.MODES))]
+    if fmt in SCHEMES and not output_scales.searchable(SCHEMES[fmt].weights):
+        return [Unsupported(f"quantize.scale_search=output needs NVFP4 or MXFP4 weights, not {fmt}",
+                            "use an nvfp4* or mxfp4* format, or drop the setting")]
+    if cfg.algorithm not in ("rtn", "gptq") or cfg.nvfp4_scales != "max":
+        return [Unsupported(f"quantize.scale_search=output chooses RTN's and GPTQ's scales, not those of "
+                            f"algorithm {cfg.algorithm} with nvfp4_scales {cfg.nvfp4_scales}",
+                            "use --algorithm rtn or gptq with the default nvfp4_scales, or drop the setting")]
+    return []
+
+
 def _implies(settings: dict) -> dict:
-    """GPTQ, AWQ and SmoothQuant schedule calibration and ask it for their statistics."""
+    """GPTQ, AWQ and SmoothQuant schedule calibration and ask it for their statistics; so does
+    quantize.scale_search=output (the Hessians it scores scales with)."""
     table = settings.get("quantize")
     algorithm = table.get("algorithm") if isinstance(table, dict) else None
     # a value of another type (a list, a table) is reported by QuantizeConfig, naming the field
     extra = CALIBRATION.get(algorithm) if isinstance(algorithm, str) else None
+    if isinstance(table, dict) and table.get("scale_search") == "output":
+        extra = {**(extra or {}), "hessian": True}
     return {"calibrate": extra} if extra else {}
 
 
@@ -132,7 +156,7 @@ def quantize(ctx, cfg: QuantizeConfig, reporter) -> PassResult:
                       kv_strategy, kv_modules, hessians, cfg.gptq_act_order, cfg.gptq_damp,
                       gptq_expert_batch=cfg.gptq_expert_batch, device=device,
                       nvfp4_weights=nvfp4_weights(cfg), kv_format=ctx.calib.kv_format if kv_jobs else "fp8",
-                      gptq_codes=codes)
+                      gptq_codes=codes, scale_search=cfg.scale_search)
     extra = {}
     if algo.prepare is not None:  # plan-time work of the algorithm (AWQ: search and fold)
         program, extra = algo.prepare(plan, ctx.calib, ctx.source, program, reporter)

@@ -5,6 +5,8 @@ Each group's weights go through the scheme's weight quantizer as they are
 rounded up to the model dtype; kernels/formats/quantizer.py) and are written
 under compressed-tensors names (tfcompile/artifact/naming.py). The other algorithms
 reuse `run_rtn` with their own weight quantizer (mse, gptq) or weights (awq).
+With `quantize.scale_search=output` and the group's Hessian, the scales are chosen by the
+layer's output error instead (output_scales.py).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from tfcompile.artifact.naming import ct_tensors
 from tfcompile.io.checkpoint import Checkpoint
 from tfcompile.ir import Job, LayerStats, Program, QuantTarget, load_target, register_algorithm
 from tfcompile.kernels.formats import QTensor, dequantize_rows
+from tfcompile.passes.quantize.output_scales import search_group
 from tfcompile.schemes import Scheme
 
 # (w [N, K], program, group global scale, source tensor name, model dtype) -> QTensor
@@ -54,12 +57,26 @@ def run_rtn(job: Job, program: Program, source: Checkpoint, quantizer: QuantizeF
     weights = src if weights is None else weights
     gscale = program.weights.group_global_scale(weights, [t.source for t in members])
     amax = group_input_amax(program, members)
+    searched, extra = searched_scales(job, program, weights, model_dtype) if quantizer is quantize_weight \
+        else (None, {})
     out, stats = {}, []
     for t, w in zip(members, weights):
-        q = quantizer(w, program, gscale, t.source, model_dtype)
+        q = searched.pop(0) if searched else quantizer(w, program, gscale, t.source, model_dtype)
         out.update(ct_tensors(q, scheme, t.module, amax, model_dtype))
-        stats.append(layer_stats(t, w, q, scheme, program.sqnr_rows))
+        stats.append(dict(layer_stats(t, w, q, scheme, program.sqnr_rows), **extra))
     return out, stats
+
+
+def searched_scales(job: Job, program: Program, weights: list[torch.Tensor],
+                    model_dtype: torch.dtype) -> tuple[list[QTensor] | None, dict]:
+    """The group's RTN QTensors under scales chosen by output error (quantize.scale_search=output,
+    output_scales.py), or (None, {}) when not asked for or the group has no Hessian."""
+    h = program.hessians.get(job.group.key) if program.scale_search == "output" else None
+    if h is None:
+        return None, {}
+    qs, rec = search_group(weights, [t.source for t in job.group.members], program, h, model_dtype)
+    ratio = rec["out_err"] / rec["out_err_rtn"] if rec["out_err_rtn"] > 0 else 1.0
+    return qs, {"scale_search": rec["scale_search"], "out_err_vs_rtn": round(ratio, 4)}
 
 
 def layer_stats(t: QuantTarget, w: torch.Tensor, q: QTensor, scheme: Scheme, rows: int) -> LayerStats:

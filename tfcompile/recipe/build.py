@@ -162,7 +162,8 @@ def _needs_no_calibration(fmt: str, where: str, values: dict) -> RecipeError:
     return RecipeError(f"{where}: --format {fmt} needs no calibration data: {why}, and nothing else in "
                        f"this run calibrates (pipeline: {', '.join(values)})",
                        hint="drop the --calib* options; they apply to nvfp4 / fp8 (static activation "
-                            "scales), --kv-cache fp8, and --algorithm gptq / awq / signround")
+                            "scales), --kv-cache fp8, --algorithm gptq / awq / signround and "
+                            "--set quantize.scale_search=output")
 
 
 def _given(edits: list) -> dict[str, dict[str, Any]]:
