@@ -29,15 +29,14 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 from common import cpu_busy  # noqa: E402
 from heldout import HeldOut, Results  # noqa: E402
+from peers import calib_ids, timed  # noqa: E402
 
 SAMPLES, SEQ = 16, 128  # the calibration: 16 x 128 tokens
 SEEDS = (0, 1, 2)
@@ -73,29 +72,12 @@ def data_free(fmt: str, variant: str) -> bool:
     return fmt.endswith("a16") and VARIANTS[variant][1] == "rtn" and not VARIANTS[variant][2]
 
 
-def calib_ids(model: Path, seed: int, path: Path) -> Path:
-    from tfcompile.calibration.datasets import calibration_tokens
-    from tfcompile.calibration.forward import load_tokenizer
-
-    ids = calibration_tokens("python-doc", load_tokenizer(model), samples=SAMPLES, seq_len=SEQ, seed=seed)
-    np.save(path, ids.numpy())
-    return path
-
-
-def run(argv: list[str]) -> float:
-    t0 = time.perf_counter()
-    res = subprocess.run(argv, capture_output=True, text=True)
-    if res.returncode != 0:
-        raise SystemExit(f"failed: {' '.join(argv)}\n{res.stderr[-3000:]}")
-    return round(time.perf_counter() - t0, 1)
-
-
 def quantize(model: Path, out: Path, fmt: str, variant: str, seed: int, ids: Path) -> float:
     tool, algorithm, sets = VARIANTS[variant]
     if tool == "llm-compressor":
         argv = [LLMC_PYTHON, str(REPO / "bench" / "peers_llmc.py"), str(model), str(out), "--scheme",
                 PRESETS[fmt], "--method", algorithm]
-        return run(argv + ([] if data_free(fmt, variant) else ["--tokens", str(ids)]))
+        return timed(argv + ([] if data_free(fmt, variant) else ["--tokens", str(ids)]))
     argv = ["tfcompile", "quantize", str(model), "-o", str(out), "--format", fmt, "-q", "--overwrite",
             "--algorithm", algorithm]
     if not data_free(fmt, variant):
@@ -103,7 +85,7 @@ def quantize(model: Path, out: Path, fmt: str, variant: str, seed: int, ids: Pat
                  "--calib-seed", str(seed)]
     for s in sets:
         argv += ["--set", s]
-    return run(argv)
+    return timed(argv)
 
 
 def measure(model: Path, held: HeldOut, fmts: list[str], variants: list[str], seeds: list[int],
@@ -115,7 +97,7 @@ def measure(model: Path, held: HeldOut, fmts: list[str], variants: list[str], se
                     key = f"{fmt}/{variant}/{seed}"
                     out = Path(tmp) / key.replace("/", "-")
                     busy = cpu_busy(0.5)
-                    seconds = quantize(model, out, fmt, variant, seed, calib_ids(model, seed, Path(tmp) / "ids.npy"))
+                    seconds = quantize(model, out, fmt, variant, seed, calib_ids(model, Path(tmp) / "ids.npy", seed=seed, samples=SAMPLES, seq_len=SEQ))
                     r = held.score_compressed_tensors(out)
                     results[key] = {"quantize_s": seconds, "busy_cores": round(busy, 2),
                                     **{k: r[k] for k in ("kl_mean", "perplexity", "reference_perplexity",

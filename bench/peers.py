@@ -69,12 +69,12 @@ MODELOPT_CPU = {
 }
 
 
-def calib_ids(model: Path, path: Path) -> Path:
-    """tfcompile's own `--calib python-doc` ids for this model, saved for llm-compressor."""
+def calib_ids(model: Path, path: Path, *, seed: int = 0, samples: int = SAMPLES, seq_len: int = SEQ) -> Path:
+    """tfcompile's own `--calib python-doc` ids for this model (draw `seed`), saved for llm-compressor."""
     from tfcompile.calibration.datasets import calibration_tokens
     from tfcompile.calibration.forward import load_tokenizer
 
-    ids = calibration_tokens("python-doc", load_tokenizer(model), samples=SAMPLES, seq_len=SEQ, seed=0)
+    ids = calibration_tokens("python-doc", load_tokenizer(model), samples=samples, seq_len=seq_len, seed=seed)
     np.save(path, ids.numpy())
     return path
 
