@@ -47,10 +47,10 @@ from tfcompile.errors import CheckpointError
 from tfcompile.families import V5, family_of
 from tfcompile.families.dense import dense_spec, matches
 from tfcompile.families.experts import PROJS, fuse_bias, fuse_weight
-from tfcompile.io.hf_config import transformers_class
 from tfcompile.families.mtp import is_mtp, mtp_prefixes
 from tfcompile.families.names import NameMap
 from tfcompile.io.dtypes import code_of, torch_dtype_of
+from tfcompile.io.hf_config import transformers_class
 
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _SHOW = 5  # names shown per kind of problem
@@ -176,14 +176,12 @@ def find_problems(model, tensors: dict[str, tuple[torch.dtype, tuple[int, ...]]]
         conversion=[f"{n} ({_last_line(msg)})" for n, msg in sorted(info.conversion_errors.items())],
     )
     # The loader casts to the parameter's dtype, so judge the checkpoint's own dtypes: every tensor it
-    # loads into a parameter (not a buffer, not one it drops) must be floating point, unless the model
-    # declares that parameter integer and the checkpoint's is integer too.
-    # Buffers are judged by their in-memory name (the model's renames: DeepSeek-V4's `ffn.gate.tid2eid`,
-    # int64 token -> expert ids, is the buffer `mlp.gate.tid2eid`).
-    to_model = NameMap(model, tensors).to_model
-    problems.dtype = [f"{n} is {_code(dtype)}" for n, (dtype, _) in sorted(tensors.items(), key=lambda kv: _key(kv[0]))
-                      if dtype not in FLOAT_DTYPES and n not in not_loaded and n not in buffers
-                      and to_model(n) not in buffers]
+    # loads into a parameter (not a buffer, not one it drops) must be floating point. A buffer is known
+    # by its in-memory name (the model's renames: DeepSeek-V4's `ffn.gate.tid2eid`, int64 token ->
+    # expert ids, is the buffer `mlp.gate.tid2eid`).
+    other = [n for n, (dtype, _) in tensors.items() if dtype not in FLOAT_DTYPES and n not in not_loaded]
+    to_model = NameMap(model, tensors).to_model if other else None
+    problems.dtype = [f"{n} is {_code(tensors[n][0])}" for n in sorted(other, key=_key) if to_model(n) not in buffers]
     return problems
 
 

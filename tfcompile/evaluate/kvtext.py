@@ -12,8 +12,9 @@ from __future__ import annotations
 # within LENS_WORK_SHARE of a plain eval's matmul work (evaluate/lens.py lens_positions), at least
 # LENS_MIN_POSITIONS (every position of an evaluation that has no more) and at most
 # LENS_MAX_POSITIONS; the eval's JSON gives the count (`layer_kl_positions`) and the page says it.
-# On SmolLM2 (its lm_head 49,152 x 576, ~7x a decoder layer's Linears) 512 positions of 4,096
-# cost 0.76x a plain eval's matmul work, all per-layer figures 1.86x (issue 31's target: 1.5x)
+# On SmolLM2 (its lm_head 49,152 x 576, ~7x a decoder layer's Linears) that is 201 positions of
+# 4,096, and all per-layer figures cost 1.30x a plain eval (issue 31's target: 1.5x;
+# docs/performance.md "Eval: per-layer figures vs a plain eval (smollm2)")
 LENS_MAX_POSITIONS = 512
 LENS_MIN_POSITIONS = 128
 LENS_WORK_SHARE = 0.3

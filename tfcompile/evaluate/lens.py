@@ -110,6 +110,8 @@ class LayerKL:
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
+        self._cand.clear()  # a batch cut short by an error leaves rows behind
+        self._pending.clear()
 
     def begin(self, offset: int, count: int) -> torch.Tensor:
         """The next batch holds global positions [offset, offset + count) (under torchrun a rank
