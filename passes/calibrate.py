@@ -8,12 +8,7 @@ from pathlib import Path
 
 import torch
 
-from tfcompile.calibration.datasets import (FALLBACK_HINT, TEXT_SOURCES, auto_source, fallback_message,
-                                            installed_text_source)
-from tfcompile.calibration.forward import load_tokenizer, observe_input_amax
-from tfcompile.calibration.moe_policy import summarize
 from tfcompile.calibration.observers import OBSERVERS
-from tfcompile.calibration.sequential import Unsupported, observe_sequential, with_owners
 from tfcompile.dist import LOCAL
 from tfcompile.dist.devices import check_device, resolve_device
 from tfcompile.dist.partition import hessian_owners
@@ -116,6 +111,10 @@ def _when(sel: Selection) -> bool:
 def calibrate(ctx, cfg: CalibrateConfig, reporter) -> PassResult:
     """Observe |x| at every quantized Linear's input (calibrate.observer; calibrate.data, default auto).
     The model is read from ctx.source's directory: the source, or what `rotate` made of it."""
+    # lazy: the calibration loops load when the pass runs (docs/design.md "Pass modules")
+    from tfcompile.calibration.forward import observe_input_amax
+    from tfcompile.calibration.moe_policy import summarize
+    from tfcompile.calibration.sequential import with_owners
     if cfg.mode not in MODES:
         raise RecipeError(f"calibrate.mode {cfg.mode!r} is not one of {', '.join(MODES)}",
                           hint="auto (default) calibrates layer by layer when it can")
@@ -182,6 +181,10 @@ def _resolve_auto(ctx, cfg: CalibrateConfig, reporter) -> tuple[str, str]:
     published checkpoint the first installed text, never self (it would sample the decoded model).
     Passing over the first text source is a warning (stderr, --json, manifest, report), or with
     calibrate.strict (--calib-strict) an error before anything runs."""
+    # lazy: the tokenizer and the text sources load when the pass runs (docs/design.md "Pass modules")
+    from tfcompile.calibration.datasets import (FALLBACK_HINT, TEXT_SOURCES, auto_source, fallback_message,
+                                                installed_text_source)
+    from tfcompile.calibration.forward import load_tokenizer  # lazy: transformers' tokenizer
     if getattr(ctx.source, "source_format", None):
         data = installed_text_source()
         refused = () if data == TEXT_SOURCES[0] else (f"{TEXT_SOURCES[0]}: not installed",)
@@ -227,6 +230,9 @@ def _check_seq_len(seq_len: int, config: dict) -> None:
 def _observe(ctx, cfg: CalibrateConfig, modules: set[str], reporter, common: dict):
     """(stats, "sequential" | "whole", extra pass statistics): the layer loop when it applies, else
     the whole model."""
+    # lazy: the calibration loops load when the pass runs (docs/design.md "Pass modules")
+    from tfcompile.calibration.forward import observe_input_amax
+    from tfcompile.calibration.sequential import Unsupported, observe_sequential
     if cfg.mode != "whole":
         layer_times: list[float] = []
 

@@ -16,10 +16,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from tfcompile.distill.config import DistillConfig
-from tfcompile.distill.run import Inputs, distill_checkpoint
 from tfcompile.errors import RecipeError
 from tfcompile.io.locks import work_dir
-from tfcompile.io.overlay import OverlayCheckpoint
 from tfcompile.ir import torch_dtype
 from tfcompile.pipeline.passes import PassResult, Unsupported, given, register_pass
 from tfcompile.pipeline.recipe import Recipe
@@ -47,6 +45,8 @@ def _supports(recipe: Recipe, cfg: DistillConfig) -> list[Unsupported]:
                produces=("source",), supports=_supports, when=given("distill"))
 def distill(ctx, cfg: DistillConfig, reporter) -> PassResult:
     """Train the fake-quantized student against the original model; pack then packs its weights."""
+    from tfcompile.distill.run import Inputs, distill_checkpoint  # lazy: the trainer (docs/design.md "Pass modules")
+    from tfcompile.io.overlay import OverlayCheckpoint
     if ctx.program.algorithm != "rtn":
         raise RecipeError(f"distill needs quantize.algorithm rtn, got {ctx.program.algorithm!r}",
                           hint="drop --algorithm")

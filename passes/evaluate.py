@@ -26,15 +26,14 @@ from pathlib import Path
 
 from tfcompile.dist.devices import check_device
 from tfcompile.errors import UserError
-from tfcompile.evaluate import evaluate, gate_error
+from tfcompile.evaluate import gate_error
 from tfcompile.evaluate.gates import worst_layers
-from tfcompile.evaluate.kvcache import KV_MODES
-from tfcompile.evaluate.runner import DTYPES
+from tfcompile.evaluate.kvtext import KV_MODES
 from tfcompile.evaluate.text import CORPUS
 from tfcompile.io.jsonfile import JsonDict
 from tfcompile.pipeline.passes import PassResult, Unsupported, given, register_pass
-from tfcompile.pipeline.recipe import Recipe
 from tfcompile.manifest_doc import manifest_doc
+from tfcompile.pipeline.recipe import Recipe
 from tfcompile.tasks.gate import require_lm_eval, resolve, run_task_gates
 
 SIG_DIGITS = 6  # manifest floats: insensitive to summation order in the last bits
@@ -65,6 +64,7 @@ class EvalConfig:
 
 
 def _supports(recipe: Recipe, cfg: EvalConfig) -> list[Unsupported]:
+    from tfcompile.evaluate.runner import DTYPES  # lazy: the evaluator (docs/design.md "Pass modules")
     reasons = []
     if cfg.dtype not in DTYPES:
         reasons.append(Unsupported(f"eval.dtype {cfg.dtype!r} is not one of {', '.join(DTYPES)}"))
@@ -92,6 +92,7 @@ def _supports(recipe: Recipe, cfg: EvalConfig) -> list[Unsupported]:
                produces=("evaluation",), supports=_supports, when=given("eval"))
 def evaluate_artifact(ctx, cfg: EvalConfig, reporter) -> PassResult:
     """Evaluate the staged artifact against the source; the manifest records the figures."""
+    from tfcompile.evaluate.runner import evaluate  # lazy: the evaluator (docs/design.md "Pass modules")
     doc = evaluate(Path(ctx.out_dir), Path(ctx.source_path),
                    text=None if cfg.text == CORPUS else Path(cfg.text), max_tokens=cfg.max_tokens,
                    seq_len=cfg.seq_len or None, batch_size=cfg.batch_size, dtype=cfg.dtype,

@@ -31,14 +31,12 @@ from tfcompile.ir import torch_dtype
 from tfcompile.mixed import cache
 from tfcompile.mixed import plan as mixed_plan
 from tfcompile.mixed.search import UNQUANTIZED, bits, choose, known, summary
-from tfcompile.mixed.fisher import measure_fisher
-from tfcompile.mixed.sensitivity import measure
 from tfcompile.pipeline.passes import PassResult, Unsupported, given, register_pass
 from tfcompile.pipeline.recipe import Recipe
 from tfcompile.schemes import SCHEMES
 
 SINGLE_SCHEME_PASSES = ("distill", "onnx", "layout", "emit", "emit_cutlass")
-MEASURES = {"fisher": measure_fisher, "kl": measure}
+MEASURES = ("fisher", "kl")  # mixed.sensitivity: tfcompile/mixed/fisher.py, sensitivity.py (_measure)
 
 
 @dataclass(frozen=True)
@@ -88,6 +86,15 @@ def _supports(recipe: Recipe, cfg: MixedConfig) -> list[Unsupported]:
     return reasons
 
 
+def _measure(sensitivity: str):
+    """The function that measures `sensitivity` (one of MEASURES)."""
+    if sensitivity == "fisher":
+        from tfcompile.mixed.fisher import measure_fisher  # lazy: runs the model (docs/design.md "Pass modules")
+        return measure_fisher
+    from tfcompile.mixed.sensitivity import measure  # lazy: runs the model (docs/design.md "Pass modules")
+    return measure
+
+
 @register_pass("mixed", config=MixedConfig, requires=("source", "model", "plan"), produces=("plan",),
                supports=_supports, when=given("mixed"))
 def mixed(ctx, cfg: MixedConfig, reporter) -> PassResult:
@@ -100,7 +107,7 @@ def mixed(ctx, cfg: MixedConfig, reporter) -> PassResult:
     key = cache.key(ctx.source, plan, settings)
     hit = cache.load(key) if cfg.cache else None
     if hit is None:
-        costs, measured = MEASURES[cfg.sensitivity](
+        costs, measured = _measure(cfg.sensitivity)(
             Path(ctx.source.path), plan, list(cfg.formats), data=cfg.data, samples=cfg.samples,
             seq_len=cfg.seq_len, seed=cfg.seed, dtype=torch_dtype(ctx.model.dtype), mx_rule=rule, reporter=reporter)
         cache.store(key, costs, measured)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from tfcompile.pipeline.context import Context
 from tfcompile.pipeline.passes import PassResult, Settings, given, register_pass
-from tfcompile.report import IN_ARTIFACT, embed_report
+from tfcompile.artifact.tree import REPORT_HTML
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,7 @@ def _implies(settings: Settings) -> dict:
 
 def _write(ctx: Context) -> Context:
     """After the manifest is written: OUT/tfcompile/report.html from it (its sha256 in the pass's stats)."""
+    from tfcompile.report import embed_report  # lazy: the page builder (docs/design.md "Pass modules")
     sha = embed_report(Path(ctx.out_dir))
     stats = dict(ctx.pass_stats)
     stats["report"] = {**stats.get("report", {}), "sha256": sha}
@@ -43,4 +44,4 @@ def _write(ctx: Context) -> Context:
                when=given("report"), implies=_implies, finish=_write)
 def report(ctx, cfg: ReportConfig, reporter) -> PassResult:
     """Write OUT/tfcompile/report.html from the manifest (and the eval figures), after it is written."""
-    return PassResult(ctx, {"path": IN_ARTIFACT})
+    return PassResult(ctx, {"path": REPORT_HTML})  # tfcompile.report.IN_ARTIFACT

@@ -314,3 +314,27 @@ def test_the_rule_itself(module, target, ok):
     """The layer rule on known cases (so a broken LAYERS table cannot pass silently)."""
     (lm, em), (lt, et) = layer_of(module), layer_of(target)
     assert (lt < lm or (lt == lm and em == et)) == ok
+
+
+# What a pass drives, loaded only when the pass runs (docs/design.md "Pass modules"): declaring
+# every pass (tfcompile.passes.builtin, which every run imports) must not import any of these.
+PASS_IMPLEMENTATIONS = ("tfcompile.tune.emit", "tfcompile.tune.cutlass_emit", "tfcompile.tune.compile",
+                        "tfcompile.kernels.cutlass.build", "tfcompile.distill.run", "tfcompile.mixed.fisher",
+                        "tfcompile.mixed.sensitivity", "tfcompile.evaluate.runner", "tfcompile.calibration.forward",
+                        "tfcompile.calibration.sequential", "tfcompile.report.page", "tfcompile.onnx_export.export",
+                        "triton", "onnx")
+
+
+def test_declaring_the_passes_loads_no_implementation():
+    import json
+    import subprocess
+    import sys
+
+    code = ("import json, sys; import tfcompile.passes.builtin as b; from tfcompile.pipeline.passes import REGISTRY; "
+            f"print(json.dumps({{'loaded': sorted(m for m in {PASS_IMPLEMENTATIONS!r} if m in sys.modules), "
+            "'schedule': list(b.STANDARD), 'registered': sorted(REGISTRY)}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout.splitlines()[-1])
+    assert doc["loaded"] == []
+    assert set(doc["schedule"]) <= set(doc["registered"])  # every pass still declared

@@ -51,3 +51,17 @@ def write_manifest(out_dir: Path, doc: JsonDict, report_sha256: str | None = Non
 
 
 __all__ = ["MANIFEST", "SCHEMA_VERSION", "SCHEMA_VERSIONS", "has_manifest", "load_manifest", "write_manifest"]
+
+
+def kv_cache_text(manifest: JsonDict) -> str:
+    """The KV cache an engine runs with this artifact: dtype, scale granularity, engine layout."""
+    kv = manifest["scheme"].get("kv_cache")
+    if not kv:
+        return "not quantized (the engine's default dtype)"
+    per = {"tensor": "per tensor", "attn_head": "per KV head"}.get(kv.get("strategy"), kv.get("strategy"))
+    text = (f"{kv['dtype']}, {per} k_scale/v_scale in {len(manifest.get('kv_modules', []))} attention modules")
+    spec = (manifest.get("layout") or {}).get("spec") or {}
+    if spec:
+        text += (f"; {spec.get('target')} layout {spec.get('kv_layout')}, {spec.get('block_size')} tokens "
+                 f"per page (tfcompile/kv_cache.json)")
+    return text

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.markup import escape
 from rich.table import Table
 
-from tfcompile.report.data import kv_cache_text
+from tfcompile.artifact.manifest import kv_cache_text
 
 
 def _mb(n: int | None) -> str:

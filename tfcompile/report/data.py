@@ -60,20 +60,6 @@ def model_name(artifact: Path, manifest: dict) -> str:
     return str(src.get("name") or artifact.name)
 
 
-def kv_cache_text(manifest: dict) -> str:
-    """The KV cache an engine runs with this artifact: dtype, scale granularity, engine layout."""
-    kv = manifest["scheme"].get("kv_cache")
-    if not kv:
-        return "not quantized (the engine's default dtype)"
-    per = {"tensor": "per tensor", "attn_head": "per KV head"}.get(kv.get("strategy"), kv.get("strategy"))
-    text = (f"{kv['dtype']}, {per} k_scale/v_scale in {len(manifest.get('kv_modules', []))} attention modules")
-    spec = (manifest.get("layout") or {}).get("spec") or {}
-    if spec:
-        text += (f"; {spec.get('target')} layout {spec.get('kv_layout')}, {spec.get('block_size')} tokens "
-                 f"per page (tfcompile/kv_cache.json)")
-    return text
-
-
 def load_eval_json(path: Path) -> dict:
     """A `tfcompile eval --json` document (for `tfcompile report --eval FILE`)."""
     hint = "give the file `tfcompile eval ... --json > eval.json` wrote"

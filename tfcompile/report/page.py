@@ -8,9 +8,10 @@ import json
 from html import escape
 
 from tfcompile import __version__
+from tfcompile.artifact.manifest import kv_cache_text
 from tfcompile.evaluate.kvtext import LENS_MAX_POSITIONS as LENS_POSITIONS, describe
 from tfcompile.report import svg
-from tfcompile.report.data import ReportData, decoder_layer, kv_cache_text, model_order, projection
+from tfcompile.report.data import ReportData, decoder_layer, model_order, projection
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 CSS = """

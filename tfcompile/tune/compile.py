@@ -2,7 +2,7 @@
 
 `compile_kernel` runs triton.compile(ASTSource(fn, signature, constexprs),
 target=GPUTarget("cuda", capability, 32)) and returns what the artifact
-stores: PTX, cubin and the launch metadata. Emission (passes/emit.py), GPU
+stores: PTX, cubin and the launch metadata. Emission (tfcompile/tune/emit.py), GPU
 measurement (tfcompile/runtime/measure.py, through `triton_compile`) and the
 PTX tests (tests/kernels/triton/test_triton_ptx.py) all compile here; the
 registry's `signature` / `constexprs` for (N, K, config) go into the ASTSource
