@@ -22,11 +22,12 @@ from typing import Any, Callable
 import click
 
 from tfcompile.artifact.engines import ENGINES
-
 from tfcompile.cli.model_ref import REVISION_HELP
 from tfcompile.cli.task_gates import DROP_HELP, JUNIT_HELP, LIMIT_HELP, TASK_HELP
 from tfcompile.io.hub import resolve_model
+from tfcompile.layout.engines import ENGINES as LAYOUT_ENGINES, KV_LAYOUTS
 from tfcompile.recipe.options import CalibOptions, EvalOptions, LayoutOptions, RunOptions
+from tfcompile.schemes import KV_FORMATS
 
 
 @dataclass(frozen=True)
@@ -137,7 +138,7 @@ recipe_options = option_group([
                  "smoothquant (activation outliers migrated into the weights through the norms; adds "
                  "calibration), signround (learned rounding: rounding offsets and block scales tuned per "
                  "decoder block by signed gradient descent, as auto-round; NVFP4/MXFP4; adds calibration)."),
-    click.option("--kv-cache", type=click.Choice(["fp8", "nvfp4"], case_sensitive=False), help="Quantize the KV cache: "
+    click.option("--kv-cache", type=click.Choice(list(KV_FORMATS), case_sensitive=False), help="Quantize the KV cache: "
                  "calibrate k_scale/v_scale for an FP8 E4M3 or an NVFP4 cache (adds the calibrate pass)."),
     click.option("--kv-per-head", is_flag=True, default=None, help="One KV scale per KV head."),
     click.option("--device", metavar="auto|cpu|cuda|cuda:N", help="Where calibration, GPTQ, "
@@ -204,12 +205,12 @@ emit_options = option_group([
 
 
 layout_options = option_group([
-    click.option("--layout", "layout_target", type=click.Choice(["vllm", "sglang", "trtllm"], case_sensitive=False),
+    click.option("--layout", "layout_target", type=click.Choice(list(LAYOUT_ENGINES), case_sensitive=False),
                  help="Target engine: validate the KV cache against it, write OUT/tfcompile/kv_cache.json "
                  "and, when its weights differ (trtllm: fused qkv/gate_up), the view OUT/<engine>/."),
     click.option("--tp", "layout_tp", type=int, help="Tensor-parallel size the view's heads are grouped "
                  "for (KV heads replicated when it exceeds them)."),
-    click.option("--kv-layout", "layout_kv_layout", type=click.Choice(["NHD", "HND"], case_sensitive=False),
+    click.option("--kv-layout", "layout_kv_layout", type=click.Choice(list(KV_LAYOUTS), case_sensitive=False),
                  help="KV-cache page layout (default: the backend's own)."),
     click.option("--kv-block-size", "layout_block_size", type=int, help="Tokens per KV-cache page "
                  "(default: the backend's)."),
