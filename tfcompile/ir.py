@@ -297,6 +297,9 @@ class Algorithm:
     # why the algorithm cannot quantize a scheme (None: it can)
     supports: Callable[[Scheme], "str | None"] | None = None
     hint: str = ""  # what to do instead, when `supports` says no
+    # the calibrate settings that record the statistics it reads (GPTQ: {"hessian": True}); the
+    # quantize pass implies them, so choosing the algorithm schedules its calibration
+    calibrate: Mapping[str, Any] = field(default_factory=dict)
 
 
 ALGORITHMS: dict[str, Algorithm] = {}
@@ -329,10 +332,12 @@ def register_layer_solver(algorithm: str, *, loop: str):
 
 
 def register_algorithm(name: str, *, prepare: PrepareFn | None = None,
-                       supports: Callable[[Scheme], "str | None"] | None = None, hint: str = ""):
-    """Decorator: register `run` as algorithm `name` (quantize.algorithm)."""
+                       supports: Callable[[Scheme], "str | None"] | None = None, hint: str = "",
+                       calibrate: Mapping[str, Any] | None = None):
+    """Decorator: register `run` as algorithm `name` (quantize.algorithm); `calibrate`: the
+    calibrate settings its statistics need (none: a data-free algorithm)."""
     def wrap(fn: RunFn) -> RunFn:
-        ALGORITHMS[name] = Algorithm(name, fn, prepare, supports, hint)
+        ALGORITHMS[name] = Algorithm(name, fn, prepare, supports, hint, dict(calibrate or {}))
         return fn
 
     return wrap

@@ -220,7 +220,7 @@ def fold_group(group, st, names, source, program, candidates=awq_candidates) -> 
     return fold, out
 
 
-@register_algorithm("awq", prepare=prepare_awq, supports=unsupported, hint=HINT)
+@register_algorithm("awq", prepare=prepare_awq, supports=unsupported, hint=HINT, calibrate={"awq": True})
 def run_awq(job, program, source):
     """RTN of W * s for groups with a fold (the same quantization the search scored)."""
     fold = program.awq.get(job.group.key)

@@ -129,7 +129,7 @@ def _warn_rtn(plan: QuantPlan, calib: CalibStats | None, source: Checkpoint, pro
     return program, {"rtn_no_hessian": len(missing)}
 
 
-@register_algorithm("gptq", prepare=_warn_rtn)
+@register_algorithm("gptq", prepare=_warn_rtn, calibrate={"hessian": True})
 def run_gptq(job: Job, program: Program, source: Checkpoint) -> tuple[dict[str, torch.Tensor], list[LayerStats]]:
     """GPTQ with the group's shared Hessian (q/k/v and gate/up share one input); routed experts
     with their own Hessians, solved in batches (gptq_moe.py). A group the calibrate pass already

@@ -28,9 +28,6 @@ from tfcompile.pipeline.recipe import Recipe
 from tfcompile.schemes import SCHEMES
 
 MX_RULES = ("floor", "ceil")
-# algorithms that need calibration statistics, and the calibrate settings that record them
-CALIBRATION = {"gptq": {"hessian": True}, "awq": {"awq": True}, "smoothquant": {"awq": True},
-               "signround": {"mode": "sequential"}}  # signround tunes each block in the layer loop
 NVFP4_SCALE_RULES = ("max", "four_over_six")  # quantize.nvfp4_scales (four_over_six.py)
 
 
@@ -102,12 +99,14 @@ def _scale_search_unsupported(cfg: QuantizeConfig, fmt: str) -> list[Unsupported
 
 
 def _implies(settings: dict) -> dict:
-    """GPTQ, AWQ and SmoothQuant schedule calibration and ask it for their statistics; so does
-    quantize.scale_search=output (the Hessians it scores scales with)."""
+    """A calibrated algorithm schedules calibration and asks it for its statistics (the settings it
+    registered: `register_algorithm(calibrate=...)`); so does quantize.scale_search=output (the
+    Hessians it scores scales with)."""
     table = settings.get("quantize")
     algorithm = table.get("algorithm") if isinstance(table, dict) else None
     # a value of another type (a list, a table) is reported by QuantizeConfig, naming the field
-    extra = CALIBRATION.get(algorithm) if isinstance(algorithm, str) else None
+    algo = ALGORITHMS.get(algorithm) if isinstance(algorithm, str) else None
+    extra = dict(algo.calibrate) if algo is not None and algo.calibrate else None
     if isinstance(table, dict) and table.get("scale_search") == "output":
         extra = {**(extra or {}), "hessian": True}
     return {"calibrate": extra} if extra else {}

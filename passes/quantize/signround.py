@@ -200,7 +200,8 @@ def _warn_unsolved(plan: QuantPlan, calib: CalibStats | None, source: Checkpoint
 
 
 @register_algorithm("signround", prepare=_warn_unsolved, supports=supports,
-                    hint="use --algorithm signround with --format nvfp4, nvfp4a16, mxfp4 or mxfp4a16")
+                    hint="use --algorithm signround with --format nvfp4, nvfp4a16, mxfp4 or mxfp4a16",
+                    calibrate={"mode": "sequential"})  # it tunes each block in the layer loop
 def run_signround(job: Job, program: Program, source: Checkpoint) -> tuple[dict[str, torch.Tensor],
                                                                            list[LayerStats]]:
     """Write a group from the codes and scales the layer loop tuned (RTN when it has none)."""

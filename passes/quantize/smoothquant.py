@@ -41,4 +41,4 @@ def smooth_candidates(st, weights: list[torch.Tensor]) -> list[tuple[float, torc
 
 
 register_algorithm("smoothquant", prepare=partial(prepare_awq, candidates=smooth_candidates),
-                   supports=unsupported, hint=HINT)(run_awq)
+                   supports=unsupported, hint=HINT, calibrate={"awq": True})(run_awq)

@@ -1,6 +1,7 @@
 """The CLI's choices are the registries' names (issue 25 item 5): an option whose choices come
 from a registry that loads without torch takes them from it (tfcompile/cli/options.py: --kv-cache
-from tfcompile.schemes KV_FORMATS, --layout and --kv-layout from tfcompile/layout/engines.py);
+from tfcompile.schemes KV_FORMATS, --layout and --kv-layout from tfcompile/layout/engines.py,
+--algorithm from passes/quantize/__init__.py ALGORITHM_HELP, which must name what is registered);
 the others, whose registries are filled by modules that import torch (the algorithms, observers,
 distillation settings, --cutlass modes), must list exactly the registered names, so a new
 algorithm or observer is offered by the CLI or this test fails."""
@@ -18,6 +19,7 @@ from tfcompile.distill import config as distill_config
 from tfcompile.ir import ALGORITHMS
 from tfcompile.layout.engines import ENGINES as LAYOUT_ENGINES, KV_LAYOUTS
 from tfcompile.passes.emit_cutlass import COMPILE_MODES
+from tfcompile.passes.quantize import ALGORITHM_HELP
 from tfcompile.schemes import KV_FORMATS
 
 
@@ -29,6 +31,7 @@ def _choices(command: click.Command, name: str) -> list[str]:
 
 @pytest.mark.parametrize("command, option, registry", [
     (quantize, "algorithm", ALGORITHMS),
+    (quantize, "algorithm", ALGORITHM_HELP),
     (quantize, "observer", OBSERVERS),
     (quantize, "kv_cache", KV_FORMATS),
     (quantize, "layout_target", LAYOUT_ENGINES),

@@ -26,6 +26,7 @@ from tfcompile.cli.model_ref import REVISION_HELP
 from tfcompile.cli.task_gates import DROP_HELP, JUNIT_HELP, LIMIT_HELP, TASK_HELP
 from tfcompile.io.hub import resolve_model
 from tfcompile.layout.engines import ENGINES as LAYOUT_ENGINES, KV_LAYOUTS
+from tfcompile.passes.quantize import ALGORITHM_HELP
 from tfcompile.recipe.options import CalibOptions, EvalOptions, LayoutOptions, RunOptions
 from tfcompile.schemes import KV_FORMATS
 
@@ -131,13 +132,8 @@ recipe_options = option_group([
                  help="Static activation "
                  "amax: max (default), percentile (99.99th of |x|; --set calibrate.percentile=P), mse "
                  "(clipping that minimises the format's quantization error)."),
-    click.option("--algorithm", type=click.Choice(["rtn", "mse", "gptq", "awq", "smoothquant", "signround"],
-                                                  case_sensitive=False),
-                 help="Weight rounding: rtn (default), mse (block-scale search), gptq (Hessian-aware; adds "
-                 "calibration), awq (activation-aware scales folded into the norms; adds calibration), "
-                 "smoothquant (activation outliers migrated into the weights through the norms; adds "
-                 "calibration), signround (learned rounding: rounding offsets and block scales tuned per "
-                 "decoder block by signed gradient descent, as auto-round; NVFP4/MXFP4; adds calibration)."),
+    click.option("--algorithm", type=click.Choice(list(ALGORITHM_HELP), case_sensitive=False),
+                 help="Weight rounding: " + ", ".join(f"{k} ({v})" for k, v in ALGORITHM_HELP.items()) + "."),
     click.option("--kv-cache", type=click.Choice(list(KV_FORMATS), case_sensitive=False), help="Quantize the KV cache: "
                  "calibrate k_scale/v_scale for an FP8 E4M3 or an NVFP4 cache (adds the calibrate pass)."),
     click.option("--kv-per-head", is_flag=True, default=None, help="One KV scale per KV head."),
