@@ -168,3 +168,16 @@ def test_every_command_module_is_in_the_lazy_table():
         for m in re.finditer(r"^@click\.command\(", src, re.M):  # module level: column 0
             found.add((f"tfcompile.cli.{path.stem}", re.compile(r"^def (\w+)\(", re.M).search(src, m.end()).group(1)))
     assert found and found == {(c.module, c.attr) for c in COMMANDS.values()}
+
+
+def test_only_a_one_shot_process_freezes_its_imports():
+    """`entry` (the console script) freezes what the command imported before running it, so neither
+    later collections nor interpreter shutdown walk it (tfcompile/cli/main.py `freeze_imports`);
+    `main`, which the tests call many times in one interpreter, never does (a frozen object is
+    never freed)."""
+    code = ("import gc, json, tfcompile.cli.main as m\n"
+            "m.freeze_imports(); in_process = gc.get_freeze_count()\n"
+            "m._ONE_SHOT = True; m.freeze_imports()\n"
+            "print(json.dumps({'in_process': in_process, 'one_shot': gc.get_freeze_count()}))")
+    doc = _probe(code)
+    assert doc["in_process"] == 0 and doc["one_shot"] > 1000

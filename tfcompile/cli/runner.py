@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
+from tfcompile.cli.main import freeze_imports
 from tfcompile.cli.options import ArtifactOptions
 from tfcompile.cli.output import RichReporter, live_progress_allowed, rank_output
 from tfcompile.cli.tables import summary_table
@@ -33,6 +34,7 @@ class ArtifactRun:
 
     def run(self) -> Context:
         art = self.art
+        freeze_imports()  # the passes are imported: a one-shot process need not collect them again
         return self.api.run_pipeline(art.model, art.out, self.recipe, overwrite=art.overwrite,
                                      reporter=self.reporter, sign_key=art.sign_key)
 
