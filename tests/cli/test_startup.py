@@ -171,13 +171,17 @@ def test_every_command_module_is_in_the_lazy_table():
 
 
 def test_only_a_one_shot_process_freezes_its_imports():
-    """`entry` (the console script) freezes what the command imported before running it, so neither
-    later collections nor interpreter shutdown walk it (tfcompile/cli/main.py `freeze_imports`);
-    `main`, which the tests call many times in one interpreter, never does (a frozen object is
-    never freed)."""
+    """`entry` (the console script) loads a command's heavy imports with the collector off, then
+    freezes them (tfcompile/cli/main.py `importing`), so neither later collections nor interpreter
+    shutdown walk them; the collector is on again after. `main`, which the tests call many times in
+    one interpreter, never freezes (a frozen object is never freed)."""
     code = ("import gc, json, tfcompile.cli.main as m\n"
-            "m.freeze_imports(); in_process = gc.get_freeze_count()\n"
-            "m._ONE_SHOT = True; m.freeze_imports()\n"
-            "print(json.dumps({'in_process': in_process, 'one_shot': gc.get_freeze_count()}))")
+            "with m.importing(): import tfcompile.cli.quantize\n"
+            "in_process = gc.get_freeze_count()\n"
+            "m._ONE_SHOT = True\n"
+            "with m.importing(): off = gc.isenabled(); import tfcompile.api\n"
+            "print(json.dumps({'in_process': in_process, 'one_shot': gc.get_freeze_count(), 'off': off, "
+            "'after': gc.isenabled()}))")
     doc = _probe(code)
     assert doc["in_process"] == 0 and doc["one_shot"] > 1000
+    assert doc["off"] is False and doc["after"] is True

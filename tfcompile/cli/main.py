@@ -11,6 +11,7 @@ death by SIGTERM). Python's own start-up, before this module runs, is not covere
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import signal
@@ -20,16 +21,26 @@ _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _ONE_SHOT = False  # set by `entry`: this process runs one command and exits
 
 
-def freeze_imports() -> None:
-    """Called once a command has imported what it runs with (torch, transformers, every pass):
-    in a one-shot process (`entry`), move every object alive now into the collector's permanent
-    generation. Modules, functions and classes live until exit anyway; frozen, no later collection
-    walks them, and interpreter shutdown does not either: its final collection took 0.4-0.8 s of
-    a data-free RTN run on the 2-core Xeon of docs/performance.md, 0.1-0.25 s frozen (issue 32).
-    Objects made after this are collected as usual. In-process callers (`main`, the tests, which
-    run many commands in one interpreter) are left alone: there a frozen object is never freed."""
-    if _ONE_SHOT:
+@contextlib.contextmanager
+def importing():
+    """Around a command's heavy imports (torch, transformers, every pass). In a one-shot process
+    (`entry`) the collector is off while they load (they build about a million long-lived objects,
+    and the collections their allocations trigger find no garbage: 0.15 s of CPU of a 1.4 s import
+    on the 2-core Xeon of docs/performance.md), then everything alive is moved into its permanent
+    generation and it is on again: modules, functions and classes live until exit anyway; frozen,
+    no later collection walks them, and interpreter shutdown does not either (its final collection
+    took 0.67-0.86 s of a loaded data-free RTN run, 0.23-0.25 s frozen; issue 32). Objects made
+    after this are collected as usual. In-process callers (`main`, the tests, which run many
+    commands in one interpreter) are left alone: there a frozen object is never freed."""
+    if not _ONE_SHOT:
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
         gc.freeze()
+        gc.enable()
 
 
 def _startup_handler(signum, frame) -> None:

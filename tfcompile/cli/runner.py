@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from tfcompile.cli.main import freeze_imports
+from tfcompile.cli.main import importing
 from tfcompile.cli.options import ArtifactOptions
 from tfcompile.cli.output import RichReporter, live_progress_allowed, rank_output
 from tfcompile.cli.tables import summary_table
@@ -21,9 +21,10 @@ class ArtifactRun:
 
     def __init__(self, art: ArtifactOptions, run: RunOptions, *, notes: bool = False):
         run.check_names()
-        # lazy: every pass and the libraries they import (onnx among them, ~3 s here); only the
-        # commands that run passes pay it, and importing it registers the passes the recipe names
-        from tfcompile import api
+        # every pass and the libraries they import (onnx among them, ~3 s here): only the commands
+        # that run passes pay it, and importing it registers the passes the recipe names
+        with importing():
+            from tfcompile import api  # lazy: torch, transformers and every pass
 
         self.recipe: Recipe = run.to_recipe()
         self.console, quiet, as_json = rank_output(art.quiet, art.as_json)  # torchrun: rank 0 prints
@@ -34,7 +35,6 @@ class ArtifactRun:
 
     def run(self) -> Context:
         art = self.art
-        freeze_imports()  # the passes are imported: a one-shot process need not collect them again
         return self.api.run_pipeline(art.model, art.out, self.recipe, overwrite=art.overwrite,
                                      reporter=self.reporter, sign_key=art.sign_key)
 
