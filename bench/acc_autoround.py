@@ -16,18 +16,13 @@ import argparse
 import json
 import re
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "bench"))
 from common import cpu_busy, replace_doc_section  # noqa: E402
 from heldout import ACCURACY_DOC as DOC, HeldOut, Results  # noqa: E402
-
-# then bench/ leaves the path: its kernels.py would shadow Hugging Face's `kernels`, which transformers imports
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != REPO / "bench"]
 
 STORE = Results("autoround-peer")
 HEADING = "## Learned rounding beside auto-round"

@@ -33,7 +33,6 @@ from pathlib import Path
 
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "bench"))
 from common import cpu_busy  # noqa: E402
 from heldout import HeldOut, Results  # noqa: E402
 from peers import calib_ids, timed  # noqa: E402

@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 import accuracy  # noqa: E402
 
 ROWS = [("nvfp4a16", a) for a in ("rtn", "4/6", "gptq", "rotate", "rotate+gptq")] + \

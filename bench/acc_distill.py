@@ -30,7 +30,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "bench"))
 from common import EVAL_TOKENS, replace_doc_section  # noqa: E402
 
 MODEL = REPO / "examples" / "demo-lm"

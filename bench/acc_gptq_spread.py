@@ -39,7 +39,6 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from acc_rtn_spread import groups  # noqa: E402
 from common import replace_doc_section  # noqa: E402
 from heldout import ACCURACY_DOC, CALIB_SAMPLES, CALIB_SEQ, HeldOut, Results, bench_parser  # noqa: E402

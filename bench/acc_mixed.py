@@ -23,7 +23,6 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "bench"))
 from common import replace_doc_section  # noqa: E402
 from heldout import HeldOut, Results  # noqa: E402
 

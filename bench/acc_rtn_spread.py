@@ -16,12 +16,10 @@ Results: $TFCOMPILE_CACHE/bench/smollm2-rtn-spread.json (other models: <model>-r
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from heldout import HeldOut, Results, bench_parser  # noqa: E402
 
 STORE = Results("smollm2-rtn-spread")

@@ -29,7 +29,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import cpu_busy, git_revision, machine_line, median, replace_doc_section, run_timed  # noqa: E402
 
 HEADING = "## Calibration: the default data source"

@@ -28,7 +28,6 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from calibrate import BATCH, ISA_ENV, SEED, SEQ_LEN, SHAPE_1B, WORK  # noqa: E402
 from common import (  # noqa: E402
     git_revision, machine_line, median, replace_doc_section, require_gnu_time, run_timed, wait_idle,

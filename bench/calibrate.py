@@ -37,7 +37,6 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
     fmt_bytes, git_revision, machine_line, median, replace_doc_section, require_gnu_time, run_timed, wait_idle,
 )

@@ -19,18 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
-def _bench_dir_last() -> None:
-    """Move bench/ to the end of sys.path. Python puts a script's folder first, and bench/kernels.py
-    then answers `import kernels`, the name of Hugging Face's `kernels` distribution that
-    transformers >= 5.25 imports from modeling_utils: every bench that loads a model failed with
-    "cannot import name 'CUDAProperties' from 'kernels'". The bench scripts still import each
-    other (`from common import ...`) from the end of the path."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    if any(os.path.abspath(p or os.curdir) == here for p in sys.path):
-        sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != here] + [here]
-
-
-_bench_dir_last()
 REPO = Path(__file__).resolve().parent.parent
 DOCS = REPO / "docs" / "performance.md"
 GNU_TIME = "/usr/bin/time"

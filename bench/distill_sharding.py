@@ -22,7 +22,6 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import git_revision, machine_line, median, replace_doc_section, require_gnu_time, run_timed, wait_idle  # noqa: E402
 from quantize import make_checkpoint, tfcompile_argv  # noqa: E402
 

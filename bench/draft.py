@@ -29,7 +29,6 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import REPO, machine_line, replace_doc_section  # noqa: E402
 
 ACCURACY = REPO / "docs" / "accuracy.md"

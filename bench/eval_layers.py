@@ -36,7 +36,6 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import cpu_busy, git_revision, machine_line, median, replace_doc_section  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]

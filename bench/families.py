@@ -27,8 +27,6 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import torch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT / "tests"))  # tests_helpers, which tests/families/families_util.py imports
 from common import machine_line, replace_doc_section  # noqa: E402
 
 DOCS = ROOT / "docs" / "models.md"
@@ -42,6 +40,8 @@ def _load(path: Path, name: str):
     return module
 
 
+# the tests' helpers, loaded by path: tests/families/families_util.py imports tests/tests_helpers.py by name
+sys.modules.setdefault("tests_helpers", _load(ROOT / "tests" / "tests_helpers.py", "tests_helpers"))
 util = _load(ROOT / "tests" / "families" / "families_util.py", "families_util")
 
 

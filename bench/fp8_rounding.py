@@ -25,7 +25,6 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from heldout import HeldOut  # noqa: E402
 from peers import LLMC_PYTHON, REPO, calib_ids  # noqa: E402
 

@@ -34,7 +34,6 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import REPO, git_revision, machine_line, replace_doc_section  # noqa: E402
 from estimate import CALIB, SHAPE_1B  # noqa: E402
 from quantize import make_checkpoint, tfcompile_argv  # noqa: E402

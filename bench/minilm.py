@@ -98,8 +98,13 @@ def load(path: Path, dequantize: bool | None, dtype=torch.float32):
 
 def our_model(src: Path, artifact: Path):
     """Original model with tfcompile's dequantized weights copied in (fp32)."""
-    sys.path.insert(0, str(ROOT / "tests" / "interop"))
-    from interop_util import load_reference_model
+    import importlib.util
+
+    # the interop tests' loader, by path (tests/ is not a package)
+    spec = importlib.util.spec_from_file_location("interop_util", ROOT / "tests" / "interop" / "interop_util.py")
+    interop_util = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(interop_util)
+    load_reference_model = interop_util.load_reference_model
     from transformers import AutoModel
 
     model, mods = load_reference_model(src, artifact, auto_cls=AutoModel, dtype=torch.float32)

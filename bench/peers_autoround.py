@@ -16,12 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
-from pathlib import Path
-
-# bench/ holds a kernels.py, which would shadow Hugging Face's `kernels` package transformers imports
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402

@@ -53,7 +53,6 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402 - bench scripts run as files, not as a package
     Timed,
     disk_free,

@@ -37,7 +37,6 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (Timed, cpu_busy, machine_description, machine_line, median, replace_doc_section,  # noqa: E402
                     require_gnu_time, run_timed)
 from quantize import (BASELINE_SRC, clear_output, make_checkpoint, profile_run, safetensors_files,  # noqa: E402
