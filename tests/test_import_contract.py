@@ -338,3 +338,21 @@ def test_declaring_the_passes_loads_no_implementation():
     doc = json.loads(out.stdout.splitlines()[-1])
     assert doc["loaded"] == []
     assert set(doc["schedule"]) <= set(doc["registered"])  # every pass still declared
+
+
+def test_the_pipeline_core_names_no_pass():
+    """tfcompile/pipeline/ (the manager, the context, the recipe, ranks, the distributed run) asks
+    the passes' declarations (requires, produces, ranks, config fields), never a pass by name; a
+    pass name in its code, outside docstrings, fails (issue 25 item 3)."""
+    import tfcompile.api  # noqa: F401  (registers the passes)
+    from tfcompile.pipeline.passes import REGISTRY
+
+    names, bad = set(REGISTRY), []
+    for path in sorted((ROOT / "tfcompile" / "pipeline").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        docs = {id(n.body[0].value) for n in ast.walk(tree)
+                if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+        bad += [f"{path.name}:{n.lineno} {n.value!r}" for n in ast.walk(tree) if isinstance(n, ast.Constant)
+                and isinstance(n.value, str) and n.value in names and id(n) not in docs]
+    assert names and bad == []

@@ -43,7 +43,7 @@ def run_pipeline(model_dir: Path, out_dir: Path | None, recipe: Recipe, *,
     tfcompile/pipeline/distributed.py.
     """
     manager.validate(recipe)  # fail before touching the output directory
-    packs = "pack" in recipe.names() and out_dir is not None
+    packs = manager.writes_artifact(recipe) and out_dir is not None
     signer = _signer(sign_key, out_dir, packs)  # a bad key fails before any work
     warn = getattr(reporter, "warn", None)
     world = world if world is not None else dist_world.current()

@@ -36,7 +36,7 @@ def run_distributed(world: World, model_dir: Path, out_dir: Path | None, recipe:
     staging: Path | None = None
     with supervise(world):
         manager.validate(recipe)
-        if "pack" not in recipe.names() or out_dir is None:
+        if not manager.writes_artifact(recipe) or out_dir is None:
             return manager.run(Context(source_path=Path(model_dir), out_dir=None, recipe=recipe, world=world),
                                recipe, reporter)
         try:

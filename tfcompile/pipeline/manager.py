@@ -42,6 +42,12 @@ class PassFailed(TfcompileError):
         self.inner = inner
 
 
+def writes_artifact(recipe: Recipe) -> bool:
+    """Whether a pass of `recipe` writes the artifact (produces the `artifact` context field:
+    `pack`, unless --until stops before it): the run then needs its output directory."""
+    return any("artifact" in get_pass(n).produces for n in recipe.names())
+
+
 def validate(recipe: Recipe) -> list[PassSpec]:
     """Check the schedule statically; return the pass specs in order."""
     available = set(INITIAL_FIELDS)

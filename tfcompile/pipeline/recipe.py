@@ -42,8 +42,13 @@ class Recipe:
         raise KeyError(name)
 
     def quant_format(self) -> str:
-        """The --format name the run quantizes to: select's, else the recipe's own `format`."""
-        return self.config("select").format if "select" in self.names() else self.format
+        """The --format name the run quantizes to: that of the pass whose config has a `format`
+        field (the one that chooses what is quantized: `select` in the standard pipeline; the core
+        names no pass), else the recipe's own `format`."""
+        for p in self.passes:
+            if any(f.name == "format" for f in dataclasses.fields(p.config)):
+                return p.config.format
+        return self.format
 
     def to_dict(self) -> dict:
         """JSON-able and deterministic (field order is the dataclass order). Fields whose
