@@ -25,7 +25,7 @@ from tfcompile.layout.heads import HeadGeometry, plan_heads, rope_order
 from tfcompile.layout.plan import LayoutPlan, LayoutSpec, build
 from tfcompile.pipeline.passes import PassResult, Unsupported, check, given, register_pass
 from tfcompile.pipeline.recipe import Recipe
-from tfcompile.schemes import KV_FORMATS
+from tfcompile.schemes import KV_BY_DTYPE, KV_FORMATS, kv_block
 
 # RoPE convention of Hugging Face model code per model_type (transformers 5: `rotate_half`).
 SOURCE_ROPE = {t: "half" for t in (
@@ -64,10 +64,9 @@ def kv_dtype(requested: str, calibrated: str, model_dtype: str | None) -> str:
     if requested not in E.KV_DTYPES:
         raise RecipeError(f"layout.kv_dtype {requested!r} is not one of auto, {', '.join(E.KV_DTYPES)}",
                           hint="--set layout.kv_dtype=auto follows --kv-cache")
-    if requested in ("fp8_e4m3", "nvfp4") and calibrated not in ("fp8", "nvfp4"):
+    if requested in KV_BY_DTYPE and calibrated not in KV_FORMATS:
         raise RecipeError(f"layout.kv_dtype {requested} needs calibrated KV scales",
-                          hint=f"add --kv-cache {'nvfp4' if requested == 'nvfp4' else 'fp8'} (it calibrates "
-                               "k_scale/v_scale)")
+                          hint=f"add --kv-cache {KV_BY_DTYPE[requested].name} (it calibrates k_scale/v_scale)")
     if requested in ("bf16", "fp16") and calibrated:
         raise RecipeError(f"layout.kv_dtype {requested} contradicts --kv-cache {calibrated}: the artifact's "
                           f"kv_cache_scheme makes engines quantize the cache",
@@ -144,13 +143,14 @@ def resolve(cfg: LayoutConfig, r: E.BackendRules, ctx, geom: HeadGeometry | None
     if src in E.ROPE_KNOWN:
         E.check_rope(r, rope)
     dtype = kv_dtype(cfg.kv_dtype, calibrated, ctx.model.dtype)
-    quantized = dtype in ("fp8_e4m3", "nvfp4")
+    quantized = dtype in KV_BY_DTYPE
     engine_scale = ("per tensor" if not (per_head and quantized) else
                     {"yes": "per head", "collapse": "max over heads"}[r.per_head_scales])
     pad = E.padded_head_dim(r, geom.head_dim, cfg.head_dim_pad) if geom is not None else cfg.head_dim_pad
-    if dtype == "nvfp4" and geom is not None and geom.head_dim % 16:
-        raise RecipeError(f"NVFP4 KV needs head_dim a multiple of 16 (blocks of 16), not {geom.head_dim}",
-                          hint="--set layout.kv_dtype=fp8_e4m3")
+    block = kv_block(dtype)
+    if block and geom is not None and geom.head_dim % block:
+        raise RecipeError(f"{KV_BY_DTYPE[dtype].modelopt_algo} KV needs head_dim a multiple of {block} (blocks of "
+                          f"{block}), not {geom.head_dim}", hint="--set layout.kv_dtype=fp8_e4m3")
     return LayoutSpec(
         target=r.engine, backend=r.backend,
         fuse_qkv=r.fuse if cfg.fuse_qkv is None else cfg.fuse_qkv,

@@ -34,17 +34,12 @@ ALLOWED = {
                                 "ActQuantizer.observer_format; move it into the ActQuantizer",
     "kernels/cutlass/configs.py": "CUTLASS presets and the sm_90a refusal per scheme: kernel registration",
     "kernels/triton/fp4_gemm.py": "the interpreter fallback for NVFP4's dot_scaled on CPU: kernel registration",
-    "passes/layout.py": KV,
     "tfcompile/artifact/engines.py": ENGINE + "; and " + KV,
     "tfcompile/estimate/shapes.py": "a source checkpoint's Hugging Face quant_method 'fp8', not a tfcompile format",
     "tfcompile/evaluate/kvcache.py": KV,
     "tfcompile/io/sources/__init__.py": "readers keyed by a source checkpoint's Hugging Face quant_method",
     "tfcompile/layout/descriptor.py": KV,
-    "tfcompile/layout/engines.py": KV,
     "tfcompile/layout/paged_attention.py": KV,
-    "tfcompile/layout/reference.py": KV,
-    "tfcompile/layout/variants.py": KV,
-    "tfcompile/layout/view.py": KV,
     "tfcompile/onnx_export/functions.py": "the OCP MX element names 'fp4' | 'fp8' of the MX ONNX functions",
 }
 

@@ -128,12 +128,22 @@ class KVFormat:
     # per 16, computed at run time); None: FP8's own kv_cache_scheme per strategy
     ct_preset: str | None
     per_head: bool  # k_scale / v_scale may be per KV head (FP8); NVFP4: one global scale per tensor
+    # elements of head_dim per block scale, computed when a token is written (NVFP4: 16 E2M1
+    # elements, two per byte, one E4M3 scale); 0: the calibrated scale alone (FP8)
+    block: int = 0
 
 
 KV_FORMATS: dict[str, KVFormat] = {k.name: k for k in (
     KVFormat("fp8", "fp8_e4m3", "FP8", None, per_head=True),
-    KVFormat("nvfp4", "nvfp4", "NVFP4", "NVFP4", per_head=False),
+    KVFormat("nvfp4", "nvfp4", "NVFP4", "NVFP4", per_head=False, block=16),
 )}
+KV_BY_DTYPE: dict[str, KVFormat] = {k.dtype: k for k in KV_FORMATS.values()}  # by the engines' KV dtype
+
+
+def kv_block(dtype: str) -> int:
+    """Elements per block scale of engine KV dtype `dtype` (0: not block-scaled, or not quantized)."""
+    fmt = KV_BY_DTYPE.get(dtype)
+    return fmt.block if fmt is not None else 0
 
 
 def get_kv_format(name: str) -> KVFormat:

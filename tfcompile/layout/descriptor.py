@@ -27,6 +27,7 @@ from __future__ import annotations
 from tfcompile.layout.engines import rules_for
 from tfcompile.layout.plan import LayoutPlan, pattern
 from tfcompile.layout.variants import attention_layers
+from tfcompile.schemes import KV_BY_DTYPE
 
 DESCRIPTOR = "tfcompile/kv_cache.json"
 SCHEMA = 1
@@ -75,7 +76,7 @@ def build_descriptor(lp: LayoutPlan, *, num_layers: int | None, kv_strategy: str
 
 
 def _scales(lp: LayoutPlan, strategy: str | None, modules: tuple[str, ...]) -> dict | None:
-    if lp.spec.kv_dtype not in ("fp8_e4m3", "nvfp4"):
+    if lp.spec.kv_dtype not in KV_BY_DTYPE:
         return None
     n = lp.heads.view_kv_heads if (lp.heads and strategy == "attn_head") else 1
     return {"tensors": sorted({pattern(m) + ".k_scale" for m in modules} | {pattern(m) + ".v_scale"

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tfcompile.errors import RecipeError
+from tfcompile.schemes import KV_BY_DTYPE
 
 KV_LAYOUTS = ("NHD", "HND")  # per page: [block_size, kv_heads, head_dim] vs [kv_heads, block_size, head_dim]
 KV_DTYPES = ("bf16", "fp16", "fp8_e4m3", "nvfp4")
@@ -125,7 +126,7 @@ def check_kv(r: BackendRules, dtype: str, per_head: bool) -> list[str]:
         raise RecipeError(f"KV-cache dtype {dtype} is not supported by {_where(r)}",
                           hint=f"supported there: {', '.join(r.kv_dtypes)}; {dtype} KV: "
                                + (", ".join(others) or "no known target"))
-    if not per_head or dtype not in ("fp8_e4m3", "nvfp4"):
+    if not per_head or dtype not in KV_BY_DTYPE:
         return []
     if r.per_head_scales == "no":
         raise RecipeError(f"{_where(r)} reads one KV scale per layer; per-head scales (--kv-per-head) "

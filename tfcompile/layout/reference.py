@@ -31,7 +31,7 @@ from tfcompile.artifact.naming import ct_outputs, qtensor_of
 from tfcompile.dist.devices import one_torch_thread
 from tfcompile.kernels.formats import dequantize
 from tfcompile.layout.paged_attention import KVFormat, PagedKV, paged_attention
-from tfcompile.schemes import get_scheme
+from tfcompile.schemes import KV_BY_DTYPE, get_scheme
 
 
 @dataclass
@@ -141,7 +141,7 @@ class Decoder:
         if key not in self.caches:
             fmt = KVFormat(self.kv.layout, self.kv.block_size, self.d, self.kv.head_dim_padded or self.d,
                            self.kv.dtype)
-            scale = self._kv_scale(layer, shard, kind, kv_heads) if self.kv.dtype in ("fp8_e4m3", "nvfp4") else None
+            scale = self._kv_scale(layer, shard, kind, kv_heads) if self.kv.dtype in KV_BY_DTYPE else None
             self.caches[key] = PagedKV(fmt, kv_heads, self.num_blocks, scale=scale, seed=layer * 31 + shard)
         return self.caches[key]
 

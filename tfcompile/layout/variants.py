@@ -28,13 +28,14 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from tfcompile.families.attention import layer_kinds
+from tfcompile.schemes import KV_BY_DTYPE
 
 
 def attention_layers(config: Mapping[str, Any], *, block: int, layout: str, kv_heads: int | None,
                      head_dim: int | None, kv_modules: tuple[str, ...], dtype: str) -> tuple[str, list[dict]]:
     """(summary, per-layer entries) for kv_cache.json; summary is "mha" when every layer is standard."""
     kinds = layer_kinds(config)
-    quantized = dtype in ("fp8_e4m3", "nvfp4")
+    quantized = dtype in KV_BY_DTYPE
     by_layer = {_layer_of(m): m for m in kv_modules}
     out = []
     for i, k in enumerate(kinds):

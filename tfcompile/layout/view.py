@@ -37,6 +37,7 @@ from tfcompile.io.dtypes import torch_dtype_of
 from tfcompile.io.jsonfile import write_json
 from tfcompile.ir import Job, OutSpec, Program, QuantPlan, execute
 from tfcompile.layout.plan import LayoutPlan, ViewLinear
+from tfcompile.schemes import KV_BY_DTYPE
 
 LAYOUT_JSON = "layout.json"
 SCHEMA = 1
@@ -170,7 +171,8 @@ def write_view_files(out: Path, layout: LayoutPlan, source_config: dict, plan: Q
     if layout.view_kv_heads is not None and "num_key_value_heads" in text:
         text["num_key_value_heads"] = layout.view_kv_heads
     qc = ct_quantization_config(plan.scheme, list(plan.ignore), kv)
-    if layout.spec.kv_dtype == "nvfp4":
+    kv_fmt = KV_BY_DTYPE.get(layout.spec.kv_dtype)
+    if kv_fmt is not None and kv_fmt.ct_preset:  # its cache described by a preset's activations (NVFP4)
         qc["kv_cache_scheme"] = dict(NVFP4_KV_SCHEME)
     cfg["quantization_config"] = qc
     return {f"{layout.view}/config.json": write_json(d / "config.json", cfg),
