@@ -44,3 +44,32 @@ def _choices(command: click.Command, name: str) -> list[str]:
 ])
 def test_cli_choices_are_the_registered_names(command, option, registry):
     assert sorted(_choices(command, option)) == sorted(registry)
+
+
+# An option's help that states a default states the config field's: (command, option dest) ->
+# (config class, field). The CLI cannot import the configs (they load torch, which --help must
+# not), so the restated numbers are held to the dataclasses here.
+def _configs():
+    from tfcompile.distill.config import DistillConfig
+    from tfcompile.passes.calibrate import CalibrateConfig
+    from tfcompile.passes.evaluate import EvalConfig
+
+    return {("calib_samples", quantize): (CalibrateConfig, "samples"),
+            ("calib_seq_len", quantize): (CalibrateConfig, "seq_len"),
+            ("calib_seed", quantize): (CalibrateConfig, "seed"),
+            ("eval_tokens", quantize): (EvalConfig, "max_tokens"),
+            ("steps", distill): (DistillConfig, "steps"), ("batch", distill): (DistillConfig, "batch"),
+            ("grad_accum", distill): (DistillConfig, "grad_accum"),
+            ("temperature", distill): (DistillConfig, "temperature"), ("seed", distill): (DistillConfig, "seed")}
+
+
+def test_stated_defaults_are_the_configs():
+    import dataclasses
+    import re
+
+    for (dest, command), (config, field) in _configs().items():
+        (param,) = [p for p in command.params if p.name == dest]
+        stated = re.search(r"\(default ([0-9.]+)", param.help or "")
+        assert stated, f"--{dest}: no stated default"
+        default = {f.name: f.default for f in dataclasses.fields(config)}[field]
+        assert float(stated.group(1)) == float(default), (dest, stated.group(1), default)
