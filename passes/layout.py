@@ -19,6 +19,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from tfcompile.errors import RecipeError
+from tfcompile.families.attention import SOURCE_ROPE
 from tfcompile.ir import QuantPlan
 from tfcompile.layout import engines as E
 from tfcompile.layout.heads import HeadGeometry, plan_heads, rope_order
@@ -27,10 +28,6 @@ from tfcompile.pipeline.passes import PassResult, Unsupported, check, given, reg
 from tfcompile.pipeline.recipe import Recipe
 from tfcompile.schemes import KV_BY_DTYPE, KV_FORMATS, kv_block
 
-# RoPE convention of Hugging Face model code per model_type (transformers 5: `rotate_half`).
-SOURCE_ROPE = {t: "half" for t in (
-    "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2",
-    "gemma3_text", "phi3", "granite", "granitemoe", "olmo", "olmo2", "smollm3", "ministral")}
 KV_AUTO = "auto"
 
 

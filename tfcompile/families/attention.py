@@ -25,6 +25,13 @@ import sys
 from typing import Any, Callable, Mapping
 
 
+# RoPE convention of Hugging Face model code per model_type (transformers 5: `rotate_half`): what the
+# layout pass compares with an engine's (passes/layout.py)
+SOURCE_ROPE = {t: "half" for t in (
+    "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2",
+    "gemma3_text", "phi3", "granite", "granitemoe", "olmo", "olmo2", "smollm3", "ministral")}
+
+
 def layer_kinds(config: Mapping[str, Any]) -> list[dict]:
     """One dict per decoder layer: {"kind", "kv_cache", "window", "sinks"} (+ MLA sizes)."""
     text = config.get("text_config") if isinstance(config.get("text_config"), Mapping) else config

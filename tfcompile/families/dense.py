@@ -24,6 +24,8 @@ ARCHITECTURES = {
     "Qwen2ForCausalLM": ("qwen2", "qkv", False, False, False),
     "Qwen3ForCausalLM": ("qwen3", "flag", True, False, True),
 }
+# the model types of the plain dense decoders above (rotations are fused only into these: tfcompile/rotate/fuse.py)
+DENSE_MODEL_TYPES = tuple(dict.fromkeys(spec[0] for spec in ARCHITECTURES.values()))
 # activations these architectures build (transformers' ACT2FN keys); another one goes to the meta model,
 # which rejects a name it does not know
 ACTIVATIONS = ("silu", "gelu", "gelu_pytorch_tanh", "gelu_new", "relu", "swish")

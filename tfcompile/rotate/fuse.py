@@ -43,7 +43,9 @@ from typing import Callable
 
 import torch
 
-SUPPORTED = ("llama", "mistral", "qwen2", "qwen3")
+from tfcompile.families.dense import DENSE_MODEL_TYPES
+
+SUPPORTED = DENSE_MODEL_TYPES  # the plain dense decoders (tfcompile/families/dense.py)
 ATTN_IN = ("q_proj", "k_proj", "v_proj")
 MLP_IN = ("gate_proj", "up_proj")
 RESIDUAL_NORMS = ("input_layernorm", "post_attention_layernorm")  # the norms that read the residual
