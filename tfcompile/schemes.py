@@ -141,3 +141,24 @@ def get_kv_format(name: str) -> KVFormat:
         return KV_FORMATS[name]
     except KeyError:
         raise RecipeError(f"unknown KV-cache format {name!r}", hint="choose one of: " + ", ".join(KV_FORMATS)) from None
+
+
+# Named recipes (`--preset NAME`, a release pipeline's one word for "the most accurate we know"):
+# per format, the pass settings (in --set syntax) of the method measured most accurate on
+# SmolLM2-135M-Instruct, by the held-out perplexity increase (docs/accuracy.md "SmolLM2-135M-Instruct:
+# the `best` preset" gives each row and its figures). A format without an entry keeps its own
+# defaults. They are the lowest layer of the recipe: --recipe, the options and --set override them.
+PRESETS: dict[str, dict[str, tuple[str, ...]]] = {"best": {
+    "nvfp4a16": ("quantize.algorithm=gptq", "quantize.gptq_damp=0.001", "calibrate.seq_len=512"),
+    "nvfp4": ("quantize.algorithm=gptq", "quantize.nvfp4_scales=four_over_six", "calibrate.samples=128",
+              "calibrate.seq_len=512"),
+    "mxfp4a16": ("quantize.algorithm=gptq", "rotate.kind=hadamard", "calibrate.seq_len=512"),
+    "mxfp4": ("quantize.algorithm=gptq", "calibrate.seq_len=512"),
+}}
+
+
+def preset_sets(preset: str, fmt: str) -> tuple[str, ...]:
+    """The `--set` edits of `--preset preset` for `fmt` (empty: the format's defaults are its best)."""
+    if preset not in PRESETS:
+        raise RecipeError(f"unknown preset {preset!r}", hint="choose one of: " + ", ".join(PRESETS))
+    return PRESETS[preset].get(format_name(fmt), ())
