@@ -105,8 +105,8 @@ recipe_options = option_group([
     click.option("--recipe", "recipe_file", envvar="TFCOMPILE_RECIPE", type=click.Path(path_type=Path),
                  help="Recipe file (TOML or JSON). [env: TFCOMPILE_RECIPE]"),
     click.option("--preset", metavar="NAME", help="Named recipe under everything else: `best` takes, per "
-                 "format, the method measured most accurate on SmolLM2 (docs/accuracy.md; e.g. GPTQ, learned "
-                 "rounding; adds calibration). --recipe, the options and --set override it."),
+                 "format, the method with the lowest KL measured on SmolLM2 (docs/accuracy.md; e.g. GPTQ + 4/6 "
+                 "on 128 x 512 tokens; adds calibration). --recipe, the options and --set override it."),
     click.option("--set", "sets", multiple=True, metavar="PASS.FIELD=VALUE",
                  help="Set a pass option, e.g. --set pack.max_shard_mb=2000."),
     click.option("--ignore", multiple=True, metavar="PATTERN",
