@@ -81,6 +81,13 @@ for _f in ("nvfp4a16", "nvfp4", "mxfp4a16", "mxfp4"):
     row(_f, "signround", *SR, label=f"signround, {SR_ITERS} steps")
     if _f.startswith("nvfp4"):
         row(_f, "signround+fos", *SR, *FOS, label=f"signround + 4/6, {SR_ITERS} steps")
+# more steps per block (issue 28: the targets), and signround on four over six's start (nvfp4)
+SR_LONG = 64
+SRL = ["--algorithm", "signround", "--set", f"quantize.signround_iters={SR_LONG}", "--set", "calibrate.batch=1"]
+for _f in ("nvfp4a16", "nvfp4", "mxfp4a16", "mxfp4"):
+    row(_f, f"signround-{SR_LONG}", *SRL, label=f"signround, {SR_LONG} steps")
+    if _f.startswith("nvfp4"):
+        row(_f, f"signround+fos-{SR_LONG}", *SRL, *FOS, label=f"signround + 4/6, {SR_LONG} steps")
 for _f in ("mxfp4a16", "mxfp4"):
     row(_f, "rtn")
     row(_f, "gptq", *GPTQ)

@@ -151,3 +151,27 @@ def get_kv_format(name: str) -> KVFormat:
         return KV_FORMATS[name]
     except KeyError:
         raise RecipeError(f"unknown KV-cache format {name!r}", hint="choose one of: " + ", ".join(KV_FORMATS)) from None
+
+
+# Named recipes (`--preset NAME`, a release pipeline's one word for "the most accurate we know"):
+# per format, the pass settings (in --set syntax) of the method with the lowest held-out KL measured on
+# SmolLM2-135M-Instruct (KL, not perplexity: on its 8192 held-out tokens perplexity differences of a
+# point or two are inside the spread of equally valid solutions; docs/accuracy.md "SmolLM2-135M-Instruct:
+# the `best` preset" gives each row and its figures). A format without an entry keeps its own defaults.
+# They are the lowest layer of the recipe: --recipe, the options and --set override them.
+_GPTQ_FOS_128 = ("quantize.algorithm=gptq", "quantize.nvfp4_scales=four_over_six", "calibrate.samples=128",
+                 "calibrate.seq_len=512")
+_ROTATE_GPTQ = ("quantize.algorithm=gptq", "rotate.kind=hadamard", "calibrate.seq_len=512")
+PRESETS: dict[str, dict[str, tuple[str, ...]]] = {"best": {
+    "nvfp4a16": _GPTQ_FOS_128,
+    "nvfp4": _GPTQ_FOS_128,
+    "mxfp4a16": _ROTATE_GPTQ,
+    "mxfp4": _ROTATE_GPTQ,
+}}
+
+
+def preset_sets(preset: str, fmt: str) -> tuple[str, ...]:
+    """The `--set` edits of `--preset preset` for `fmt` (empty: the format's defaults are its best)."""
+    if preset not in PRESETS:
+        raise RecipeError(f"unknown preset {preset!r}", hint="choose one of: " + ", ".join(PRESETS))
+    return PRESETS[preset].get(format_name(fmt), ())

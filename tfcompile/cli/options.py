@@ -106,6 +106,9 @@ recipe_options = option_group([
                  "mxfp8, fp8, fp8-dynamic, fp8-block. [env: TFCOMPILE_FORMAT]"),
     click.option("--recipe", "recipe_file", envvar="TFCOMPILE_RECIPE", type=click.Path(path_type=Path),
                  help="Recipe file (TOML or JSON). [env: TFCOMPILE_RECIPE]"),
+    click.option("--preset", metavar="NAME", help="Named recipe under everything else: `best` takes, per "
+                 "format, the method with the lowest KL measured on SmolLM2 (docs/accuracy.md; e.g. GPTQ + 4/6 "
+                 "on 128 x 512 tokens; adds calibration). --recipe, the options and --set override it."),
     click.option("--set", "sets", multiple=True, metavar="PASS.FIELD=VALUE",
                  help="Set a pass option, e.g. --set pack.max_shard_mb=2000."),
     click.option("--ignore", multiple=True, metavar="PATTERN",
@@ -144,7 +147,7 @@ recipe_options = option_group([
     click.option("--skip", multiple=True, metavar="PASS", help="Drop a pass from the pipeline."),
     click.option("--until", metavar="PASS", help="Stop after this pass (nothing is written before pack)."),
 ], lambda v, kw: _update_run(
-    kw, fmt=v["fmt"], recipe_file=v["recipe_file"], sets=v["sets"], ignore=v["ignore"], exports=v["exports"],
+    kw, fmt=v["fmt"], recipe_file=v["recipe_file"], preset=v["preset"], sets=v["sets"], ignore=v["ignore"], exports=v["exports"],
     algorithm=v["algorithm"], skip=v["skip"], until=v["until"], device=v["device"],
     calib=CalibOptions(data=v["calib"], samples=v["calib_samples"], seq_len=v["calib_seq_len"],
                        seed=v["calib_seed"], observer=v["observer"], kv_cache=v["kv_cache"],

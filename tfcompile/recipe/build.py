@@ -18,7 +18,7 @@ from tfcompile.errors import RecipeError
 from tfcompile.io.bounded import MAX_DEPTH, json_depth, read_regular, unicode_text
 from tfcompile.pipeline.passes import REGISTRY, SCHEDULE, Selection, Settings, get_pass
 from tfcompile.pipeline.recipe import RECIPE_VERSION, PassEntry, Recipe, build_config
-from tfcompile.schemes import format_name, get_scheme
+from tfcompile.schemes import format_name, get_scheme, preset_sets
 
 
 def implied_settings(settings: Settings) -> dict[str, dict[str, Any]]:
@@ -94,18 +94,21 @@ def build_recipe(
     *,
     fmt: str | None = None,
     recipe_file: Path | None = None,
+    preset: str | None = None,
     sets: Iterable[str] = (),
     skip: Iterable[str] = (),
     until: str | None = None,
     overrides: Mapping[str, Mapping[str, Any]] | None = None,
     device: str | None = None,
 ) -> Recipe:
-    """Presets < recipe file < CLI options (`overrides`, `device`) < --set; then --skip/--until.
-    `device` (--device) sets the `device` of every scheduled pass that has one."""
+    """Presets < `preset` (--preset: schemes.PRESETS) < recipe file < CLI options (`overrides`,
+    `device`) < --set; then --skip/--until. `device` (--device) sets the `device` of every
+    scheduled pass that has one."""
     data = load_recipe_file(recipe_file) if recipe_file else {"version": RECIPE_VERSION}
     fmt = fmt or data.get("format")
     fmt = format_name(fmt)  # --format NVFP4 = nvfp4 (names are lower case)
-    edits = [(n, t, f"recipe passes.{n}") for n, t in (data.get("passes") or {}).items()]
+    edits = _preset_edits(preset, fmt) if preset else []
+    edits += [(n, t, f"recipe passes.{n}") for n, t in (data.get("passes") or {}).items()]
     edits += [(n, t, f"option for pass {n}") for n, t in (overrides or {}).items()]
     for item in sets:
         name, key, raw = _parse_set(item)
@@ -131,6 +134,8 @@ def build_recipe(
         if name == "calibrate" and name not in values and fmt:
             if isinstance(table, Mapping) and set(table) <= POLICIES:  # moot where nothing calibrates
                 continue
+            if where.startswith("--preset"):  # the preset's calibration, for an algorithm the user replaced
+                continue
             raise _needs_no_calibration(fmt, where, values)
         _merge(values, name, table, where)
     _check_format_agrees(fmt, values)
@@ -138,6 +143,18 @@ def build_recipe(
     entries = tuple(PassEntry(n, build_config(get_pass(n).config, values[n], f"pass {n}"))
                     for n in pipeline)
     return Recipe(RECIPE_VERSION, fmt or "custom", entries)
+
+
+def _preset_edits(preset: str, fmt: str | None) -> list[tuple[str, dict, str]]:
+    """--preset NAME's settings for `fmt` as edits (pass, {field: value}, where)."""
+    if not fmt:
+        raise RecipeError(f"--preset {preset} chooses settings per format, and no format is given",
+                          hint=f"add --format, e.g. --format nvfp4 --preset {preset}")
+    edits = []
+    for item in preset_sets(preset, fmt):
+        name, key, raw = _parse_set(item)
+        edits.append((name, {key: _parse_value(raw)}, f"--preset {preset} ({item})"))
+    return edits
 
 
 def _check_format_agrees(fmt: str | None, values: dict) -> None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
-from tfcompile.schemes import get_scheme
+from tfcompile.schemes import get_scheme, preset_sets
 
 if TYPE_CHECKING:
     from tfcompile.pipeline.recipe import Recipe
@@ -64,6 +64,7 @@ class LayoutOptions:
 class RunOptions:
     fmt: str | None = None  # --format
     recipe_file: Path | None = None  # --recipe
+    preset: str | None = None  # --preset NAME: schemes.PRESETS' settings for the format, under everything else
     sets: tuple[str, ...] = ()  # --set pass.field=value
     ignore: tuple[str, ...] = ()  # --ignore
     exports: tuple[str, ...] = ()  # --export modelopt|onnx
@@ -116,13 +117,15 @@ class RunOptions:
         mistyped name fails in a tenth of a second, with the error to_recipe() would give."""
         if self.fmt is not None:
             get_scheme(self.fmt)
+        if self.preset is not None:
+            preset_sets(self.preset, self.fmt or DEFAULT_FORMAT)
 
     def to_recipe(self) -> Recipe:
         # lazy: the pass registry (pipeline.passes) imports torch; the CLI builds these options at start-up
         from tfcompile.recipe.build import build_recipe
 
         fmt = self.fmt if self.fmt is not None or self.recipe_file is not None else DEFAULT_FORMAT
-        return build_recipe(fmt=fmt, recipe_file=self.recipe_file, sets=self.sets, skip=self.skip,
+        return build_recipe(fmt=fmt, recipe_file=self.recipe_file, preset=self.preset, sets=self.sets, skip=self.skip,
                             until=self.until, overrides=self.pass_settings(), device=self.device)
 
 
