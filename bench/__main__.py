@@ -58,6 +58,7 @@ SUITE: dict[str, tuple[str, str]] = {
     "acc_rotation": ("studies", "accuracy.md"),
     "fp8_rounding": ("studies", "accuracy.md"),
     "draft_step": ("studies", "performance.md"),
+    "signround_step": ("studies", "performance.md"),
     "common": ("lib", ""),
     "heldout": ("lib", ""),
     "peers_llmc": ("lib", ""),  # llm-compressor's side, in its venv (peers.py, acc_defaults.py, startup.py)

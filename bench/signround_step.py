@@ -21,11 +21,8 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine_line  # noqa: E402
 
 
