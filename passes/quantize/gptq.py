@@ -28,6 +28,7 @@ from tfcompile.io.jsonfile import JsonDict
 from tfcompile.ir import CalibStats, Job, LayerStats, Program, QuantPlan, load_target, register_algorithm
 from tfcompile.kernels import formats as F
 from tfcompile.passes.quantize.gptq_moe import run_gptq_experts, solved_expert_values
+from tfcompile.passes.quantize.output_scales import global_candidates, output_error, search_group
 from tfcompile.passes.quantize.rtn import quantize_weight, run_rtn, searched_scales
 from tfcompile.reporter import Reporter
 
@@ -114,6 +115,37 @@ def encode(q_rtn: F.QTensor, vals: torch.Tensor) -> F.QTensor:
     return dataclasses.replace(q_rtn, data=wq.encode(elems))
 
 
+def solved_search(weights: list[torch.Tensor], names: list[str], program: Program, h: torch.Tensor,
+                  model_dtype: torch.dtype) -> tuple[list[F.QTensor], dict]:
+    """quantize.scale_search=gptq: a fusion group's GPTQ solved under each candidate set of scales,
+    the one with the least summed output error tr(D H D^T) *after* its solve kept (GPTQ's error
+    feedback re-rounds every column, so the scales best for RTN need not be best for GPTQ:
+    docs/accuracy.md). Candidates: NVFP4's global scales (output_scales.global_candidates: g,
+    bf16(g), g(1 +- 2^-10), g(1 +- 2^-8)) each with RTN's block scales; MXFP4's RTN scales; and
+    the scales `quantize.scale_search=output` would choose (E4M3 / E8M0 neighbours, clipping).
+    The first candidate is plain GPTQ (ties keep it). Cost: that many solves (<= 7) per group.
+    Returns the QTensors and a record (the choice, its error as a share of plain GPTQ's)."""
+    wq, hf = program.weights, h.float().cpu()
+    opts = dict(act_order=program.gptq_act_order, damp=program.gptq_damp, device=program.device)
+
+    def rtn(g):
+        return [wq.quantize(w, global_scale=g, rule=program.mx_rule, scale_dtype=model_dtype, name=n)
+                for w, n in zip(weights, names)]
+
+    g0 = wq.group_global_scale(weights, names)
+    cands = [(f"g{i}", rtn(g)) for i, g in enumerate(global_candidates(g0))] if wq.shares_global_scale \
+        else [("rtn", rtn(None))]
+    cands.append(("output", search_group(weights, names, program, h, model_dtype)[0]))
+    best, best_err, label, err0 = None, 0.0, "", 0.0
+    for lab, qs in cands:
+        qs = [gptq_quantize(w, h, q, **opts) for w, q in zip(weights, qs)]
+        err = sum(output_error(w, F.dequantize(q, torch.float32), hf) for w, q in zip(weights, qs))
+        if best is None or err < best_err:
+            best, best_err, label = qs, err, lab
+        err0 = err0 or err
+    return best, {"scale_search": label, "out_err_vs_gptq": round(best_err / err0, 4) if err0 > 0 else 1.0}
+
+
 def _warn_rtn(plan: QuantPlan, calib: CalibStats | None, source: Checkpoint, program: Program,
               reporter: Reporter) -> tuple[Program, JsonDict]:
     """Before pack runs: name the groups that stay RTN for want of a Hessian (experts routed fewer
@@ -145,12 +177,20 @@ def run_gptq(job: Job, program: Program, source: Checkpoint) -> tuple[dict[str, 
         return run_gptq_experts(job, program, source, gptq_values, encode)
 
     solve: list[float] = []  # seconds per member, in member order
-    weights, searched, extra = None, None, {}
-    if program.scale_search == "output":  # GPTQ under the scales chosen by output error
+    weights, searched, solved, extra = None, None, None, {}
+    if program.scale_search in ("output", "gptq"):
         weights = [load_target(source, t) for t in job.group.members]
+    if program.scale_search == "output":  # GPTQ under the scales chosen by RTN's output error
         searched, extra = searched_scales(job, program, weights, weights[0].dtype)
+    elif program.scale_search == "gptq":  # candidates scored after their GPTQ solves
+        t0 = time.perf_counter()
+        solved, extra = solved_search(weights, [t.source for t in job.group.members], program, h,
+                                      weights[0].dtype)
+        solve += [(time.perf_counter() - t0) / len(weights)] * len(weights)
 
     def quantizer(w, prog, gscale, name, model_dtype):
+        if solved:
+            return solved.pop(0)
         t0 = time.perf_counter()
         q = searched.pop(0) if searched else quantize_weight(w, prog, gscale, name, model_dtype)
         q = gptq_quantize(w, h, q, act_order=prog.gptq_act_order, damp=prog.gptq_damp, device=prog.device)
@@ -189,6 +229,8 @@ def group_qtensors(job: Job, program: Program, source: Checkpoint) -> list[F.QTe
     vals = None
     if h is not None and is_expert_group(key):
         vals = list(solved_expert_values(key, program, source, gptq_values)[0])
+    if h is not None and vals is None and program.scale_search == "gptq":
+        return solved_search(weights, [t.source for t in members], program, h, weights[0].dtype)[0]
     out = []
     searched = searched_scales(job, program, weights, weights[0].dtype)[0] if vals is None else None
     for t, w in zip(members, weights):
