@@ -13,7 +13,7 @@ Variants (VARIANTS): RTN (data-free for nvfp4a16: one run, no draw), scales by o
 (`quantize.scale_search=output`), GPTQ with tfcompile's defaults (act-order, dampening 0.01,
 Hessians from the unquantized model), with propagation (`calibrate.propagate=true`), dampening
 0.001, without act-order, with scales by RTN's output error, with scales scored after the GPTQ solve
-(`quantize.scale_search=gptq`; alone and with propagation); llm-compressor's RTN and GPTQ (its
+(`quantize.scale_search=gptq`; not with propagation: refused); llm-compressor's RTN and GPTQ (its
 defaults: block 128, dampening 0.01, static act-order, sequential pipeline = propagation).
 
     python bench/acc_defaults.py --model demo-gemma [--formats nvfp4a16 nvfp4] [--only VARIANT ...]
@@ -53,7 +53,6 @@ VARIANTS = {
     "gptq-noact": ("tfcompile", "gptq", ["quantize.gptq_act_order=false"]),
     "gptq-output": ("tfcompile", "gptq", ["quantize.scale_search=output"]),
     "gptq-solved": ("tfcompile", "gptq", ["quantize.scale_search=gptq"]),
-    "gptq-prop-solved": ("tfcompile", "gptq", ["calibrate.propagate=true", "quantize.scale_search=gptq"]),
     "llmc-rtn": ("llm-compressor", "rtn", []),
     "llmc-gptq": ("llm-compressor", "gptq", []),
 }
