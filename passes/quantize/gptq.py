@@ -123,10 +123,10 @@ def solved_search(weights: list[torch.Tensor], names: list[str], program: Progra
     docs/accuracy.md). Candidates: NVFP4's global scales (output_scales.global_candidates: g,
     bf16(g), g(1 +- 2^-10), g(1 +- 2^-8)) each with RTN's block scales; MXFP4's RTN scales; and
     the scales `quantize.scale_search=output` would choose (E4M3 / E8M0 neighbours, clipping).
-    The first candidate is plain GPTQ (ties keep it). Cost: that many solves (<= 7) per group.
+    The first candidate is plain GPTQ (ties keep it). Cost: one batched sweep over that many
+    candidates (<= 7) and the group's members, whose rows are independent given the shared H.
     Returns the QTensors and a record (the choice, its error as a share of plain GPTQ's)."""
     wq, hf = program.weights, h.float().cpu()
-    opts = dict(act_order=program.gptq_act_order, damp=program.gptq_damp, device=program.device)
 
     def rtn(g):
         return [wq.quantize(w, global_scale=g, rule=program.mx_rule, scale_dtype=model_dtype, name=n)
@@ -136,14 +136,16 @@ def solved_search(weights: list[torch.Tensor], names: list[str], program: Progra
     cands = [(f"g{i}", rtn(g)) for i, g in enumerate(global_candidates(g0))] if wq.shares_global_scale \
         else [("rtn", rtn(None))]
     cands.append(("output", search_group(weights, names, program, h, model_dtype)[0]))
-    best, best_err, label, err0 = None, 0.0, "", 0.0
-    for lab, qs in cands:
-        qs = [gptq_quantize(w, h, q, **opts) for w, q in zip(weights, qs)]
-        err = sum(output_error(w, F.dequantize(q, torch.float32), hf) for w, q in zip(weights, qs))
-        if best is None or err < best_err:
-            best, best_err, label = qs, err, lab
-        err0 = err0 or err
-    return best, {"scale_search": label, "out_err_vs_gptq": round(best_err / err0, 4) if err0 > 0 else 1.0}
+    c, ns = len(cands), [w.shape[0] for w in weights]
+    w_cat = torch.cat([w.float() for w in weights])  # [sum N, K]
+    m = torch.stack([torch.cat([wq.multipliers(q) for q in qs]) for _, qs in cands])  # [C, sum N, K]
+    vals = gptq_values(w_cat.repeat(c, 1, 1), hf.repeat(c, 1, 1), m, wq, act_order=program.gptq_act_order,
+                       damp=program.gptq_damp, device=program.device)  # [C, sum N, K]
+    errs = [output_error(w_cat, v, hf) for v in vals]
+    i = min(range(c), key=lambda j: (errs[j], j))  # ties keep the earlier (plain GPTQ first)
+    qs = [encode(q, v) for q, v in zip(cands[i][1], vals[i].split(ns))]
+    ratio = round(errs[i] / errs[0], 4) if errs[0] > 0 else 1.0
+    return qs, {"scale_search": cands[i][0], "out_err_vs_gptq": ratio}
 
 
 def _warn_rtn(plan: QuantPlan, calib: CalibStats | None, source: Checkpoint, program: Program,
