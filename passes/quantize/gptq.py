@@ -122,11 +122,11 @@ def solved_search(weights: list[torch.Tensor], names: list[str], program: Progra
     feedback re-rounds every column, so the scales best for RTN need not be best for GPTQ:
     docs/accuracy.md). Candidates: NVFP4's global scales (output_scales.global_candidates: g,
     bf16(g), g(1 +- 2^-10), g(1 +- 2^-8)) each with RTN's block scales (the `output` search of
-    every E4M3 neighbour is left out: on a 3072 x 576 pair it cost 30x a plain solve); MXFP4's
+    every E4M3 neighbour is left out: on a 3072 x 576 pair it cost ~16x a plain solve); MXFP4's
     RTN exponents and those `quantize.scale_search=output` chooses (E8M0 neighbours, clipping).
     The first candidate is plain GPTQ (ties keep it). Cost: one batched sweep over the candidates
     (<= 6) and the group's members, whose rows are independent given the shared H (measured on a
-    3072 x 576 pair: 7 candidates 5.5x one).
+    3072 x 576 pair: 3.2x a plain solve).
     Returns the QTensors and a record (the choice, its error as a share of plain GPTQ's)."""
     wq, hf = program.weights, h.float().cpu()
 
