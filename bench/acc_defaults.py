@@ -12,7 +12,8 @@ against the bf16 model on the first `--max-tokens` held-out tokens.
 Variants (VARIANTS): RTN (data-free for nvfp4a16: one run, no draw), scales by output error
 (`quantize.scale_search=output`), GPTQ with tfcompile's defaults (act-order, dampening 0.01,
 Hessians from the unquantized model), with propagation (`calibrate.propagate=true`), dampening
-0.001, without act-order, with scales by output error; llm-compressor's RTN and GPTQ (its
+0.001, without act-order, with scales by RTN's output error, with scales scored after the GPTQ solve
+(`quantize.scale_search=gptq`; not with propagation: refused); llm-compressor's RTN and GPTQ (its
 defaults: block 128, dampening 0.01, static act-order, sequential pipeline = propagation).
 
     python bench/acc_defaults.py --model demo-gemma [--formats nvfp4a16 nvfp4] [--only VARIANT ...]
@@ -50,6 +51,7 @@ VARIANTS = {
     "gptq-damp0.001": ("tfcompile", "gptq", ["quantize.gptq_damp=0.001"]),
     "gptq-noact": ("tfcompile", "gptq", ["quantize.gptq_act_order=false"]),
     "gptq-output": ("tfcompile", "gptq", ["quantize.scale_search=output"]),
+    "gptq-solved": ("tfcompile", "gptq", ["quantize.scale_search=gptq"]),
     "llmc-rtn": ("llm-compressor", "rtn", []),
     "llmc-gptq": ("llm-compressor", "gptq", []),
 }

@@ -28,6 +28,7 @@ from tfcompile.io.jsonfile import JsonDict
 from tfcompile.ir import CalibStats, Job, LayerStats, Program, QuantPlan, load_target, register_algorithm
 from tfcompile.kernels import formats as F
 from tfcompile.passes.quantize.gptq_moe import run_gptq_experts, solved_expert_values
+from tfcompile.passes.quantize.output_scales import global_candidates, output_error, search_group
 from tfcompile.passes.quantize.rtn import quantize_weight, run_rtn, searched_scales
 from tfcompile.reporter import Reporter
 
@@ -114,6 +115,42 @@ def encode(q_rtn: F.QTensor, vals: torch.Tensor) -> F.QTensor:
     return dataclasses.replace(q_rtn, data=wq.encode(elems))
 
 
+def solved_search(weights: list[torch.Tensor], names: list[str], program: Program, h: torch.Tensor,
+                  model_dtype: torch.dtype) -> tuple[list[F.QTensor], dict]:
+    """quantize.scale_search=gptq: a fusion group's GPTQ solved under each candidate set of scales,
+    the one with the least summed output error tr(D H D^T) *after* its solve kept (GPTQ's error
+    feedback re-rounds every column, so the scales best for RTN need not be best for GPTQ:
+    docs/accuracy.md). Candidates: NVFP4's global scales (output_scales.global_candidates: g,
+    bf16(g), g(1 +- 2^-10), g(1 +- 2^-8)) each with RTN's block scales (the `output` search of
+    every E4M3 neighbour is left out: on a 3072 x 576 pair it cost ~16x a plain solve); MXFP4's
+    RTN exponents and those `quantize.scale_search=output` chooses (E8M0 neighbours, clipping).
+    The first candidate is plain GPTQ (ties keep it). Cost: one batched sweep over the candidates
+    (<= 6) and the group's members, whose rows are independent given the shared H (measured on a
+    3072 x 576 pair: 3.2x a plain solve).
+    Returns the QTensors and a record (the choice, its error as a share of plain GPTQ's)."""
+    wq, hf = program.weights, h.float().cpu()
+
+    def rtn(g):
+        return [wq.quantize(w, global_scale=g, rule=program.mx_rule, scale_dtype=model_dtype, name=n)
+                for w, n in zip(weights, names)]
+
+    g0 = wq.group_global_scale(weights, names)
+    if wq.shares_global_scale:
+        cands = [(f"g{i}", rtn(g)) for i, g in enumerate(global_candidates(g0))]
+    else:  # MXFP4: RTN's exponents and the output choice (3 per block: cheap, unlike NVFP4's 6 x 4)
+        cands = [("rtn", rtn(None)), ("output", search_group(weights, names, program, h, model_dtype)[0])]
+    c, ns = len(cands), [w.shape[0] for w in weights]
+    w_cat = torch.cat([w.float() for w in weights])  # [sum N, K]
+    m = torch.stack([torch.cat([wq.multipliers(q) for q in qs]) for _, qs in cands])  # [C, sum N, K]
+    vals = gptq_values(w_cat.repeat(c, 1, 1), hf.repeat(c, 1, 1), m, wq, act_order=program.gptq_act_order,
+                       damp=program.gptq_damp, device=program.device)  # [C, sum N, K]
+    errs = [output_error(w_cat, v, hf) for v in vals]
+    i = min(range(c), key=lambda j: (errs[j], j))  # ties keep the earlier (plain GPTQ first)
+    qs = [encode(q, v) for q, v in zip(cands[i][1], vals[i].split(ns))]
+    ratio = round(errs[i] / errs[0], 4) if errs[0] > 0 else 1.0
+    return qs, {"scale_search": cands[i][0], "out_err_vs_gptq": ratio}
+
+
 def _warn_rtn(plan: QuantPlan, calib: CalibStats | None, source: Checkpoint, program: Program,
               reporter: Reporter) -> tuple[Program, JsonDict]:
     """Before pack runs: name the groups that stay RTN for want of a Hessian (experts routed fewer
@@ -145,12 +182,20 @@ def run_gptq(job: Job, program: Program, source: Checkpoint) -> tuple[dict[str, 
         return run_gptq_experts(job, program, source, gptq_values, encode)
 
     solve: list[float] = []  # seconds per member, in member order
-    weights, searched, extra = None, None, {}
-    if program.scale_search == "output":  # GPTQ under the scales chosen by output error
+    weights, searched, solved, extra = None, None, None, {}
+    if program.scale_search in ("output", "gptq"):
         weights = [load_target(source, t) for t in job.group.members]
+    if program.scale_search == "output":  # GPTQ under the scales chosen by RTN's output error
         searched, extra = searched_scales(job, program, weights, weights[0].dtype)
+    elif program.scale_search == "gptq":  # candidates scored after their GPTQ solves
+        t0 = time.perf_counter()
+        solved, extra = solved_search(weights, [t.source for t in job.group.members], program, h,
+                                      weights[0].dtype)
+        solve += [(time.perf_counter() - t0) / len(weights)] * len(weights)
 
     def quantizer(w, prog, gscale, name, model_dtype):
+        if solved:
+            return solved.pop(0)
         t0 = time.perf_counter()
         q = searched.pop(0) if searched else quantize_weight(w, prog, gscale, name, model_dtype)
         q = gptq_quantize(w, h, q, act_order=prog.gptq_act_order, damp=prog.gptq_damp, device=prog.device)
@@ -189,6 +234,8 @@ def group_qtensors(job: Job, program: Program, source: Checkpoint) -> list[F.QTe
     vals = None
     if h is not None and is_expert_group(key):
         vals = list(solved_expert_values(key, program, source, gptq_values)[0])
+    if h is not None and vals is None and program.scale_search == "gptq":
+        return solved_search(weights, [t.source for t in members], program, h, weights[0].dtype)[0]
     out = []
     searched = searched_scales(job, program, weights, weights[0].dtype)[0] if vals is None else None
     for t, w in zip(members, weights):

@@ -30,8 +30,8 @@ class GPTQLayerSolver:
     def __init__(self, plan: QuantPlan, cfg: QuantizeConfig, source: Checkpoint, model_dtype: torch.dtype,
                  device: torch.device | str = "cpu"):
         if cfg.scale_search != "none":  # pack re-derives RTN's scales for the codes solved here
-            raise RecipeError("quantize.scale_search=output does not combine with calibrate.propagate yet",
-                              hint="drop one of --set calibrate.propagate=true / quantize.scale_search=output")
+            raise RecipeError(f"quantize.scale_search={cfg.scale_search} does not combine with calibrate.propagate yet",
+                              hint=f"drop one of --set calibrate.propagate=true / quantize.scale_search={cfg.scale_search}")
         self.jobs = {g.key: group_job(g, plan, model_dtype) for g in plan.groups}
         self.targets = {t.module: t for g in plan.groups for t in g.members}
         self.program = Program(plan.scheme, "gptq", (), {}, mx_rule(cfg, plan.scheme), 0,

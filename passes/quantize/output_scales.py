@@ -35,7 +35,7 @@ GLOBAL_FACTORS = (1.0, 1 + 2 ** -10, 1 - 2 ** -10, 1 + 2 ** -8, 1 - 2 ** -8)  # 
 CODE_OFFSETS = (0, 1, -1, -2)  # E4M3 scale code steps from RTN's (0 first: ties keep RTN)
 MX_SHIFTS = (0, 1, -1)  # E8M0 exponent steps from RTN's
 ROWS = 256  # rows per chunk: temporaries ~ ROWS x K x 4 bytes per candidate
-MODES = ("none", "output")
+MODES = ("none", "output", "gptq")  # "gptq": candidates scored after the solve (gptq.py solved_search)
 
 
 def searchable(wq: F.WeightQuantizer) -> bool:

@@ -42,6 +42,7 @@ class QuantizeConfig:
     nvfp4_scales: str = "max"  # NVFP4 block scales: "max" (block max -> 6) | "four_over_six" (four_over_six.py)
     # NVFP4/MXFP4 scales: "none" (RTN's, from maxima) | "output" (global and block scales chosen by the layer's
     # output error on the calibration activations, output_scales.py; rtn and gptq; schedules calibrate's Hessians)
+    # | "gptq" (gptq only: candidates scored by the output error after each one's GPTQ solve, gptq.py solved_search)
     scale_search: str = "none"
     # signround (signround.py): signed-gradient steps per decoder block, their initial step (0: 1 / iters,
     # auto-round's default, decayed linearly to 0) and the seed of the batch order
@@ -82,19 +83,23 @@ def _supports(recipe: Recipe, cfg: QuantizeConfig) -> list[Unsupported]:
 
 
 def _scale_search_unsupported(cfg: QuantizeConfig, fmt: str) -> list[Unsupported]:
-    """quantize.scale_search=output: NVFP4/MXFP4 weights, the rtn or gptq algorithm, max block scales."""
+    """quantize.scale_search=output|gptq: NVFP4/MXFP4 weights, the rtn (output only) or gptq algorithm, max
+    block scales."""
     if cfg.scale_search == "none":
         return []
     if cfg.scale_search not in output_scales.MODES:
         return [Unsupported(f"quantize.scale_search {cfg.scale_search!r} is unknown",
                             "choose one of: " + ", ".join(output_scales.MODES))]
     if fmt in SCHEMES and not output_scales.searchable(SCHEMES[fmt].weights):
-        return [Unsupported(f"quantize.scale_search=output needs NVFP4 or MXFP4 weights, not {fmt}",
+        return [Unsupported(f"quantize.scale_search={cfg.scale_search} needs NVFP4 or MXFP4 weights, not {fmt}",
                             "use an nvfp4* or mxfp4* format, or drop the setting")]
     if cfg.algorithm not in ("rtn", "gptq") or cfg.nvfp4_scales != "max":
-        return [Unsupported(f"quantize.scale_search=output chooses RTN's and GPTQ's scales, not those of "
-                            f"algorithm {cfg.algorithm} with nvfp4_scales {cfg.nvfp4_scales}",
+        return [Unsupported(f"quantize.scale_search={cfg.scale_search} chooses RTN's and GPTQ's scales, not those "
+                            f"of algorithm {cfg.algorithm} with nvfp4_scales {cfg.nvfp4_scales}",
                             "use --algorithm rtn or gptq with the default nvfp4_scales, or drop the setting")]
+    if cfg.scale_search == "gptq" and cfg.algorithm != "gptq":  # it scores candidates after GPTQ's solve
+        return [Unsupported(f"quantize.scale_search=gptq scores scales after a GPTQ solve, and algorithm "
+                            f"{cfg.algorithm} solves none", "use --algorithm gptq, or quantize.scale_search=output")]
     return []
 
 

@@ -125,3 +125,31 @@ def test_output_scale_search_is_refused_where_it_has_no_meaning(tiny_llama, tmp_
 def test_program_default_is_no_search():
     assert dataclasses.fields(Program)[-1].name == "scale_search"
     assert Program(SCHEMES["nvfp4a16"], "rtn", (), {}, "floor", 0).scale_search == "none"
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4a16", "mxfp4a16"])
+def test_scales_scored_after_the_gptq_solve_are_never_worse_than_plain_gptq(fmt):
+    """quantize.scale_search=gptq (gptq.py solved_search): the group's summed output error after
+    the solve is at most plain GPTQ's, recomputed here from gptq_quantize under the format's own
+    RTN scales (the oracle), and below it on this layer; the tensors stay plain NVFP4/MXFP4."""
+    from tfcompile.passes.quantize.gptq import gptq_quantize, solved_search
+
+    (w1, h), (w2, _) = _layer(seed=6), _layer(seed=7)
+    prog = dataclasses.replace(_program(fmt), scale_search="gptq")
+    qs, rec = solved_search([w1, w2], ["a", "b"], prog, h, torch.bfloat16)
+    wq = prog.weights
+    g = wq.group_global_scale([w1, w2], ["a", "b"])
+    plain = [gptq_quantize(w, h, wq.quantize(w, global_scale=g, rule="floor")) for w in (w1, w2)]
+    e_plain = sum(output_error(w, F.dequantize(q), h) for w, q in zip((w1, w2), plain))
+    e = sum(output_error(w, F.dequantize(q), h) for w, q in zip((w1, w2), qs))
+    assert e == pytest.approx(rec["out_err_vs_gptq"] * e_plain, rel=1e-3)
+    assert e < e_plain, (e, e_plain, rec)
+    assert all(q.format == fmt[:5] and q.shape == (64, 256) for q in qs)
+    if fmt.startswith("nvfp4"):
+        assert torch.equal(qs[0].global_scale, qs[1].global_scale)
+
+
+def test_scale_search_gptq_is_refused_without_gptq(tiny_llama, tmp_path, run_cli):
+    res = run_cli("quantize", tiny_llama, "-o", tmp_path / "x", "--format", "nvfp4a16",
+                  "--set", "quantize.scale_search=gptq")
+    assert res.code == 1 and "solves none" in res.err and "hint:" in res.err, res.err
