@@ -61,9 +61,17 @@ FINDINGS = (
 DRAFT_VOCAB = 2048  # EAGLE-3-style reduced vocabulary: the head costs H x 2048 instead of H x 49152
 
 
-def train_args(steps: int, lr: str) -> list[str]:
-    return ["--steps", str(steps), "--batch", "4", "--seq-len", "128", "--text-blocks", "64", "--self-blocks", "64",
-            "--self-prompt", "32", "--draft-vocab", str(DRAFT_VOCAB), "--lr", lr]
+BATCH, SEQ_LEN = 4, 128
+
+
+def train_args(steps: int, lr: str, text: int, self_: int) -> list[str]:
+    return ["--steps", str(steps), "--batch", str(BATCH), "--seq-len", str(SEQ_LEN), "--text-blocks", str(text),
+            "--self-blocks", str(self_), "--self-prompt", "32", "--draft-vocab", str(DRAFT_VOCAB), "--lr", lr]
+
+
+def draft_name(name: str, args) -> str:
+    """The cached draft's directory name under --work: what it was trained with."""
+    return f"{name}-{args.steps}-t{args.text_blocks}-s{args.self_blocks}-v{DRAFT_VOCAB}-lr{args.lr}"
 
 
 def child_env(threads: int) -> dict:
@@ -93,17 +101,19 @@ def build_targets(work: Path, smol: Path) -> None:
             tfcompile("quantize", "--format", fmt, smol, "-o", work / f"smol-{fmt}", *(CALIB if fmt == "nvfp4" else []))
 
 
-def build(work: Path, smol: Path, steps: int, lr: str, threads: int) -> dict:
+def build(work: Path, smol: Path, args) -> dict:
     """Artifacts and drafts (kept in work/ between runs); the two drafts train concurrently."""
     build_targets(work, smol)
     exe = Path(sys.executable).with_name("tfcompile")
     jobs = {}
     for name, extra in (("draft-bf16", []), ("draft-nvfp4", ["--target-artifact", work / "smol-nvfp4"])):
-        out = work / f"{name}-{steps}-v{DRAFT_VOCAB}-lr{lr}"
+        if name.removeprefix("draft-") not in args.drafts:
+            continue
+        out = work / draft_name(name, args)
         if not (work / f"{out.name}.cli.json").exists():
-            argv = [str(exe), "draft", smol, "-o", out, *train_args(steps, lr), *extra, "--json", "-q", "--overwrite"]
+            argv = [str(exe), "draft", smol, "-o", out, *train_args(args.steps, args.lr, args.text_blocks, args.self_blocks), *extra, "--json", "-q", "--overwrite"]
             fh = open(work / f"{out.name}.cli.json.tmp", "w")
-            jobs[name] = (subprocess.Popen(list(map(str, argv)), stdout=fh, env=child_env(threads)), fh, out,
+            jobs[name] = (subprocess.Popen(list(map(str, argv)), stdout=fh, env=child_env(args.threads)), fh, out,
                           time.perf_counter(), load())
     for name, (proc, fh, out, t0, l0) in jobs.items():
         if proc.wait() != 0:
@@ -114,8 +124,8 @@ def build(work: Path, smol: Path, steps: int, lr: str, threads: int) -> dict:
                         "concurrent": len(jobs)}
         (work / f"{out.name}.cli.json").write_text(json.dumps(doc))
     made = {}
-    for name in ("draft-bf16", "draft-nvfp4"):
-        out = work / f"{name}-{steps}-v{DRAFT_VOCAB}-lr{lr}"
+    for name in [n for n in ("draft-bf16", "draft-nvfp4") if n.removeprefix("draft-") in args.drafts]:
+        out = work / draft_name(name, args)
         doc = json.loads((work / f"{out.name}.cli.json").read_text())
         made[name] = {"train_s": doc["timings"]["train_s"], "data_s": doc["timings"]["data_s"],
                       "threads": doc["timings"]["threads"], **doc["bench"],
@@ -132,7 +142,7 @@ def measure_all(work: Path, smol: Path, drafts: dict, prompts: int, new_tokens: 
     from tfcompile.evaluate.text import load_tokenizer
 
     rows = prompts_of(None, load_tokenizer(smol), count=prompts, prompt_len=64, vocab=49152)
-    bf, nv = (None, None) if drafts is None else (drafts["draft-bf16"]["path"], drafts["draft-nvfp4"]["path"])
+    bf, nv = (drafts or {}).get("draft-bf16", {}).get("path"), (drafts or {}).get("draft-nvfp4", {}).get("path")
     cases = [("a", "n-gram", "bf16", smol, "ngram"),
              ("b", "EAGLE-3 trained vs bf16", "bf16", smol, bf),
              ("a", "n-gram", "nvfp4", work / "smol-nvfp4", "ngram"),
@@ -157,12 +167,44 @@ def measure_all(work: Path, smol: Path, drafts: dict, prompts: int, new_tokens: 
     return out
 
 
+def std_error(fig: dict) -> float:
+    """Standard error of one acceptance length (tokens per target forward, figures() of acceptance.py)
+    from its per-position acceptance: a round yields L = 1 + S tokens, S = the number of leading draft
+    tokens accepted, so P(S >= j) = per_position[j-1] (position j is accepted only after 1..j-1) and
+    E[S^2] = sum_j (2j - 1) P(S >= j); SE = sqrt(Var(S) / rounds). Rounds are treated as independent
+    (those of one prompt are not quite), so this is an approximation."""
+    p = [x or 0.0 for x in fig["per_position"]]
+    es, es2 = sum(p), sum((2 * j + 1) * x for j, x in enumerate(p))
+    return ((es2 - es * es) / max(1, fig["target_forwards"])) ** 0.5
+
+
+def comparisons(rows: list[dict]) -> list[str]:
+    """(d) - (c) on nvfp4, and each draft row against the n-gram floor on its target, per k, with the
+    standard error of the difference (the two rows' errors combined as independent)."""
+    def by(r):
+        return {x["k"]: x for x in r["by_k"]}
+
+    def diff(a, b):
+        return " / ".join(f"{by(a)[k]['acceptance_length'] - by(b)[k]['acceptance_length']:+.3f} "
+                          f"(s.e. {(std_error(by(a)[k]) ** 2 + std_error(by(b)[k]) ** 2) ** 0.5:.3f})" for k in KS)
+
+    find = {(r["case"], r["served"]): r for r in rows}
+    out = []
+    if ("d", "nvfp4") in find and ("c", "nvfp4") in find:
+        out.append(f"(d) minus (c) on nvfp4 at k = {' / '.join(map(str, KS))}: {diff(find['d', 'nvfp4'], find['c', 'nvfp4'])}.")
+    for r in rows:
+        floor = find.get(("a", r["served"]))
+        if r["case"] != "a" and floor is not None:
+            out.append(f"({r['case']}) on {r['served']} minus the n-gram floor: {diff(r, floor)}.")
+    return out
+
+
 def markdown(rows: list[dict], drafts: dict, args, prompts: int, new_tokens: int) -> str:
-    lines = [f"Command: `nice -n 19 python bench/draft.py --steps {args.steps} --lr {args.lr} --prompts {prompts} "
+    lines = [f"Command: `nice -n 19 python bench/draft.py --steps {args.steps} --text-blocks {args.text_blocks} --self-blocks {args.self_blocks} --lr {args.lr} --prompts {prompts} "
              "--write-docs`. Target: "
              "SmolLM2-135M-Instruct (bf16 fixture, weights carry GGUF Q4_1 rounding) and its `tfcompile quantize` "
              "nvfp4 (W4A4) / nvfp4a16 artifacts (16 x 512 calibration tokens), served as `tfcompile eval` serves "
-             "them. Drafts: `tfcompile draft` " + " ".join(train_args(args.steps, args.lr)) + " (one EAGLE-3 decoder "
+             "them. Drafts: `tfcompile draft` " + " ".join(train_args(args.steps, args.lr, args.text_blocks, args.self_blocks)) + " (one EAGLE-3 decoder "
              f"layer started from the target's (`--init target`), 3 chain steps trained, draft vocabulary {DRAFT_VOCAB} "
              f"of 49152, {args.threads} torch thread per process), against bf16 or with `--target-artifact` "
              f"nvfp4. Acceptance: {prompts} prompts of 64 tokens of python-doc's held-out split (never trained on), "
@@ -177,7 +219,10 @@ def markdown(rows: list[dict], drafts: dict, args, prompts: int, new_tokens: int
         by = {x["k"]: x for x in r["by_k"]}
         pos = " ".join(f"{p:.2f}" for p in by[4]["per_position"])
         lines.append(f"| ({r['case']}) | {r['drafter']} | {r['served']} | "
-                     + " | ".join(f"{by[k]['acceptance_length']:.3f}" for k in KS) + f" | {pos} | {r['exact']} |")
+                     + " | ".join(f"{by[k]['acceptance_length']:.3f} ± {std_error(by[k]):.3f}" for k in KS)
+                     + f" | {pos} | {r['exact']} |")
+    lines += ["", "± one standard error (`std_error` in bench/draft.py). Differences, with the standard error "
+              "of the difference:", ""] + [f"- {c}" for c in comparisons(rows)]
     lines += ["", "| draft | trained against | data s (incl. self-generation) | train s | tokens used | "
               "draft size (bf16) | trained parameters | threads | load |", "|---|---|---|---|---|---|---|---|---|"]
     for name, d in drafts.items():
@@ -198,12 +243,16 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--work", type=Path, default=Path(os.environ.get("TFCOMPILE_CACHE", Path.home() / ".cache/tfcompile"))
                     / "bench" / "draft")
-    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--steps", type=int, default=320, help="optimizer steps (320 x 4 x 128: one epoch of the data)")
+    ap.add_argument("--text-blocks", type=int, default=1024, help="training sequences of python-doc train text")
+    ap.add_argument("--self-blocks", type=int, default=256, help="training sequences the target continues itself")
     ap.add_argument("--lr", default="3e-3")
     ap.add_argument("--threads", type=int, default=1, help="torch threads of every process (OMP_NUM_THREADS)")
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--write-docs", action="store_true")
+    ap.add_argument("--drafts", nargs="+", default=("bf16", "nvfp4"), choices=("bf16", "nvfp4"),
+                    help="train (or reuse) these drafts only: bf16 = cases (b), (c); nvfp4 = case (d)")
     ap.add_argument("--only", nargs="+", default=(), choices=("bf16", "nvfp4", "nvfp4a16"),
                     help="measure these served targets only (results-<target>.json; run several at once)")
     ap.add_argument("--render", action="store_true", help="assemble the results-*.json of --only runs")
@@ -221,7 +270,7 @@ def main() -> None:
         build_targets(args.work, smol)
         measure_all(args.work, smol, None, args.prompts, args.new_tokens, tuple(args.only))
         return
-    drafts = build(args.work, smol, args.steps, args.lr, args.threads)
+    drafts = build(args.work, smol, args)
     if args.render:
         order = {"bf16": 0, "nvfp4": 1, "nvfp4a16": 2}
         rows = [r for f in sorted(args.work.glob("results-*.json")) for r in json.loads(f.read_text())]
