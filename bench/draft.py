@@ -134,7 +134,7 @@ def build(work: Path, smol: Path, args) -> dict:
 
 
 def measure_all(work: Path, smol: Path, drafts: dict, prompts: int, new_tokens: int,
-                only: tuple[str, ...] = ()) -> list[dict]:
+                only: tuple[str, ...] = (), only_cases: tuple[str, ...] = ()) -> list[dict]:
     import torch
 
     from tfcompile.draft.acceptance import greedy_refs, measure, prompts_of
@@ -153,7 +153,7 @@ def measure_all(work: Path, smol: Path, drafts: dict, prompts: int, new_tokens: 
     cases = [c for c in cases if c[4] is not None]  # drafts None: the n-gram rows only (--ngram-only)
     out, models, refs = [], {}, {}
     for case, drafter, served, path, spec in cases:
-        if only and served not in only:
+        if (only and served not in only) or (only_cases and case not in only_cases):
             continue
         if served not in models:
             models.clear()
@@ -255,6 +255,8 @@ def main() -> None:
                     help="train (or reuse) these drafts only: bf16 = cases (b), (c); nvfp4 = case (d)")
     ap.add_argument("--only", nargs="+", default=(), choices=("bf16", "nvfp4", "nvfp4a16"),
                     help="measure these served targets only (results-<target>.json; run several at once)")
+    ap.add_argument("--cases", nargs="+", default=(), choices=("a", "b", "c", "d"),
+                    help="measure these cases only (results-<target>-<cases>.json; run several at once)")
     ap.add_argument("--render", action="store_true", help="assemble the results-*.json of --only runs")
     ap.add_argument("--ngram-only", action="store_true",
                     help="no drafts: the n-gram rows only, exactness included (prints JSON lines, writes no docs)")
@@ -276,8 +278,9 @@ def main() -> None:
         rows = [r for f in sorted(args.work.glob("results-*.json")) for r in json.loads(f.read_text())]
         rows.sort(key=lambda r: (order[r["served"]], r["case"]))
     else:
-        rows = measure_all(args.work, smol, drafts, args.prompts, args.new_tokens, tuple(args.only))
-        name = "results-" + ("-".join(args.only) if args.only else "all") + ".json"
+        rows = measure_all(args.work, smol, drafts, args.prompts, args.new_tokens, tuple(args.only),
+                           tuple(args.cases))
+        name = "results-" + ("-".join(args.only) if args.only else "all") + "".join(f"-{c}" for c in args.cases) + ".json"
         (args.work / name).write_text(json.dumps(rows, indent=1))
     md = markdown(rows, drafts, args, args.prompts, args.new_tokens)
     print(md)
