@@ -1,14 +1,16 @@
-"""MTP-head acceptance after quantization, on the tiny oracle DeepSeek-V3 of tests/fixtures/families.py.
+"""MTP-head acceptance after quantization, on the tiny oracle models of tests/fixtures/families.py.
 
-The model is tiny and random (one MoE decoder layer, hidden 64, vocabulary 256) with a constructed
-MTP layer (`make_mtp_oracle`: the target's own layer, shifted one position), so the figures show
-what `tfcompile eval ART --reference SRC --draft mtp` reports and how each format moves it, not
-what a real DeepSeek / GLM MTP head does. Formats: fp8-dynamic, nvfp4a16 (weight-only) and nvfp4
+Families (--family): deepseek_v3 (`make_mtp_oracle`), deepseek_v32 / glm_moe_dsa (DeepSeek-V3.2 /
+GLM-5, the DSA indexer in the MTP layer: `make_dsa_mtp_oracle`) and qwen3_5 (the `mtp.` layout:
+`make_qwen3_5_mtp_oracle`). Each model is tiny and random (one decoder layer, hidden 64,
+vocabulary 256) with a constructed MTP layer (the target's own layer, shifted one position), so
+the figures show what `tfcompile eval ART --reference SRC --draft mtp` reports and how each format
+moves it, not what a real MTP head does. Formats: fp8-dynamic, nvfp4a16 (weight-only) and nvfp4
 (W4A4, calibrated on python-doc). Each run: `--draft-k 1,2,3`, python-doc held-out prompts.
 
-    python bench/mtp.py [--work DIR] [--prompts 8] [--write-docs]
+    python bench/mtp.py [--family deepseek_v3] [--work DIR] [--prompts 8] [--write-docs]
 
-writes the "## Tiny DeepSeek-V3: MTP-head acceptance after quantization" section of docs/accuracy.md.
+writes the family's "## Tiny ...: MTP-head acceptance after quantization" section of docs/accuracy.md.
 """
 
 from __future__ import annotations
@@ -24,7 +26,19 @@ from pathlib import Path
 from common import REPO, machine_line, replace_doc_section  # noqa: E402
 
 ACCURACY = REPO / "docs" / "accuracy.md"
-HEADING = "## Tiny DeepSeek-V3: MTP-head acceptance after quantization"
+# family -> (name in the heading, the fixture that builds its oracle, what the model is)
+FAMILIES = {
+    "deepseek_v3": ("DeepSeek-V3", "make_mtp_oracle", "DeepSeek-V3 (one MoE decoder layer)"),
+    "deepseek_v32": ("DeepSeek-V3.2", "make_dsa_mtp_oracle",
+                     "DeepSeek-V3.2 (one MoE decoder layer with the DSA indexer, index_topk 8)"),
+    "glm_moe_dsa": ("GLM-5", "make_dsa_mtp_oracle", "GLM-5 (one MoE decoder layer with the DSA indexer, index_topk 8)"),
+    "qwen3_5": ("Qwen3.5", "make_qwen3_5_mtp_oracle",
+                "Qwen3.5 (one gated full-attention decoder layer, the `mtp.` layout)"),
+}
+
+
+def heading(family: str) -> str:
+    return f"## Tiny {FAMILIES[family][0]}: MTP-head acceptance after quantization"
 FORMATS = {"fp8-dynamic": [], "nvfp4a16": [],
            "nvfp4": ["--calib", "python-doc", "--calib-samples", "8", "--calib-seq-len", "64"]}
 
@@ -34,16 +48,19 @@ def _tfcompile(*args: str) -> subprocess.CompletedProcess:
                           text=True, cwd=REPO)
 
 
-def _oracle(work: Path) -> Path:
+def _oracle(work: Path, family: str) -> Path:
     spec = importlib.util.spec_from_file_location("families", REPO / "tests" / "fixtures" / "families.py")
     fam = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(fam)
     src = work / "oracle"
-    return src if (src / "config.json").exists() else fam.make_mtp_oracle(src)
+    if (src / "config.json").exists():
+        return src
+    build = getattr(fam, FAMILIES[family][1])
+    return build(src, glm=True) if family == "glm_moe_dsa" else build(src)
 
 
-def measure(work: Path, prompts: int, new_tokens: int) -> list[dict]:
-    src, rows = _oracle(work), []
+def measure(work: Path, family: str, prompts: int, new_tokens: int) -> list[dict]:
+    src, rows = _oracle(work, family), []
     for fmt, extra in FORMATS.items():
         art = work / fmt
         if not art.exists():
@@ -60,7 +77,7 @@ def measure(work: Path, prompts: int, new_tokens: int) -> list[dict]:
     return rows
 
 
-def render(rows: list[dict], prompts: int, new_tokens: int) -> str:
+def render(rows: list[dict], family: str, prompts: int, new_tokens: int) -> str:
     lines = ["| format | k | source (bf16) | artifact | drop | artifact per position | n-gram floor |",
              "|---|---|---|---|---|---|---|"]
     for row in rows:
@@ -70,9 +87,9 @@ def render(rows: list[dict], prompts: int, new_tokens: int) -> str:
             pos = " ".join(f"{p:.2f}" for p in r["per_position"] if p is not None)
             lines.append(f"| {row['format']} | {r['k']} | {r['source_acceptance_length']:.3f} | "
                          f"{r['acceptance_length']:.3f} | {r['acceptance_drop']:+.3f} | {pos} | {floor[r['k']]:.3f} |")
-    return (f"Command: `python bench/mtp.py --prompts {prompts} --write-docs`. Model: the tiny random DeepSeek-V3 "
-            "of `tests/fixtures/families.py` `make_mtp_oracle` (one MoE decoder layer, hidden 64, vocabulary 256) "
-            "whose MTP layer is constructed as the target's own layer shifted one position, so it predicts the "
+    return (f"Command: `python bench/mtp.py --family {family} --prompts {prompts} --write-docs`. Model: the tiny "
+            f"random {FAMILIES[family][2]} of `tests/fixtures/families.py` `{FAMILIES[family][1]}` (hidden 64, "
+            "vocabulary 256) whose MTP layer is constructed as the target's own layer shifted one position, so it predicts the "
             "target well; figures of a tiny random model, not of a real MTP head. Each row: `tfcompile eval ART "
             f"--reference SRC --draft mtp --draft-k 1,2,3`, {prompts} python-doc held-out prompts of 32 tokens, "
             f"{new_tokens} tokens decoded greedily each; source = the bf16 checkpoint's MTP layer against the "
@@ -91,6 +108,7 @@ READING = ("Reading: drop = source minus artifact. It mixes two effects: the MTP
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--family", choices=sorted(FAMILIES), default="deepseek_v3")
     ap.add_argument("--work", type=Path)
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--new-tokens", type=int, default=32)
@@ -98,10 +116,11 @@ def main() -> None:
     args = ap.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="tfc-mtp-"))
     work.mkdir(parents=True, exist_ok=True)
-    body = render(measure(work, args.prompts, args.new_tokens), args.prompts, args.new_tokens)
+    body = render(measure(work, args.family, args.prompts, args.new_tokens), args.family, args.prompts,
+                  args.new_tokens)
     print(body)
     if args.write_docs:
-        replace_doc_section(HEADING, body, ACCURACY)
+        replace_doc_section(heading(args.family), body, ACCURACY)
 
 
 if __name__ == "__main__":

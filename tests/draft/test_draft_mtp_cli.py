@@ -71,9 +71,10 @@ def test_an_mtp_layer_quantized_outside_tfcompile_is_refused(mtp_oracle, tmp_pat
     assert e.value.hint
 
 
-def test_glm4_moe_mtp_is_exact_and_dsa_mtp_is_refused(family_factory, tmp_path):
-    """GLM-4.5's MTP layer (DeepSeek's layout, Glm4MoeDecoderLayer) runs and stays exact; DeepSeek-V3.2 /
-    GLM-5 (DSA indexer in every decoder layer) are refused by name, not crashed on."""
+def test_glm4_moe_mtp_is_exact_and_two_mtp_layers_are_refused(family_factory, tmp_path):
+    """GLM-4.5's MTP layer (DeepSeek's layout, Glm4MoeDecoderLayer) runs and stays exact (DeepSeek-V3.2,
+    GLM-5 and Qwen3.5: tests/draft/test_draft_mtp_families.py); a config declaring two MTP layers is
+    refused by name, not crashed on."""
     import pytest
     import torch
 
@@ -88,6 +89,8 @@ def test_glm4_moe_mtp_is_exact_and_dsa_mtp_is_refused(family_factory, tmp_path):
     prompt = list(range(5, 17))
     out, st = speculative(Target(model, TARGET_HIDDEN), MTPDrafter(load_mtp(glm, model)), prompt, 12, 3)
     assert out == greedy(Target(model), prompt, 12) and st.proposed > 0
-    v32 = family_factory.add_mtp_layer(family_factory.make_tiny_deepseek_v32(tmp_path / "v32"))
-    with pytest.raises(UserError, match="DeepSeek Sparse Attention"):
-        check_mtp(v32)
+    cfg = json.loads((glm / "config.json").read_text())
+    (glm / "config.json").write_text(json.dumps(dict(cfg, num_nextn_predict_layers=2)))
+    with pytest.raises(UserError, match="num_nextn_predict_layers is 2; --draft mtp measures one MTP layer") as e:
+        check_mtp(glm)
+    assert e.value.hint

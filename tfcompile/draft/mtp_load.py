@@ -1,9 +1,12 @@
 """A model's MTP layer (draft/mtp.py) with its weights: from a checkpoint, or from an artifact as served.
 
-The tensors are the checkpoint's `model.layers.{N}.*` (N = num_hidden_layers; families/mtp.py):
-enorm, hnorm, eh_proj, shared_head.{norm,head} and the decoder layer, whose names go under
-`block.` (vLLM deepseek_mtp.py `_rewrite_spec_layer_name` puts them under `mtp_block.`). The token
-embedding is the target's own `model.embed_tokens`, not the layer's copy: vLLM's
+The tensors are the checkpoint's (families/mtp.py): DeepSeek layout `model.layers.{N}.*` (N =
+num_hidden_layers; DeepSeek-V3/V3.2, GLM-4.5/5): enorm, hnorm, eh_proj, shared_head.{norm,head}
+and the decoder layer, whose names go under `block.` (vLLM deepseek_mtp.py
+`_rewrite_spec_layer_name` puts them under `mtp_block.`); Qwen3.5 layout `mtp.*`: fc,
+pre_fc_norm_embedding, pre_fc_norm_hidden, norm and `layers.0.*` (the decoder layer, under
+`block.`), the logits from the target's own lm_head (vLLM qwen3_5_mtp.py loads the checkpoint's
+`lm_head`). The token embedding is the target's own `embed_tokens`, not the layer's copy: vLLM's
 vllm/v1/spec_decode/eagle.py `EagleProposer.load_model` replaces an MTP model's embed_tokens by the
 target's ("Detected MTP model. Sharing target model embedding weights"); DeepSeek-V3's two copies
 are equal, and quantize keeps both unquantized.
@@ -29,7 +32,7 @@ from torch import nn
 from tfcompile.artifact.manifest import has_manifest, load_manifest
 from tfcompile.artifact.naming import ct_outputs, layer_scheme, qtensor_of, static_input_scale
 from tfcompile.calibration.moe import MoERecorder
-from tfcompile.draft.mtp import MTPLayer
+from tfcompile.draft.mtp import DEEPSEEK, QWEN3_5, MTPLayer
 from tfcompile.errors import UserError
 from tfcompile.evaluate.actquant import act_quantizer, pre_hook
 from tfcompile.families.experts import set_expert
@@ -37,50 +40,56 @@ from tfcompile.io.checkpoint import Checkpoint, open_checkpoint
 from tfcompile.kernels.formats import dequantize
 from tfcompile.schemes import get_scheme
 
-OWN = ("embed_tokens", "enorm", "hnorm", "eh_proj", "shared_head")  # the MTP layer's own modules
+# the MTP layer's own modules (DeepSeek layout, then Qwen3.5's); everything else is the decoder layer's
+OWN = ("embed_tokens", "enorm", "hnorm", "eh_proj", "shared_head", "fc", "pre_fc_norm_embedding",
+       "pre_fc_norm_hidden", "norm")
+QWEN_BLOCK = "layers.0."  # Qwen3.5's decoder layer under `mtp.`
 _EXPERT = re.compile(r"^(?P<parent>.*experts)\.(?P<e>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)$")
 _KV_SCALES = (".k_scale", ".v_scale")
-_DSA = ("deepseek_v32", "glm_moe_dsa")  # DeepSeek-V3.2, GLM-5: decoder layers with the DSA indexer
 _NO_MTP_HINT = ("--draft mtp measures a model's own multi-token-prediction layers (DeepSeek-V3/V3.2, "
                 "GLM-4.5/5 ship one); for this model use --draft ngram or an EAGLE-3 draft (`tfcompile draft`)")
 
 
-def mtp_index(path: Path, config: dict) -> int:
-    """N, the index of the (one) MTP layer config.json declares; UserError when there is none."""
+def mtp_layout(path: Path, config: dict) -> tuple[int, str, str]:
+    """(N, layout, tensor prefix) of the (one) MTP layer config.json declares; UserError when there is none.
+    N is the decoder-layer index the layer is built at (num_hidden_layers, as vLLM numbers it)."""
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
-    k = text.get("num_nextn_predict_layers")
-    if int(text.get("mtp_num_hidden_layers") or 0):
-        raise UserError(f"{path}/config.json: the `mtp.` layers of {text.get('model_type')} (Qwen3.5 / "
-                        "Qwen3-Next layout) are not measured yet",
-                        hint="--draft mtp runs DeepSeek-style MTP layers (`model.layers.{N}`); use --draft ngram")
-    if k and text.get("model_type") in _DSA:
-        raise UserError(f"{path}/config.json: the MTP layer of {text['model_type']} (DeepSeek Sparse Attention: "
-                        "its indexer keeps its own cache) is not run yet",
-                        hint="--draft mtp runs DeepSeek-V3 and GLM-4.5 style MTP layers; use --draft ngram")
+    k, q = text.get("num_nextn_predict_layers"), int(text.get("mtp_num_hidden_layers") or 0)
+    if q:
+        if q != 1:
+            raise UserError(f"{path}/config.json: mtp_num_hidden_layers is {q}; --draft mtp measures one MTP layer",
+                            hint="the published Qwen3.5 / Qwen3-Next checkpoints have one; measure those")
+        return int(text["num_hidden_layers"]), QWEN3_5, "mtp."
     if not k:
         raise UserError(f"{path}/config.json declares no MTP layers (num_nextn_predict_layers is "
                         f"{'absent' if k is None else k})", hint=_NO_MTP_HINT)
     if int(k) != 1:
         raise UserError(f"{path}/config.json: num_nextn_predict_layers is {k}; --draft mtp measures one MTP layer",
                         hint="the published DeepSeek and GLM checkpoints have one; measure those")
-    return int(text["num_hidden_layers"])
+    n = int(text["num_hidden_layers"])
+    return n, DEEPSEEK, f"model.layers.{n}."
 
 
-def _names(path: Path, ckpt: Checkpoint) -> tuple[int, list[str]]:
-    """(N, the tensor names under model.layers.{N}.); UserError when there are none."""
-    n = mtp_index(path, ckpt.config)
+def mtp_index(path: Path, config: dict) -> int:
+    """N, the index of the (one) MTP layer config.json declares; UserError when there is none."""
+    return mtp_layout(path, config)[0]
+
+
+def _names(path: Path, ckpt: Checkpoint) -> tuple[int, str, str, list[str]]:
+    """(N, layout, prefix, the tensor names under the prefix); UserError when there are none."""
+    n, layout, prefix = mtp_layout(path, ckpt.config)
     qc = ckpt.config.get("quantization_config")
     if qc is not None and not has_manifest(path):  # e.g. DeepSeek-V3's published FP8 release
         method = qc.get("quant_method", "?") if isinstance(qc, dict) else "?"
         raise UserError(f"{path}: the MTP layer of a checkpoint quantized outside tfcompile ({method}) is not decoded",
                         hint="--draft mtp reads bf16/fp16/fp32 checkpoints and tfcompile artifacts; pass the "
                              "bf16 model as --reference")
-    names = [x for x in ckpt.names() if x.startswith(f"model.layers.{n}.")]
+    names = [x for x in ckpt.names() if x.startswith(prefix)]
     if not names:
-        raise UserError(f"{path}: config.json declares an MTP layer but no tensor is named model.layers.{n}.*",
+        raise UserError(f"{path}: config.json declares an MTP layer but no tensor is named {prefix}*",
                         hint="the checkpoint or artifact dropped its MTP layer; quantize the source with "
                              "this tfcompile (it keeps them, families/mtp.py) or measure the source checkpoint")
-    return n, names
+    return n, layout, prefix, names
 
 
 def check_mtp(path: Path) -> None:
@@ -94,9 +103,8 @@ def load_mtp(path: Path, target: nn.Module) -> MTPLayer:
     (the transformers model of the same config: its decoder-layer, norm and rotary classes)."""
     path = Path(path)
     with open_checkpoint(path) as ckpt:
-        n, names = _names(path, ckpt)
-        prefix = f"model.layers.{n}."
-        layer = MTPLayer(target, n).float().eval()
+        n, layout, prefix, names = _names(path, ckpt)
+        layer = MTPLayer(target, n, layout).float().eval()
         quantized = _quantized(path, prefix)
         _load(path, ckpt, layer, prefix, names, quantized, target.get_input_embeddings().weight.detach())
     return layer
@@ -113,7 +121,10 @@ def _quantized(path: Path, prefix: str) -> dict:
 
 
 def local(name: str) -> str:
-    """`self_attn.q_a_proj.weight` -> `block.self_attn.q_a_proj.weight`; the layer's own modules stay."""
+    """`self_attn.q_a_proj.weight` (DeepSeek) or `layers.0.self_attn.q_proj.weight` (Qwen3.5) ->
+    `block.self_attn...`; the layer's own modules stay."""
+    if name.startswith(QWEN_BLOCK):
+        return f"block.{name[len(QWEN_BLOCK):]}"
     return name if name.split(".", 1)[0] in OWN else f"block.{name}"
 
 
