@@ -75,3 +75,32 @@ def mtp_oracle_fp8(mtp_oracle, tmp_path_factory) -> Path:
 def mtp_oracle_nvfp4(mtp_oracle, tmp_path_factory) -> Path:
     """W4A4 with calibrated input scales: the MTP block's activation quantization emulated, experts included."""
     return quantized(mtp_oracle, tmp_path_factory.mktemp("mtp") / "oracle-nvfp4", "nvfp4")
+
+
+@pytest.fixture(scope="session")
+def mtp_matches_by_hand():
+    """check(src, model, seq, step0, chain): tfcompile's MTP layer of checkpoint `src` on target
+    `model` gives, for the token sequence `seq`, the logits an independent computation from the raw
+    tensors gave: `step0` (every position of the first step) and `chain` (the drafter's second
+    step, fed its own first draft); and the drafter proposes their argmaxes."""
+    def check(src, model, seq: list[int], step0: torch.Tensor, chain: torch.Tensor) -> None:
+        from tfcompile.draft.mtp import TARGET_HIDDEN, MTPDrafter
+        from tfcompile.draft.mtp_load import load_mtp
+        from tfcompile.draft.spec import Target
+
+        layer = load_mtp(src, model)
+        with torch.no_grad():
+            t = Target(model, TARGET_HIDDEN)
+            t.reset()
+            _, aux = t.forward(seq[:-1])
+            ours = layer.logits(layer.step(torch.tensor([seq[1:]]), aux[None], torch.arange(len(seq) - 1), None))[0]
+        torch.testing.assert_close(ours, step0, rtol=1e-4, atol=1e-4)
+        d = MTPDrafter(layer)
+        d.begin(seq[:-1], aux)
+        drafted = d.propose(seq, 2)
+        torch.testing.assert_close(d.logits[0], step0[-1], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(d.logits[1], chain, rtol=1e-4, atol=1e-4)
+        assert drafted == [int(step0[-1].argmax()), int(chain.argmax())]
+        assert not torch.allclose(chain, step0[-1], atol=1e-2)  # the chained step is a different computation
+
+    return check

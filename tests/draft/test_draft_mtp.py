@@ -105,27 +105,10 @@ def _by_hand(src, seq: list[int]):
     return step0, chain
 
 
-def test_mtp_forward_matches_an_independent_computation(mtp_random):
-    from tfcompile.draft.mtp import TARGET_HIDDEN, MTPDrafter
-    from tfcompile.draft.mtp_load import load_mtp
-
+def test_mtp_forward_matches_an_independent_computation(mtp_random, mtp_matches_by_hand):
     seq = _prompts(1, 20, seed=3)[0]
     step0, chain = _by_hand(mtp_random, seq)
-    model = _target(mtp_random)
-    layer = load_mtp(mtp_random, model)
-    with torch.no_grad():
-        t = Target(model, TARGET_HIDDEN)
-        t.reset()
-        _, aux = t.forward(seq[:-1])
-        ours = layer.logits(layer.step(torch.tensor([seq[1:]]), aux[None], torch.arange(len(seq) - 1), None))[0]
-    torch.testing.assert_close(ours, step0, rtol=1e-4, atol=1e-4)
-    d = MTPDrafter(layer)
-    d.begin(seq[:-1], aux)
-    drafted = d.propose(seq, 2)
-    torch.testing.assert_close(d.logits[0], step0[-1], rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(d.logits[1], chain, rtol=1e-4, atol=1e-4)
-    assert drafted == [int(step0[-1].argmax()), int(chain.argmax())]
-    assert not torch.allclose(chain, step0[-1], atol=1e-2)  # the chained step is a different computation
+    mtp_matches_by_hand(mtp_random, _target(mtp_random), seq, step0, chain)
 
 
 def test_a_constructed_mtp_head_beats_a_random_one_and_the_ngram_floor(mtp_oracle):
