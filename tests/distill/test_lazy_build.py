@@ -54,7 +54,7 @@ def test_no_rank_holds_a_whole_float32_model(monkeypatch, tmp_path, capsys):
 
     from tfcompile.cli.main import main
     from tfcompile.dist.world import World
-    from tfcompile.passes import distill as distill_pass
+    from tfcompile.distill import run as distill_run  # the distill pass imports it when it runs
 
     models: list[weakref.ref] = []
     real_post_init = transformers.PreTrainedModel.post_init
@@ -80,11 +80,11 @@ def test_no_rank_holds_a_whole_float32_model(monkeypatch, tmp_path, capsys):
 
         return real_distill(dataclasses.replace(inputs, world=World(rank=0, size=2)), *args, **kwargs)
 
-    real_distill = distill_pass.distill_checkpoint
+    real_distill = distill_run.distill_checkpoint
     monkeypatch.setattr(transformers.PreTrainedModel, "post_init", post_init)
     monkeypatch.setattr(torch.distributed.device_mesh, "init_device_mesh", lambda *a, **k: None)
     monkeypatch.setattr(torch.distributed.fsdp, "fully_shard", fully_shard)
-    monkeypatch.setattr(distill_pass, "distill_checkpoint", as_rank0_of_2)
+    monkeypatch.setattr(distill_run, "distill_checkpoint", as_rank0_of_2)
     with open("/dev/null", "w") as f, contextlib.redirect_stdout(f):
         main(["distill", str(DEMO), "-o", str(tmp_path / "out"), "-q", *ARGS])  # stopped by _Stop
     assert "_Stop" in capsys.readouterr().err
