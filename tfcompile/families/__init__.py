@@ -4,8 +4,9 @@ Imported by passes (select, layout), calibration and evaluate; imports nothing f
 docs/models.md is the user-facing table of these rules.
 """
 
-from tfcompile.families.rules import (FAMILIES, GENERIC, GPT_OSS, INCLUDES, V5, ExpertLayout, Family, Keep,
-                                      engine_unquantized, family_of, keep_rules)
+from tfcompile.families.family import V5, ExpertLayout, Family, Keep
+from tfcompile.families.gpt_oss import EXPERTS as GPT_OSS
+from tfcompile.families.rules import FAMILIES, GENERIC, INCLUDES, engine_unquantized, family_of, keep_rules
 
 __all__ = ["FAMILIES", "GENERIC", "GPT_OSS", "INCLUDES", "V5", "ExpertLayout", "Family", "Keep", "engine_unquantized", "family_of",
            "keep_rules"]

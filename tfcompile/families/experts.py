@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from tfcompile.errors import CheckpointError
-from tfcompile.families.rules import ExpertLayout
+from tfcompile.families.family import ExpertLayout
 
 # A quantization group of one routed expert: "{parent}.experts.{e}.{role}" (role: gate_up, down_proj)
 EXPERT_GROUP = re.compile(r"^(?P<parent>.*\.experts)\.(?P<e>\d+)\.(?P<role>[^.]+)$")

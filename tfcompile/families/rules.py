@@ -32,10 +32,7 @@ import re
 from typing import Mapping
 
 from tfcompile.families import bert, deepseek, glm, gpt_oss, minimax, qwen
-from tfcompile.families.family import V5, ExpertLayout, Family, Keep
-
-GPT_OSS = gpt_oss.EXPERTS  # the gpt_oss expert layout (families/experts.py, calibration, eval)
-__all__ = ["V5", "GPT_OSS", "ExpertLayout", "Family", "Keep"]  # re-exported: tfcompile.families
+from tfcompile.families.family import Family, Keep
 
 VISION = Keep(r"re:(^|.*\.)(vision_tower|vision_model|visual|multi_modal_projector|mm_projector|image_newline)"
               r"(\..*)?$", "vision tower and projector",
