@@ -16,6 +16,7 @@ from tfcompile.families.names import per_decoder_layer
 from tfcompile.errors import RecipeError
 from tfcompile.ir import LAYER_SOLVERS, CalibStats, LayerSolverSpec, torch_dtype
 from tfcompile.machine import COMPUTE_DTYPES, compute_dtype
+from tfcompile.pipeline.intents import KVCacheScales, RunsTheModel
 from tfcompile.pipeline.passes import PassResult, Selection, register_pass
 from tfcompile.schemes import KV_FORMATS, Scheme
 
@@ -107,7 +108,9 @@ def _when(sel: Selection) -> bool:
 
 
 @register_pass("calibrate", config=CalibrateConfig, requires=("source", "model", "plan"),
-               produces=("calib",), when=_when)
+               produces=("calib",), when=_when,
+               intents=lambda c: (RunsTheModel("calibrate"),
+                                  *((KVCacheScales(c.kv_cache, bool(c.kv_per_head)),) if c.kv_cache else ())))
 def calibrate(ctx, cfg: CalibrateConfig, reporter) -> PassResult:
     """Observe |x| at every quantized Linear's input (calibrate.observer; calibrate.data, default auto).
     The model is read from ctx.source's directory: the source, or what `rotate` made of it."""

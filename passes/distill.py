@@ -19,18 +19,21 @@ from tfcompile.distill.config import DistillConfig
 from tfcompile.errors import RecipeError
 from tfcompile.io.locks import work_dir
 from tfcompile.ir import torch_dtype
-from tfcompile.pipeline.passes import PassResult, Unsupported, given, register_pass
-from tfcompile.pipeline.recipe import Recipe
+from tfcompile.pipeline.intents import RunsTheModel, SingleScheme, TrainsOnTheSource, WeightRounding
+from tfcompile.pipeline.passes import PassResult, Unsupported, get_pass, given, recipe_intent, register_pass
+from tfcompile.recipe import Recipe
 from tfcompile.schemes import SCHEMES
 
 
 def _supports(recipe: Recipe, cfg: DistillConfig) -> list[Unsupported]:
     names, reasons = list(recipe.names()), []
-    if "pack" in names and names.index("pack") < names.index("distill"):
-        reasons.append(Unsupported("distill must run before pack (pack writes what distill trained)"))
-    if "quantize" in names and recipe.config("quantize").algorithm != "rtn":
+    writer = next((n for n in names if "artifact" in get_pass(n).produces), None)
+    if writer is not None and names.index(writer) < names.index("distill"):
+        reasons.append(Unsupported(f"distill must run before {writer} (it writes what distill trained)"))
+    algorithm = recipe_intent(recipe, WeightRounding, WeightRounding("rtn", "")).algorithm
+    if algorithm != "rtn":
         reasons.append(Unsupported(f"distill trains from round-to-nearest weights; quantize.algorithm is "
-                                   f"{recipe.config('quantize').algorithm!r}",
+                                   f"{algorithm!r}",
                                    "drop --algorithm (distillation re-quantizes its weights with RTN rules)"))
     fmt = recipe.quant_format()
     # one learnable clip per block: the formats with block scales
@@ -42,7 +45,8 @@ def _supports(recipe: Recipe, cfg: DistillConfig) -> list[Unsupported]:
 
 
 @register_pass("distill", config=DistillConfig, requires=("source", "model", "plan", "program"),
-               produces=("source",), supports=_supports, when=given("distill"))
+               produces=("source",), supports=_supports, when=given("distill"),
+               intents=lambda c: (RunsTheModel("distill"), TrainsOnTheSource("distill"), SingleScheme("distill")))
 def distill(ctx, cfg: DistillConfig, reporter) -> PassResult:
     """Train the fake-quantized student against the original model; pack then packs its weights."""
     from tfcompile.distill.run import Inputs, distill_checkpoint  # lazy: the trainer (docs/design.md "Pass modules")

@@ -26,8 +26,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from tfcompile.pipeline.intents import SingleScheme
 from tfcompile.pipeline.passes import PassResult, Selection, Unsupported, check, register_pass
-from tfcompile.pipeline.recipe import Recipe
+from tfcompile.recipe import Recipe
 from tfcompile.tune.hardware import parse_targets
 from tfcompile.tune.shapes import DEFAULT_BUCKETS, check_buckets
 
@@ -63,7 +64,7 @@ def _when(sel: Selection) -> bool:
 
 
 @register_pass("emit", config=EmitConfig, requires=("plan", "artifact", "out_dir"), produces=("artifact",),
-               supports=_supports, when=_when, ranks="root")
+               supports=_supports, when=_when, ranks="root", intents=lambda c: (SingleScheme("emit"),))
 def emit(ctx, cfg: EmitConfig, reporter) -> PassResult:
     """Compile the GEMM and activation-quant kernels per target and shape into kernels/."""
     from tfcompile.tune.emit import emit_kernels  # lazy: Triton and the tuner load when it runs

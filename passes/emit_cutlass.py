@@ -37,8 +37,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tfcompile.kernels.cutlass.toolchain import detect
+from tfcompile.pipeline.intents import SingleScheme
 from tfcompile.pipeline.passes import PassResult, Settings, Unsupported, check, given, register_pass
-from tfcompile.pipeline.recipe import Recipe
+from tfcompile.recipe import Recipe
 from tfcompile.tune.hardware import parse_targets
 from tfcompile.tune.shapes import DEFAULT_BUCKETS, check_buckets
 
@@ -85,7 +86,7 @@ def _implies(settings: Settings) -> dict:
 
 @register_pass("emit_cutlass", config=EmitCutlassConfig, requires=("plan", "artifact", "out_dir"),
                produces=("artifact", "cutlass"), supports=_supports, when=given("emit_cutlass"),
-               implies=_implies, ranks="root")
+               implies=_implies, ranks="root", intents=lambda c: (SingleScheme("emit_cutlass"),))
 def emit_cutlass(ctx, cfg: EmitCutlassConfig, reporter) -> PassResult:
     """Generate and compile the CUTLASS GEMMs per target and tile config into kernels/<target>/cutlass/."""
     # lazy: the generator and nvcc driver (tfcompile/tune/cutlass_emit.py) load when the pass runs

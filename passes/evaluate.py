@@ -31,9 +31,10 @@ from tfcompile.evaluate.gates import worst_layers
 from tfcompile.evaluate.kvtext import KV_MODES
 from tfcompile.evaluate.text import CORPUS
 from tfcompile.io.jsonfile import JsonDict
+from tfcompile.pipeline.intents import RunsTheModel
 from tfcompile.pipeline.passes import PassResult, Unsupported, given, register_pass
 from tfcompile.manifest_doc import manifest_doc
-from tfcompile.pipeline.recipe import Recipe
+from tfcompile.recipe import Recipe
 from tfcompile.tasks.gate import require_lm_eval, resolve, run_task_gates
 
 SIG_DIGITS = 6  # manifest floats: insensitive to summation order in the last bits
@@ -89,7 +90,8 @@ def _supports(recipe: Recipe, cfg: EvalConfig) -> list[Unsupported]:
 
 
 @register_pass("eval", config=EvalConfig, requires=("source_path", "manifest", "out_dir"),
-               produces=("evaluation",), supports=_supports, when=given("eval"))
+               produces=("evaluation",), supports=_supports, when=given("eval"),
+               intents=lambda c: (RunsTheModel("eval"),))
 def evaluate_artifact(ctx, cfg: EvalConfig, reporter) -> PassResult:
     """Evaluate the staged artifact against the source; the manifest records the figures."""
     from tfcompile.evaluate.runner import evaluate  # lazy: the evaluator (docs/design.md "Pass modules")

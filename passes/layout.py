@@ -24,8 +24,9 @@ from tfcompile.ir import QuantPlan
 from tfcompile.layout import engines as E
 from tfcompile.layout.heads import HeadGeometry, plan_heads, rope_order
 from tfcompile.layout.plan import LayoutPlan, LayoutSpec, build
-from tfcompile.pipeline.passes import PassResult, Unsupported, check, given, register_pass
-from tfcompile.pipeline.recipe import Recipe
+from tfcompile.pipeline.intents import KVCacheScales, SharedGlobalScales, SingleScheme
+from tfcompile.pipeline.passes import PassResult, Unsupported, check, given, recipe_intent, register_pass
+from tfcompile.recipe import Recipe
 from tfcompile.schemes import KV_BY_DTYPE, KV_FORMATS, kv_block
 
 KV_AUTO = "auto"
@@ -46,11 +47,9 @@ class LayoutConfig:
 
 
 def _kv(recipe: Recipe) -> tuple[str, bool]:
-    """(calibrate.kv_cache, calibrate.kv_per_head) of the recipe."""
-    if "calibrate" not in recipe.names():
-        return "", False
-    c = recipe.config("calibrate")
-    return c.kv_cache, bool(c.kv_per_head)
+    """(the KV format whose scales the recipe calibrates, "" for none; one scale per KV head)."""
+    kv = recipe_intent(recipe, KVCacheScales, KVCacheScales("", False))
+    return kv.kind, kv.per_head
 
 
 def kv_dtype(requested: str, calibrated: str, model_dtype: str | None) -> str:
@@ -83,7 +82,7 @@ def _static_checks(recipe: Recipe, cfg: LayoutConfig) -> tuple[E.BackendRules, l
         rope_order(HeadGeometry(1, 1, 2, 2), "half", cfg.rope)  # validates the name
         E.check_rope(r, cfg.rope)
     fuse = any(r.fuse if f is None else f for f in (cfg.fuse_qkv, cfg.fuse_gate_up))
-    if fuse and "select" in recipe.names() and not recipe.config("select").fuse_groups:
+    if fuse and not recipe_intent(recipe, SharedGlobalScales, SharedGlobalScales(True)).shared:
         raise RecipeError("a fused view needs select.fuse_groups=true (members share one NVFP4 global scale)",
                           hint="drop --set select.fuse_groups=false, or --set layout.fuse_qkv=false "
                                "--set layout.fuse_gate_up=false")
@@ -95,7 +94,7 @@ def _supports(recipe: Recipe, cfg: LayoutConfig) -> list[Unsupported]:
 
 
 @register_pass("layout", config=LayoutConfig, requires=("source", "model", "plan"), produces=("layout",),
-               supports=_supports, when=given("layout"))
+               supports=_supports, when=given("layout"), intents=lambda c: (SingleScheme("layout"),))
 def layout(ctx, cfg: LayoutConfig, reporter) -> PassResult:
     """Validate the target layout and plan fusions, RoPE order and TP head grouping."""
     rules, warnings = _static_checks(ctx.recipe, cfg)

@@ -8,7 +8,8 @@ from tfcompile.checkpoint_check import check_checkpoint, checkpoint_tensors
 from tfcompile.errors import CheckpointError
 from tfcompile.io.sources import open_source
 from tfcompile.ir import ModelInfo
-from tfcompile.pipeline.passes import PassResult, register_pass
+from tfcompile.pipeline.intents import RunsTheModel
+from tfcompile.pipeline.passes import PassResult, recipe_intents, register_pass
 
 
 @dataclass(frozen=True)
@@ -44,14 +45,10 @@ def load(ctx, cfg: LoadConfig, reporter) -> PassResult:
     return PassResult(ctx.with_(source=ckpt, model=model), stats)
 
 
-# passes that build the transformers model and run its forward (an unknown architecture has none)
-RUN_THE_MODEL = ("calibrate", "eval", "distill")
-
-
 def _check_nothing_runs_the_model(ctx, ckpt) -> None:
     """An unknown architecture (--allow-unknown-architecture) is quantized by tensor names alone; a
     pass that runs the model would fail deep in transformers (custom code it must not execute)."""
-    needs = [n for n in RUN_THE_MODEL if ctx.recipe is not None and n in ctx.recipe.names()]
+    needs = [f.by for f in recipe_intents(ctx.recipe, RunsTheModel)]  # passes that run the forward
     if not needs:
         return
     custom = " (its auto_map names custom code, which tfcompile never runs)" if ckpt.config.get("auto_map") else ""

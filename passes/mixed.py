@@ -31,11 +31,11 @@ from tfcompile.ir import torch_dtype
 from tfcompile.mixed import cache
 from tfcompile.mixed import plan as mixed_plan
 from tfcompile.mixed.search import UNQUANTIZED, bits, choose, known, summary
-from tfcompile.pipeline.passes import PassResult, Unsupported, given, register_pass
-from tfcompile.pipeline.recipe import Recipe
+from tfcompile.pipeline.intents import ExtraViews, SingleScheme, WeightRounding
+from tfcompile.pipeline.passes import PassResult, Unsupported, given, recipe_intent, recipe_intents, register_pass
+from tfcompile.recipe import Recipe
 from tfcompile.schemes import SCHEMES
 
-SINGLE_SCHEME_PASSES = ("distill", "onnx", "layout", "emit", "emit_cutlass")
 MEASURES = ("fisher", "kl")  # mixed.sensitivity: tfcompile/mixed/fisher.py, sensitivity.py (_measure)
 
 
@@ -76,11 +76,11 @@ def _supports(recipe: Recipe, cfg: MixedConfig) -> list[Unsupported]:
     if cfg.sensitivity not in MEASURES:
         reasons.append(Unsupported(f"mixed.sensitivity {cfg.sensitivity!r} is not one of {sorted(MEASURES)}",
                                    "--set mixed.sensitivity=fisher (one forward + backward) or kl (exact, slow)"))
-    names = recipe.names()
-    other = [n for n in SINGLE_SCHEME_PASSES if n in names]
-    algo = recipe.config("quantize").algorithm if "quantize" in names else "rtn"
-    if other or algo in ("awq", "smoothquant") or ("pack" in names and recipe.config("pack").export):
-        what = other[0] if other else (algo if algo in ("awq", "smoothquant") else "--export modelopt")
+    other = [f.by for f in recipe_intents(recipe, SingleScheme)]
+    algo = recipe_intent(recipe, WeightRounding, WeightRounding("rtn", "")).algorithm
+    views = [v for f in recipe_intents(recipe, ExtraViews) for v in f.views]
+    if other or algo in ("awq", "smoothquant") or views:
+        what = other[0] if other else (algo if algo in ("awq", "smoothquant") else f"--export {views[0]}")
         reasons.append(Unsupported(f"mixed precision cannot be combined with {what} yet (it handles one scheme)",
                                    "drop the mixed.* settings or that option"))
     return reasons
@@ -100,8 +100,8 @@ def _measure(sensitivity: str):
 def mixed(ctx, cfg: MixedConfig, reporter) -> PassResult:
     """Measure each group's sensitivity per format and pick formats under the budget."""
     plan = ctx.plan
-    quantize_cfg = ctx.recipe.config("quantize") if "quantize" in ctx.recipe.names() else None
-    rule = (quantize_cfg.mx_rule if quantize_cfg else "") or plan.scheme.weights.default_rule  # as quantize does
+    rounding = recipe_intent(ctx.recipe, WeightRounding, WeightRounding("rtn", ""))
+    rule = rounding.mx_rule or plan.scheme.weights.default_rule  # as quantize rounds
     settings = dict(formats=list(cfg.formats), data=cfg.data, samples=cfg.samples, seq_len=cfg.seq_len,
                     seed=cfg.seed, dtype=ctx.model.dtype, mx_rule=rule, sensitivity=cfg.sensitivity)
     key = cache.key(ctx.source, plan, settings)

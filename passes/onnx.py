@@ -15,8 +15,9 @@ from pathlib import Path, PurePosixPath
 from tfcompile.io.oserrors import write_error
 from tfcompile.onnx_export.config import DEFAULT_OPSET, OnnxExportConfig
 from tfcompile.onnx_export.source import ArtifactView, check_scheme, read_config
+from tfcompile.pipeline.intents import SingleScheme
 from tfcompile.pipeline.passes import PassResult, Unsupported, check, given, register_pass
-from tfcompile.pipeline.recipe import Recipe
+from tfcompile.recipe import Recipe
 from tfcompile.schemes import get_scheme
 
 
@@ -43,7 +44,8 @@ def _supports(recipe: Recipe, cfg: OnnxConfig) -> list[Unsupported]:
 
 
 @register_pass("onnx", config=OnnxConfig, requires=("plan", "program", "artifact", "out_dir"),
-               produces=("artifact",), supports=_supports, when=given("onnx"), ranks="root")
+               produces=("artifact",), supports=_supports, when=given("onnx"), ranks="root",
+               intents=lambda c: (SingleScheme("onnx"),))
 def onnx_export(ctx, cfg: OnnxConfig, reporter) -> PassResult:
     """Export the staged artifact to ONNX and add the files to the artifact's checksums."""
     out_dir = Path(ctx.out_dir)

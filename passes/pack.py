@@ -39,8 +39,9 @@ from tfcompile.families.names import per_decoder_layer
 from tfcompile.layout import artifact_files as layout_files
 from tfcompile.layout.view import EngineView
 from tfcompile.artifact.mixed_config import ct_mixed_config
+from tfcompile.pipeline.intents import ExtraViews
 from tfcompile.pipeline.passes import PassResult, Unsupported, register_pass
-from tfcompile.pipeline.recipe import Recipe
+from tfcompile.recipe import Recipe
 
 EXPORTS = ("modelopt",)
 
@@ -63,7 +64,7 @@ def _supports(recipe: Recipe, cfg: PackConfig) -> list[Unsupported]:
 
 
 @register_pass("pack", config=PackConfig, requires=("source", "model", "plan", "program", "out_dir"),
-               produces=("artifact",), supports=_supports)
+               produces=("artifact",), supports=_supports, intents=lambda c: (ExtraViews(tuple(c.export)),))
 def pack(ctx, cfg: PackConfig, reporter) -> PassResult:
     """Quantize job by job and stream the safetensors shards of every view."""
     out, program = Path(ctx.out_dir), ctx.program

@@ -30,8 +30,9 @@ from tfcompile.io.dtypes import torch_dtype_of
 from tfcompile.io.locks import work_dir
 from tfcompile.io.writer import ShardPlan, ShardWriter, TensorSpec
 from tfcompile.ir import ModelInfo
-from tfcompile.pipeline.passes import PassResult, Unsupported, given, register_pass
-from tfcompile.pipeline.recipe import Recipe
+from tfcompile.pipeline.intents import TrainsOnTheSource
+from tfcompile.pipeline.passes import PassResult, Unsupported, given, recipe_intents, register_pass
+from tfcompile.recipe import Recipe
 from tfcompile.rotate import fuse
 from tfcompile.rotate.hadamard import rotation, rotation_keeping
 
@@ -57,7 +58,7 @@ def _supports(recipe: Recipe, cfg: RotateConfig) -> list[Unsupported]:
     if any(c < 0 for c in cfg.keep):
         reasons.append(Unsupported(f"rotate.keep {list(cfg.keep)} holds a negative channel index",
                                    "give residual channel indices, e.g. --set rotate.keep=507,247"))
-    if "distill" in recipe.names():
+    if recipe_intents(recipe, TrainsOnTheSource):
         reasons.append(Unsupported("distillation trains against the unrotated model; use one or the other",
                                    "drop the rotate.* settings or run tfcompile quantize"))
     return reasons

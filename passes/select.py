@@ -34,8 +34,9 @@ from tfcompile.families.experts import bias_slices, split_slices
 from tfcompile.io.checkpoint import Checkpoint
 from tfcompile.io.safetensors_header import TensorInfo
 from tfcompile.ir import ModelInfo, QuantGroup, QuantPlan, QuantTarget, Split
+from tfcompile.pipeline.intents import SharedGlobalScales
 from tfcompile.pipeline.passes import PassResult, Unsupported, check, register_pass
-from tfcompile.pipeline.recipe import Recipe
+from tfcompile.recipe import Recipe
 from tfcompile.schemes import Scheme, get_scheme
 
 DEFAULT_IGNORE = (
@@ -70,7 +71,7 @@ def _supports(recipe: Recipe, cfg: SelectConfig) -> list[Unsupported]:
 
 
 @register_pass("select", config=SelectConfig, requires=("source", "model"), produces=("plan",),
-               supports=_supports)
+               supports=_supports, intents=lambda c: (SharedGlobalScales(c.fuse_groups),))
 def select(ctx, cfg: SelectConfig, reporter) -> PassResult:
     """Choose the Linear weights to quantize and group the ones engines fuse."""
     scheme = get_scheme(cfg.format)

@@ -29,13 +29,14 @@ LAYERS = [
     ["tfcompile.io", "tfcompile.kernels", "tfcompile.kernels.formats", "tfcompile.families", "tfcompile.fixtures"],
     ["tfcompile.schemes", "tfcompile.kernels.triton", "tfcompile.kernels.cutlass", "tfcompile.io.sources",
      "tfcompile.checkpoint_check", "tfcompile.dist"],
-    ["tfcompile.ir"],
+    # tfcompile.recipe: the Recipe type (its package module) and RunOptions; their build is in layer 9
+    ["tfcompile.ir", "tfcompile.recipe", "tfcompile.recipe.options"],
     ["tfcompile.artifact"],
     ["tfcompile.calibration", "tfcompile.layout", "tfcompile.tune", "tfcompile.onnx_export", "tfcompile.rotate"],
     ["tfcompile.evaluate"],
     ["tfcompile.runtime", "tfcompile.distill", "tfcompile.report", "tfcompile.mixed", "tfcompile.tasks"],
     ["tfcompile.pipeline", "tfcompile.draft"],
-    ["tfcompile.recipe", "tfcompile.estimate", "tfcompile.manifest_doc"],
+    ["tfcompile.recipe.build", "tfcompile.estimate", "tfcompile.manifest_doc"],
     ["tfcompile.passes"],
     ["tfcompile.api"],
     ["tfcompile.cli"],
@@ -264,6 +265,43 @@ def test_no_pass_imports_another_pass():
         if mine is not None and theirs is not None and mine != theirs:
             bad.append(f"{i.module}:{i.line} imports {i.target} (pass {mine} -> pass {theirs})")
     assert bad == []
+
+
+# reads of another pass's config still to move to intents: (module, the pass it reads)
+READS_ANOTHER_CONFIG = {("tfcompile.passes.calibrate", "quantize")}
+
+
+def test_no_pass_reads_another_pass_s_config():
+    """A pass learns what another will do from the typed facts the recipe's passes promise
+    (tfcompile/pipeline/intents.py `recipe_intent`), never by reading its config
+    (`recipe.config("quantize")`) or looking for its name in the schedule (`"distill" in
+    recipe.names()`) (issue 25 item 3). A pass's `implies` (the settings it asks of the passes it
+    schedules, declared at registration) is how it may name another."""
+    import tfcompile.api  # noqa: F401  (registers the passes)
+    from tfcompile.pipeline.passes import REGISTRY
+
+    found = set()
+    for module, path in MODULES.items():
+        mine = _pass_of(module)
+        if mine is None:
+            continue
+        tree = ast.parse(path.read_text())
+        implies = {id(x) for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.name == "_implies"
+                   for x in ast.walk(f)}
+        for n in ast.walk(tree):
+            if id(n) in implies:
+                continue
+            named = []
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "config":
+                named = [a.value for a in n.args if isinstance(a, ast.Constant)]
+            elif isinstance(n, ast.Compare) and any(isinstance(o, (ast.In, ast.NotIn)) for o in n.ops):
+                named = [n.left.value] if isinstance(n.left, ast.Constant) else []
+            for name in named:
+                if name in REGISTRY and REGISTRY[name] is not REGISTRY.get(mine):
+                    found.add((module, name, n.lineno))
+    bad = sorted(f"{m}:{line} reads pass {p!r}" for m, p, line in found if (m, p) not in READS_ANOTHER_CONFIG)
+    assert bad == []
+    assert {(m, p) for m, p, _ in found} == READS_ANOTHER_CONFIG  # the list shrinks with the code
 
 
 # lazy imports of light modules that are lazy for another reason than weight

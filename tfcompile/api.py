@@ -24,7 +24,7 @@ from tfcompile.io.signals import unwinding
 from tfcompile.pipeline import manager
 from tfcompile.pipeline.context import Context
 from tfcompile.pipeline.distributed import run_distributed
-from tfcompile.pipeline.recipe import Recipe
+from tfcompile.recipe import Recipe
 from tfcompile.recipe.build import build_recipe
 from tfcompile.reporter import Reporter
 

@@ -3,7 +3,7 @@ smoothquant, signround), each registering its behaviour in tfcompile.ir.ALGORITH
 calibrated one, the statistics it needs: `register_algorithm(calibrate=...)`).
 
 `ALGORITHM_HELP` is the one light table of their names: the CLI builds `--algorithm`'s choices
-and help from it without importing torch (tfcompile/cli/options.py); tests/cli/test_choices.py
+and help from it without importing torch (tfcompile/cli/flags.py); tests/cli/test_choices.py
 holds it equal to the registry. Adding an algorithm: its module, its import in
 passes/builtin.py, its line here (docs/design.md "What a change touches").
 """

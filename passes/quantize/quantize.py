@@ -23,8 +23,9 @@ from tfcompile.io.dtypes import torch_dtype_of
 from tfcompile.ir import ALGORITHMS, CalibStats, Job, OutSpec, Program, QuantGroup, QuantPlan, Split, torch_dtype
 from tfcompile.kernels.formats import E4M3_MAX, round_scale_up
 from tfcompile.passes.quantize import four_over_six, output_scales
+from tfcompile.pipeline.intents import WeightRounding
 from tfcompile.pipeline.passes import PassResult, Unsupported, register_pass
-from tfcompile.pipeline.recipe import Recipe
+from tfcompile.recipe import Recipe
 from tfcompile.schemes import SCHEMES
 
 MX_RULES = ("floor", "ceil")
@@ -118,7 +119,7 @@ def _implies(settings: dict) -> dict:
 
 
 @register_pass("quantize", config=QuantizeConfig, requires=("source", "model", "plan"), produces=("program",),
-               supports=_supports, implies=_implies)
+               supports=_supports, implies=_implies, intents=lambda c: (WeightRounding(c.algorithm, c.mx_rule),))
 def quantize(ctx, cfg: QuantizeConfig, reporter) -> PassResult:
     """Plan every output tensor (names, dtypes, shapes); pack computes them with quantize.algorithm."""
     plan, model_dtype = ctx.plan, torch_dtype(ctx.model.dtype)

@@ -12,7 +12,7 @@ from tfcompile.pipeline import manager
 from tfcompile.pipeline.context import Context
 from tfcompile.pipeline.passes import REGISTRY, PassResult, PassSpec
 from tfcompile.recipe.build import build_recipe, preset_pipeline
-from tfcompile.pipeline.recipe import PassEntry, Recipe
+from tfcompile.recipe import PassEntry, Recipe
 
 
 def test_presets_schedule_calibration_only_for_static_activations():
@@ -179,20 +179,28 @@ def test_a_pass_declares_when_the_standard_pipeline_runs_it():
         SCHEDULE[:] = saved
 
 
-def test_cli_options_build_the_same_recipe_as_settings():
-    """One options object (tfcompile/recipe/options.py) -> the pass tables the flags set."""
-    from tfcompile.recipe.options import CalibOptions, EvalOptions, LayoutOptions, RunOptions
+def test_cli_flags_build_the_same_recipe_as_settings(run_cli):
+    """Each flag sets the pass field it names (tfcompile/cli/flags.py): `plan` with the flags prints
+    the recipe that --set of those fields builds, and a flag that must not schedule its pass alone
+    (--no-keep-rejected) does not."""
+    from tfcompile.recipe.build import options_recipe
+    from tfcompile.recipe.options import RunOptions
 
-    run = RunOptions(fmt="fp8", algorithm="gptq", calib=CalibOptions(data="random", samples=4),
-                     evaluation=EvalOptions(max_kl=0.1), targets="sm_90a", cutlass="never",
-                     layout=LayoutOptions(target="trtllm", tp=2), exports=("modelopt",))
-    via_sets = build_recipe(fmt="fp8", sets=[
+    flags = run_cli("plan", "--format", "fp8", "--algorithm", "gptq", "--calib", "random", "--calib-samples", "4",
+                    "--max-kl", "0.1", "--target", "sm_90a", "--cutlass", "never", "--layout", "trtllm", "--tp", "2",
+                    "--export", "modelopt", "--no-keep-rejected")
+    sets = run_cli("plan", "--format", "fp8", *[a for s in [
         "quantize.algorithm=gptq", "calibrate.data=random", "calibrate.samples=4", "eval.max_kl=0.1",
-        "emit.targets=sm_90a", "emit_cutlass.compile=never", "layout.target=trtllm", "layout.tp=2",
-        "pack.export=[\"modelopt\"]"])
-    assert run.to_recipe() == via_sets
-    assert via_sets.config("emit_cutlass").targets == ("sm_90a",)  # taken from --target
-    assert RunOptions().to_recipe().format == "nvfp4"  # neither --format nor --recipe
+        "eval.keep_rejected=false", "emit.targets=sm_90a", "emit_cutlass.compile=never", "layout.target=trtllm",
+        "layout.tp=2", "pack.export=[\"modelopt\"]"]
+        for a in ("--set", s)])
+    assert flags.code == sets.code == 0, flags.err + sets.err
+    assert flags.json() == sets.json()
+    emit_cutlass = next(p for p in sets.json()["passes"] if p["name"] == "emit_cutlass")
+    assert emit_cutlass["config"]["targets"] == ["sm_90a"]  # taken from --target
+    alone = run_cli("plan", "--format", "fp8", "--no-keep-rejected")
+    assert "eval" not in [p["name"] for p in alone.json()["passes"]]
+    assert options_recipe(RunOptions()).format == "nvfp4"  # neither --format nor --recipe
 
 
 def test_the_standard_schedule_is_one_list_naming_every_builtin_pass_once():

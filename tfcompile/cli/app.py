@@ -2,7 +2,7 @@
 
 The group and the error handling; each command is its own module (tfcompile/cli/<command>.py),
 imported only when that command is named (tfcompile/cli/lazy.py: `--help` lists them from a table),
-and takes its options through the shared groups of tfcompile/cli/options.py. Imported only by
+and takes its options through the shared groups of tfcompile/cli/flags.py. Imported only by
 tfcompile/cli/main.py, whose entry point covers start-up's signals; torch, transformers and the
 commands' modules load later, when a command runs.
 """

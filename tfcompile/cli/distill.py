@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from tfcompile.cli.options import ArtifactOptions, artifact_options, distill_options, load_options, recipe_options
+from tfcompile.cli.flags import ArtifactOptions, artifact_options, distill_options, load_options, recipe_options
 from tfcompile.cli.output import emit_json
 from tfcompile.cli.runner import ArtifactRun
 from tfcompile.recipe.options import RunOptions
@@ -23,8 +23,9 @@ def distill(art: ArtifactOptions, run: RunOptions) -> None:
     try:
         ctx = job.run()
     except KeyboardInterrupt:
-        if run.distill.get("resume_dir"):
-            sys.stderr.write(f"checkpoint kept in {run.distill['resume_dir']}; rerun the same command to resume\n")
+        resume_dir = run.settings.get("distill", {}).get("resume_dir")
+        if resume_dir:
+            sys.stderr.write(f"checkpoint kept in {resume_dir}; rerun the same command to resume\n")
         raise
     record = (ctx.manifest or {}).get("distill")
     held = (record or {}).get("heldout") or {}

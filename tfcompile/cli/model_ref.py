@@ -1,7 +1,7 @@
 """MODEL on the command line: a local checkpoint directory or a Hugging Face Hub id (+ --revision).
 
 quantize and distill take MODEL and `--revision` through `artifact_options`
-(tfcompile/cli/options.py), `eval` its MODEL and `--reference` through `resolve_params`; either
+(tfcompile/cli/flags.py), `eval` its MODEL and `--reference` through `resolve_params`; either
 way the command receives local directories (tfcompile/io/hub.py resolves a Hub id into the
 Hugging Face cache), so nothing after the command line knows the difference.
 """

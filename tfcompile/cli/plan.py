@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from tfcompile.cli.options import (emit_options, eval_options, layout_options,
+from tfcompile.cli.flags import (emit_options, eval_options, layout_options,
                                    recipe_options)
 from tfcompile.cli.output import emit_json, stderr_console
 from tfcompile.estimate.report import estimate_table
@@ -35,8 +35,9 @@ def plan(model: Path | None, run: RunOptions, estimate: bool, devices: str, node
     # lazy: every pass and the libraries they import (onnx among them, ~3 s here); importing it
     # registers the passes the recipe names
     from tfcompile import api
+    from tfcompile.recipe.build import options_recipe
 
-    recipe = run.to_recipe()
+    recipe = options_recipe(run)
     specs = api.manager.validate(recipe)
     if estimate:
         # lazy: the estimator imports torch and transformers (the model on the meta device)

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from tfcompile.cli.eval import quantize_eval_failed, quantize_eval_table, table_rows
-from tfcompile.cli.options import (ArtifactOptions, artifact_options, emit_options, eval_options, junit_option,
+from tfcompile.cli.flags import (ArtifactOptions, artifact_options, emit_options, eval_options, junit_option,
                                    layout_options, load_options, recipe_options)
 from tfcompile.cli.output import emit_json
 from tfcompile.cli.runner import ArtifactRun

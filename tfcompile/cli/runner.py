@@ -6,14 +6,14 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from tfcompile.cli.main import importing
-from tfcompile.cli.options import ArtifactOptions
+from tfcompile.cli.flags import ArtifactOptions
 from tfcompile.cli.output import RichReporter, live_progress_allowed, rank_output
 from tfcompile.cli.tables import summary_table
 from tfcompile.recipe.options import RunOptions
 
 if TYPE_CHECKING:  # annotations only: pipeline.context imports torch, which --help must not
     from tfcompile.pipeline.context import Context
-    from tfcompile.pipeline.recipe import Recipe
+    from tfcompile.recipe import Recipe
 
 
 class ArtifactRun:
@@ -25,8 +25,9 @@ class ArtifactRun:
         # that run passes pay it, and importing it registers the passes the recipe names
         with importing():
             from tfcompile import api  # lazy: torch, transformers and every pass
+            from tfcompile.recipe.build import options_recipe  # lazy: the pass registry imports torch
 
-        self.recipe: Recipe = run.to_recipe()
+        self.recipe: Recipe = options_recipe(run)
         self.console, quiet, as_json = rank_output(art.quiet, art.as_json)  # torchrun: rank 0 prints
         self.api, self.art = api, dataclasses.replace(art, quiet=quiet, as_json=as_json)
         self.reporter = RichReporter(self.console, quiet=quiet)

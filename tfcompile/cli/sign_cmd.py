@@ -1,5 +1,5 @@
 """`tfcompile sign`, and verify's `--public-key` (quantize and distill take `--sign` through
-tfcompile/cli/options.py). What is signed and why: tfcompile/artifact/signing.py."""
+tfcompile/cli/flags.py). What is signed and why: tfcompile/artifact/signing.py."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ from tfcompile.io.checkpoint import Checkpoint
 from tfcompile.io.jsonfile import JsonDict, JsonValue
 from tfcompile.ir import ArtifactInfo, CalibStats, ModelInfo, Program, QuantPlan
 from tfcompile.layout.plan import LayoutPlan
-from tfcompile.pipeline.recipe import Recipe
+from tfcompile.recipe import Recipe
 
 # Facts present before the first pass runs (the manager's starting set).
 INITIAL_FIELDS = frozenset({"source_path", "out_dir", "recipe"})

@@ -22,7 +22,7 @@ from tfcompile.dist.world import World
 from tfcompile.errors import UserError
 from tfcompile.pipeline import manager
 from tfcompile.pipeline.context import Context
-from tfcompile.pipeline.recipe import Recipe
+from tfcompile.recipe import Recipe
 from tfcompile.reporter import Reporter
 
 

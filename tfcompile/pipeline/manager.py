@@ -18,7 +18,7 @@ from tfcompile.io.oserrors import write_error
 from tfcompile.pipeline.context import INITIAL_FIELDS, Context
 from tfcompile.pipeline.passes import REGISTRY, PassSpec, Unsupported, get_pass
 from tfcompile.pipeline.ranks import run_pass
-from tfcompile.pipeline.recipe import Recipe
+from tfcompile.recipe import Recipe
 from tfcompile.reporter import NullReporter, Reporter
 
 

@@ -31,7 +31,7 @@ from typing import Any, Callable, Mapping
 from tfcompile.errors import RecipeError, UserError
 from tfcompile.io.jsonfile import JsonValue
 from tfcompile.pipeline.context import FIELDS, Context
-from tfcompile.pipeline.recipe import Recipe
+from tfcompile.recipe import Recipe
 from tfcompile.reporter import Reporter
 from tfcompile.schemes import Scheme
 
@@ -72,6 +72,7 @@ SupportsFn = Callable[[Recipe, Any], "list[Unsupported]"]
 WhenFn = Callable[[Selection], bool]
 ImpliesFn = Callable[[Settings], "dict[str, dict[str, Any]]"]
 FinishFn = Callable[[Context], Context]
+IntentsFn = Callable[[Any], tuple]  # cfg -> the facts its settings promise (tfcompile/pipeline/intents.py)
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,7 @@ class PassSpec:
     # it, the others receive the context fields it produces: passes that only write files or
     # read the finished artifact; pipeline/ranks.py)
     ranks: str = "all"
+    intents: IntentsFn | None = None  # what other passes may know of it before it runs
 
 
 REGISTRY: dict[str, PassSpec] = {}
@@ -107,7 +109,7 @@ def set_schedule(names) -> None:
 
 def register_pass(name: str, *, config: type, requires=(), produces=(), supports: SupportsFn | None = None,
                   when: WhenFn | None = None, implies: ImpliesFn | None = None, finish: FinishFn | None = None,
-                  ranks: str = "all"):
+                  ranks: str = "all", intents: IntentsFn | None = None):
     """Decorator: register `run` as pass `name`. Field names are checked here."""
     req, prod = frozenset(requires), frozenset(produces)
     if ranks not in ("all", "root"):
@@ -122,10 +124,29 @@ def register_pass(name: str, *, config: type, requires=(), produces=(), supports
         if name in REGISTRY:
             raise ValueError(f"pass {name!r} registered twice")
         doc = (fn.__doc__ or "").strip().splitlines()[0] if fn.__doc__ else ""
-        REGISTRY[name] = PassSpec(name, config, req, prod, fn, doc, supports, when, implies, finish, ranks)
+        REGISTRY[name] = PassSpec(name, config, req, prod, fn, doc, supports, when, implies, finish, ranks,
+                                  intents)
         return fn
 
     return wrap
+
+
+def recipe_intents(recipe: Recipe | None, kind: type) -> list:
+    """Every fact of type `kind` that the recipe's passes promise, in schedule order
+    (tfcompile/pipeline/intents.py): how a pass learns what another will do without naming it."""
+    if recipe is None:
+        return []
+    found = []
+    for name in recipe.names():
+        spec = REGISTRY.get(name)
+        if spec is not None and spec.intents is not None:
+            found += [f for f in spec.intents(recipe.config(name)) if isinstance(f, kind)]
+    return found
+
+
+def recipe_intent(recipe: Recipe | None, kind: type, default=None):
+    """The first fact of type `kind` the recipe promises, else `default`."""
+    return next(iter(recipe_intents(recipe, kind)), default)
 
 
 def get_pass(name: str) -> PassSpec:

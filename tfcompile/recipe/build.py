@@ -17,7 +17,8 @@ from typing import Any, Iterable, Mapping
 from tfcompile.errors import RecipeError
 from tfcompile.io.bounded import MAX_DEPTH, json_depth, read_regular, unicode_text
 from tfcompile.pipeline.passes import REGISTRY, SCHEDULE, Selection, Settings, get_pass
-from tfcompile.pipeline.recipe import RECIPE_VERSION, PassEntry, Recipe, build_config
+from tfcompile.recipe import RECIPE_VERSION, PassEntry, Recipe, build_config
+from tfcompile.recipe.options import DEFAULT_FORMAT, RunOptions
 from tfcompile.schemes import format_name, get_scheme, preset_sets
 
 
@@ -88,6 +89,14 @@ def _check_types(data: dict, path: Path) -> None:
                               + {"format": "a format name", "pipeline": "a list of pass names",
                                  "passes": "a table of [passes.NAME] tables"}[key],
                               hint='e.g. format = "nvfp4", pipeline = ["load", "select", ...], [passes.pack]')
+
+
+def options_recipe(run: RunOptions) -> Recipe:
+    """The recipe of a run's options (the CLI's, or a library caller's): the format defaults to
+    nvfp4 when neither a format nor a recipe file is given."""
+    fmt = run.fmt if run.fmt is not None or run.recipe_file is not None else DEFAULT_FORMAT
+    return build_recipe(fmt=fmt, recipe_file=run.recipe_file, preset=run.preset, sets=run.sets, skip=run.skip,
+                        until=run.until, overrides=run.pass_settings(), device=run.device)
 
 
 def build_recipe(

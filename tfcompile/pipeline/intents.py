@@ -1,0 +1,64 @@
+"""What a scheduled pass will do, as typed facts the other passes read instead of its config.
+
+A pass that another pass must know about before it runs declares `intents(cfg)` when it
+registers (tfcompile/pipeline/passes.py): the facts its settings promise, e.g. calibrate with
+`--kv-cache fp8` promises `KVCacheScales("fp8", per_head=False)`. A reader asks the recipe for a
+kind of fact (`recipe_intent(recipe, KVCacheScales)`), never for another pass's name or config,
+so a second pass that calibrates KV scales, or runs the model, is found without editing its
+readers (issue 25: passes never read one another's config).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TypeVar
+
+
+@dataclass(frozen=True)
+class RunsTheModel:
+    """The pass builds the transformers model and runs its forward (an unknown architecture,
+    quantized by tensor names alone, cannot take it: passes/load.py)."""
+    by: str  # the pass, for the error message
+
+
+@dataclass(frozen=True)
+class KVCacheScales:
+    """KV-cache scales will be calibrated: `kind` a tfcompile.schemes.KV_FORMATS name."""
+    kind: str
+    per_head: bool
+
+
+@dataclass(frozen=True)
+class SharedGlobalScales:
+    """Fusion groups (q/k/v, gate/up) share one NVFP4 global scale, so an engine may fuse them."""
+    shared: bool
+
+
+@dataclass(frozen=True)
+class WeightRounding:
+    """How weights round to their format: `algorithm` a tfcompile.ir ALGORITHMS name, `mx_rule`
+    the MX scale rule ("" the format's default)."""
+    algorithm: str
+    mx_rule: str
+
+
+@dataclass(frozen=True)
+class ExtraViews:
+    """Views of the weights written beside the artifact (e.g. the modelopt view), one scheme each."""
+    views: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class TrainsOnTheSource:
+    """The pass trains against the source model as loaded: a pass that rewrites the weights before
+    it (a rotation) would change its teacher."""
+    by: str
+
+
+@dataclass(frozen=True)
+class SingleScheme:
+    """The pass handles one quantization scheme for every layer (mixed precision cannot feed it)."""
+    by: str
+
+
+Intent = TypeVar("Intent")
