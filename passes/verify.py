@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from tfcompile.artifact.engines import (DEFAULT_ENGINES, ENGINES, TARGETS, EngineProblem, check_engines,
                                         engine_record)
 from tfcompile.artifact.verify import verify_artifact
+from tfcompile.engines import ENGINES as SERVING_ENGINES
 from tfcompile.errors import VerifyError
 from tfcompile.manifest_doc import manifest_doc
 from tfcompile.pipeline.passes import PassResult, Unsupported, register_pass
@@ -38,7 +39,7 @@ class VerifyConfig:
 
 def _supports(recipe, cfg: VerifyConfig) -> list[Unsupported]:
     out = [Unsupported(f"verify.engines: {e!r} is not an engine tfcompile checks", "choose from: " + ", ".join(ENGINES))
-           for e in cfg.engines if e not in ENGINES]
+           for e in cfg.engines if e not in SERVING_ENGINES]
     if cfg.engine_target is not None and cfg.engine_target not in TARGETS:
         out.append(Unsupported(f"verify.engine_target {cfg.engine_target!r}", "choose from: " + ", ".join(TARGETS)))
     if cfg.engine_tp < 1:

@@ -34,7 +34,7 @@ ALLOWED = {
                                 "ActQuantizer.observer_format; move it into the ActQuantizer",
     "kernels/cutlass/configs.py": "CUTLASS presets and the sm_90a refusal per scheme: kernel registration",
     "kernels/triton/fp4_gemm.py": "the interpreter fallback for NVFP4's dot_scaled on CPU: kernel registration",
-    "tfcompile/artifact/engines.py": ENGINE + "; and " + KV,
+    "tfcompile/artifact/engines.py": ENGINE,
     "tfcompile/estimate/shapes.py": "a source checkpoint's Hugging Face quant_method 'fp8', not a tfcompile format",
     "tfcompile/evaluate/kvcache.py": KV,
     "tfcompile/io/sources/__init__.py": "readers keyed by a source checkpoint's Hugging Face quant_method",

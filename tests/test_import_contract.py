@@ -26,7 +26,8 @@ PACKAGES = {"tfcompile": "tfcompile", "passes": "tfcompile.passes", "kernels": "
 # containing a module is its layer. "tfcompile" names the root package module only.
 LAYERS = [
     ["tfcompile", "tfcompile.errors", "tfcompile.settings", "tfcompile.reporter", "tfcompile.machine"],
-    ["tfcompile.io", "tfcompile.kernels", "tfcompile.kernels.formats", "tfcompile.families", "tfcompile.fixtures"],
+    ["tfcompile.io", "tfcompile.kernels", "tfcompile.kernels.formats", "tfcompile.families", "tfcompile.fixtures",
+     "tfcompile.engines"],
     ["tfcompile.schemes", "tfcompile.kernels.triton", "tfcompile.kernels.cutlass", "tfcompile.io.sources",
      "tfcompile.checkpoint_check", "tfcompile.dist"],
     # tfcompile.recipe: the Recipe type (its package module) and RunOptions; their build is in layer 9

@@ -11,7 +11,7 @@ DEMO_ARGS = ("--format", "nvfp4a16")
 
 
 def test_every_rule_names_its_source_and_a_valid_default():
-    for key, r in E.RULES.items():
+    for key, r in E.all_rules().items():
         assert key == f"{r.engine}/{r.backend}" and len(r.source) > 40
         assert E.block_ok(r.block_sizes, r.default_block)
         assert set(r.kv_layouts) <= set(E.KV_LAYOUTS) and set(r.kv_dtypes) <= set(E.KV_DTYPES)

@@ -32,12 +32,14 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
+from tfcompile.engines import ENGINES as SERVING_ENGINES
 from tfcompile.families import engine_unquantized
 from tfcompile.families.rules import engine_has_no_model, fusion_roles
 from tfcompile.schemes import get_kv_format
 
-ENGINES = ("vllm", "sglang", "trtllm")
-DEFAULT_ENGINES = ("vllm", "sglang")  # quantize checks these and warns; naming --engine makes it an error
+ENGINES = tuple(SERVING_ENGINES)  # tfcompile/engines.py: one declaration per engine
+# quantize checks these and warns; naming --engine makes it an error
+DEFAULT_ENGINES = tuple(e.name for e in SERVING_ENGINES.values() if e.checked_by_default)
 TARGETS = ("sm_90a", "sm_100a")
 BLOCK = 128
 # fused layers as the engines pack them (vLLM packed_modules_mapping), members in the engine's order
@@ -92,7 +94,7 @@ def _fused(doc: Mapping) -> list[list[Mapping]]:
 
 
 def _fp8_block(doc: Mapping, engine: str, tp: int) -> list[EngineProblem]:
-    if engine == "trtllm":
+    if not SERVING_ENGINES[engine].fp8_block_partitions:
         return []
     bad: list[str] = []
     layers = [la for la in doc.get("layers", []) if _fmt(la, doc) == "fp8-block"]
@@ -136,7 +138,7 @@ def _msg(module: str, size: int, what: str, block: str) -> str:
 
 def _kv_cache(doc: Mapping, engine: str) -> list[EngineProblem]:
     kv = doc["scheme"].get("kv_cache")
-    if not kv or kv.get("dtype") != "nvfp4" or engine == "trtllm":
+    if not kv or kv.get("dtype") in SERVING_ENGINES[engine].kv_dtypes:
         return []
     return [EngineProblem(engine, True, f"{engine} does not serve an NVFP4 KV cache (vLLM 0.32: 'Currently "
                           "supported kv cache quantization is num_bits=8, type=float')",
@@ -145,7 +147,7 @@ def _kv_cache(doc: Mapping, engine: str) -> list[EngineProblem]:
 
 
 def _unquantized_modules(doc: Mapping, engine: str) -> list[EngineProblem]:
-    if engine != "vllm":  # read from vLLM's model code; SGLang / TensorRT-LLM not checked here
+    if not SERVING_ENGINES[engine].builds_unquantized:  # read from vLLM's model code; others not checked
         return []
     rules = engine_unquantized(doc.get("family") or "generic")
     bad = [(la["module"], k) for la in doc.get("layers", []) for k in rules if k.matches(la["module"])]
@@ -181,7 +183,8 @@ def _unshared_global_scales(doc: Mapping, engine: str) -> list[EngineProblem]:
 
 
 def _weight_only_mxfp4(doc: Mapping, engine: str, target: str | None) -> list[EngineProblem]:
-    if engine != "vllm" or not any(_fmt(la, doc) == "mxfp4a16" for la in doc.get("layers", [])):
+    if not SERVING_ENGINES[engine].mxfp4a16_as_w4a4 or not any(_fmt(la, doc) == "mxfp4a16"
+                                                                for la in doc.get("layers", [])):
         return []
     where = "on sm_100a" if target == "sm_100a" else "where a W4A4 kernel exists (sm_100 + FlashInfer)"
     return [EngineProblem(engine, False, f"vllm 0.32 reads mxfp4a16 as W4A4 MXFP4 {where}: activations get "

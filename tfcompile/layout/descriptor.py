@@ -2,7 +2,7 @@
 is laid out and encoded for this artifact.
 
 Fields (docs/formats.md "KV-cache descriptor"):
-  engine, backend, rules_source   the target and where its rules come from (engines.RULES)
+  engine, backend, rules_source   the target and where its rules come from (tfcompile/engines.py)
   layout                          NHD: a page is [block_size, num_kv_heads, head_dim_padded];
                                   HND: [num_kv_heads, block_size, head_dim_padded]
   page_shape                      that shape with numbers (per layer, K and V each)
