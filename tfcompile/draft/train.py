@@ -28,8 +28,11 @@ from tfcompile.draft.eagle3 import Eagle3Draft
 
 
 @torch.no_grad()
-def greedy_continue(model, prompts: torch.Tensor, total: int, batch: int = 16) -> torch.Tensor:
-    """int64 [N, total]: each prompt row [N, P] continued by the model's greedy decoding."""
+def greedy_continue(model, prompts: torch.Tensor, total: int, batch: int = 64) -> torch.Tensor:
+    """int64 [N, total]: each prompt row [N, P] continued by the model's greedy decoding.
+
+    batch: rows decoded together; a decode step of a 135M model on CPU costs about the same for
+    16 rows as for 64 (per-op overhead dominates), so wider batches generate more per second."""
     from transformers import DynamicCache  # lazy: transformers (~2 s to import)
 
     dev = next(model.parameters()).device
