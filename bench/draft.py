@@ -117,8 +117,10 @@ def build(work: Path, smol: Path, args) -> dict:
     build_targets(work, smol)
     exe = Path(sys.executable).with_name("tfcompile")
     jobs = {}
+    # --bf16-draft / --nvfp4-draft: a draft trained elsewhere (e.g. continued with --init-from) is measured as is
+    given = {f"draft-{k}": Path(v) for k, v in (("bf16", args.bf16_draft), ("nvfp4", args.nvfp4_draft)) if v}
     for name, extra in (("draft-bf16", []), ("draft-nvfp4", ["--target-artifact", work / "smol-nvfp4"])):
-        if name.removeprefix("draft-") not in args.drafts:
+        if name.removeprefix("draft-") not in args.drafts or name in given:
             continue
         out = work / draft_name(name, args)
         if not (work / f"{out.name}.cli.json").exists():
@@ -136,12 +138,16 @@ def build(work: Path, smol: Path, args) -> dict:
         (work / f"{out.name}.cli.json").write_text(json.dumps(doc))
     made = {}
     for name in [n for n in ("draft-bf16", "draft-nvfp4") if n.removeprefix("draft-") in args.drafts]:
-        out = work / draft_name(name, args)
-        doc = json.loads((work / f"{out.name}.cli.json").read_text())
-        made[name] = {"train_s": doc["timings"]["train_s"], "data_s": doc["timings"]["data_s"],
-                      "threads": doc["timings"]["threads"], **doc["bench"],
-                      "record": json.loads((out / "tfcompile" / "draft.json").read_text()), "path": out}
+        made[name] = trained(given.get(name, work / draft_name(name, args)))
     return made
+
+
+def trained(out: Path) -> dict:
+    """A written draft and its training figures (OUT.cli.json beside it: the CLI's JSON + "bench")."""
+    doc = json.loads(out.with_name(f"{out.name}.cli.json").read_text())
+    return {"train_s": doc["timings"]["train_s"], "data_s": doc["timings"]["data_s"],
+            "threads": doc["timings"]["threads"], **doc["bench"],
+            "record": json.loads((out / "tfcompile" / "draft.json").read_text()), "path": out}
 
 
 def measure_all(work: Path, smol: Path, drafts: dict, prompts: int, new_tokens: int,
@@ -264,6 +270,9 @@ def main() -> None:
     ap.add_argument("--write-docs", action="store_true")
     ap.add_argument("--drafts", nargs="+", default=("bf16", "nvfp4"), choices=("bf16", "nvfp4"),
                     help="train (or reuse) these drafts only: bf16 = cases (b), (c); nvfp4 = case (d)")
+    ap.add_argument("--bf16-draft", type=Path, help="measure this draft as the bf16-trained one (cases b, c) "
+                    "instead of training one; its CLI JSON must lie beside it as DIR.cli.json")
+    ap.add_argument("--nvfp4-draft", type=Path, help="the same for the nvfp4-trained draft (case d)")
     ap.add_argument("--only", nargs="+", default=(), choices=("bf16", "nvfp4", "nvfp4a16"),
                     help="measure these served targets only (results-<target>.json; run several at once)")
     ap.add_argument("--cases", nargs="+", default=(), choices=("a", "b", "c", "d"),
