@@ -216,13 +216,24 @@ def comparisons(rows: list[dict]) -> list[str]:
     return out
 
 
+def flags(c: dict) -> str:
+    """The `tfcompile draft` training flags of a draft's recorded config."""
+    out = (f"--steps {c['steps']} --batch {c['batch']} --seq-len {c['seq_len']} --text-blocks {c['text_blocks']} "
+           f"--self-blocks {c['self_blocks']} --self-prompt {c['self_prompt']} --draft-vocab {c['draft_vocab']} "
+           f"--lr {c['lr']:g}")
+    return out + (f" --init-from {Path(c['init_from']).name}" if c.get("init_from") else "")
+
+
 def markdown(rows: list[dict], drafts: dict, args, prompts: int, new_tokens: int) -> str:
     drafts_arg = "" if set(args.drafts) == {"bf16", "nvfp4"} else " --drafts " + " ".join(args.drafts)
+    for flag in ("bf16_draft", "nvfp4_draft"):
+        if getattr(args, flag):
+            drafts_arg += f" --{flag.replace('_', '-')} {getattr(args, flag).name}"
     lines = [f"Command: `nice -n 19 python bench/draft.py --steps {args.steps} --text-blocks {args.text_blocks} "
              f"--self-blocks {args.self_blocks} --lr {args.lr}{drafts_arg} --prompts {prompts} --write-docs`. Target: "
              "SmolLM2-135M-Instruct (bf16 fixture, weights carry GGUF Q4_1 rounding) and its `tfcompile quantize` "
              "nvfp4 (W4A4) / nvfp4a16 artifacts (16 x 512 calibration tokens), served as `tfcompile eval` serves "
-             "them. Drafts: `tfcompile draft` " + " ".join(train_args(args.steps, args.lr, args.text_blocks, args.self_blocks)) + " (one EAGLE-3 decoder "
+             "them. Drafts: `tfcompile draft` with the flags of the training table below (one EAGLE-3 decoder "
              f"layer started from the target's (`--init target`), 3 chain steps trained, draft vocabulary {DRAFT_VOCAB} "
              f"of 49152, {args.threads} torch thread per process), against bf16 or with `--target-artifact` "
              f"nvfp4. Acceptance: {prompts} prompts of 64 tokens of python-doc's held-out split (never trained on), "
@@ -240,11 +251,11 @@ def markdown(rows: list[dict], drafts: dict, args, prompts: int, new_tokens: int
                      + f" | {pos} | {r['exact']} |")
     lines += ["", "± one standard error (`std_error` in bench/draft.py). Differences, with the standard error "
               "of the difference:", ""] + [f"- {c}" for c in comparisons(rows)]
-    lines += ["", "| draft | trained against | data s (incl. self-generation) | train s | tokens used | "
-              "draft size (bf16) | trained parameters | threads | load |", "|---|---|---|---|---|---|---|---|---|"]
+    lines += ["", "| draft | trained against | flags | data s (incl. self-generation) | train s | tokens used | "
+              "draft size (bf16) | trained parameters | threads | load |", "|---|---|---|---|---|---|---|---|---|---|"]
     for name, d in drafts.items():
         rec = d["record"]
-        lines.append(f"| {name} | {rec['target']['served_as']} | {d['data_s']} | {d['train_s']} | "
+        lines.append(f"| {name} | {rec['target']['served_as']} | `{flags(rec['config'])}` | {d['data_s']} | {d['train_s']} | "
                      f"{rec['training']['tokens_seen']:,} seen of {rec['data']['tokens']:,} | "
                      f"{rec['draft']['bytes'] / 2**20:.1f} MiB | {rec['draft']['trained_parameters']:,} | "
                      f"{d['threads']} | {d['load']} |")

@@ -8,6 +8,7 @@ counters, its mean acceptance length 1 + accepted / drafts (tokens per target fo
 bench/draft.py's reference decoder reports) and the acceptance rate per draft token.
 
     python bench/draft_vllm.py --draft DIR [--k 4] [--prompts 8] [--new-tokens 64]
+    python bench/draft_vllm.py --draft ngram [--k 4]    # vLLM's prompt lookup (n = 1..4), the floor
 
 vLLM serves the target in bf16 and the reference decoder in float32, so their greedy outputs part on
 near-ties; the figures are comparable, not identical.
@@ -30,7 +31,7 @@ DRIVER = REPO / "tests" / "engines" / "vllm_driver.py"
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--draft", type=Path, required=True, help="a `tfcompile draft` output directory")
+    ap.add_argument("--draft", required=True, help="a `tfcompile draft` output directory, or `ngram`")
     ap.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--new-tokens", type=int, default=64)
@@ -44,7 +45,9 @@ def main() -> None:
     rows = prompts_of(None, load_tokenizer(Path(smol)), count=args.prompts, prompt_len=64, vocab=49152)
     py = subprocess.run(["bash", str(REPO / "scripts" / "vllm_env.sh")], capture_output=True, text=True,
                         check=True).stdout.strip()
-    spec = {"method": "eagle3", "model": str(args.draft.resolve()), "num_speculative_tokens": args.k}
+    spec = ({"method": "ngram", "prompt_lookup_min": 1, "prompt_lookup_max": 4} if args.draft == "ngram"
+            else {"method": "eagle3", "model": str(Path(args.draft).resolve())})  # ngram: NGramDrafter's n range
+    spec["num_speculative_tokens"] = args.k
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1",
                TRANSFORMERS_OFFLINE="1")
     env.pop("PYTHONPATH", None)
