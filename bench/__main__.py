@@ -58,6 +58,8 @@ SUITE: dict[str, tuple[str, str]] = {
     "acc_rotation": ("studies", "accuracy.md"),
     "fp8_rounding": ("studies", "accuracy.md"),
     "draft_step": ("studies", "performance.md"),
+    "draft_probe": ("studies", "accuracy.md"),
+    "draft_vllm": ("peers", "accuracy.md"),
     "signround_step": ("studies", "performance.md"),
     "common": ("lib", ""),
     "heldout": ("lib", ""),

@@ -37,38 +37,62 @@ KS = (2, 4, 6)
 CALIB = ["--calib", "python-doc", "--calib-samples", "16", "--calib-seq-len", "512"]
 
 
-# This budget's reading (2026-12-05, --steps 320 --text-blocks 1024 --self-blocks 256 --lr 3e-3 --drafts bf16,
-# 8 prompts x 64 tokens): rewrite when the figures change.
+# This reading (2026-12-05, the 2026-12-05 320-step draft continued with --init-from on 384 self-continued
+# sequences, 8 prompts x 64 tokens): rewrite when the figures change.
 FINDINGS = (
-    "Reading: one epoch over 10x the distinct tokens (163,840: 1,024 python-doc train sequences and 256 the "
-    "target continued itself, each seen once; the 2026-12-04 drafts saw 16,384 tokens 12.5 times) lifts the "
-    "draft, but it still does **not** beat the n-gram floor. Against bf16, (b) 1.621 / 1.674 / 1.674 tokens per "
-    "target forward at k = 2 / 4 / 6 (was 1.404 / 1.428 / 1.428) against prompt lookup's 1.902 / 2.240 / 2.447: "
-    "-0.28 (s.e. 0.07), -0.57, -0.77. Served against nvfp4a16, (c) 1.509 / 1.541 / 1.541 (was 1.355 / 1.359 / "
-    "1.359) against 1.895 / 2.270 / 2.507. The gain is at draft position 1 (0.33 -> 0.48 on bf16, level with "
-    "prompt lookup's 0.50 at k = 2) and 2 (0.07 -> 0.15); positions 3 and on stay at 0.05 or below. The chain "
-    "now behaves as trained: position 2 given position 1 is 0.15 / 0.48 = 0.31 at decode time, and the draft's "
-    "argmax agreement with the target on its last training batch (sequences it had not seen: one epoch) was "
-    "0.38 / 0.31 / 0.27 at chain steps 1-3, against 0.73 / 0.71 / 0.69 on the memorised 16,384 tokens. So "
-    "what is missing is accuracy per step, not the chain's mechanics: prompt lookup accepts position 2 given "
-    "position 1 at 0.42 / 0.50 = 0.83, because SmolLM2's greedy continuations of this text repeat earlier spans, "
-    "which it copies exactly; a one-layer draft at 0.3-0.5 per step cannot match that at any k. More distinct "
-    "tokens are the lever that moved it (EAGLE-3's drafts see 10^8+); on this machine one more 10x (1.6M tokens) "
-    "costs about 2.5 CPU-hours per draft (one thread, idle: 2.0 s of target cache and 1.05 s of draft step per "
-    "512 tokens, bench/draft_step.py), minutes on a GPU. (d) against (c) was not re-measured in this round: the "
-    "nvfp4-trained draft was stopped after 37 minutes because the shared machine (load 8-11) gave each "
-    "one-thread process 10-25% of a core; on the 2026-12-04 drafts (d) beat (c) on nvfp4 by +0.055 (s.e. "
-    "0.039) / +0.044 (0.046) / +0.044 (0.046) at k = 2 / 4 / 6, about 1.4 standard errors: consistent with the "
-    "hypothesis, not a proof of it. Every speculative output in this table equals the target's own greedy "
-    "decoding token for token (exact = True).")
+    "Reading: the draft still does **not** beat the n-gram floor. The bf16 draft of the previous round (320 steps, "
+    "one epoch over 163,840 tokens: 1,024 python-doc train sequences + 256 the target continued from 32-token "
+    "prompts) was continued for 300 steps (`--init-from`, lr 1e-3) on 384 sequences the target continued itself "
+    "from 64-token train-split prompts (49,152 tokens, 64 prompt + 64 generated each: the shape of the held-out "
+    "prompts; 3.1 epochs). Against bf16, (b) went from 1.621 / 1.674 / 1.674 to 1.653 / 1.756 / 1.775 at k = 2 / "
+    "4 / 6, against prompt lookup's 1.902 / 2.240 / 2.447: still -0.25 / -0.48 / -0.67 (3.4-3.9 standard "
+    "errors). Served against nvfp4a16, (c) went from 1.509 / 1.541 / 1.541 to 1.551 / 1.610 / 1.610, against "
+    "1.895 / 2.270 / 2.507. Training on the target's own continuations moved the chain, not the first token: "
+    "positions 2 and 3 rose from 0.15 / 0.05 to 0.20 / 0.09 (position 2 given 1: 0.31 -> 0.45), position 1 "
+    "fell slightly (0.48 -> 0.44-0.47); prompt lookup accepts position 2 given 1 at 0.74 and its first at 0.43-0.50. "
+    "Diagnosis (bench/draft_probe.py, below): the decode path is not at fault (decode-time chain logits equal the "
+    "training forward's for the same prefix, and speculators' own forward, tests/draft/test_eagle3.py; vLLM's "
+    "EAGLE-3 gets about the same acceptance from the same draft: 1.70 against 1.76 at k = 4); the draft vocabulary caps little (it holds "
+    "92.4% of the tokens the target generates on these prompts); what is missing is per-step accuracy "
+    "on copying: 87.9% of the tokens the target generates here occur earlier in the same sequence, which "
+    "prompt lookup copies exactly, while the draft's teacher-forced agreement with the target on those "
+    "continuations is 0.51 / 0.39 / 0.33 at chain steps 1-3 (0.49 / 0.35 / 0.29 before the continued "
+    "training; `python bench/draft_probe.py --draft DIR`, load 8.1). Training on self-continuations alone does not fix that "
+    "with little data: a draft trained from the target's layer on 64 self-continued sequences only (8,192 tokens, "
+    "200 steps, an ad-hoc run, not in bench/) reached 0.72 / 0.66 / 0.60 agreement on its training sequences "
+    "and 0.22 / 0.18 / 0.14 on the held-out continuations: it memorised. The lever is distinct target-generated "
+    "tokens (EAGLE-3 trains on 10^8+): here generating and caching 384 sequences took 581 s of wall time at load "
+    "9-15 and 300 steps 950 s, so 10x the data is hours on this shared 2-core machine and minutes on a GPU. (d) against (c) was not measured in this round (no CPU "
+    "time for a second draft); on the 2026-12-04 drafts (d) beat (c) on nvfp4 by +0.055 (s.e. 0.039) / +0.044 "
+    "(0.046) / +0.044 (0.046) at k = 2 / 4 / 6, about 1.4 standard errors: consistent with the hypothesis, not a "
+    "proof of it. Every speculative output in this table equals the target's own greedy decoding token for "
+    "token (exact = True).")
 
+# vLLM's CPU build serving the draft (bench/draft_vllm.py, same 8 held-out prompts, 64 tokens, k = 4)
+VLLM = (
+    "vLLM 0.32's CPU build runs EAGLE-3 speculative decoding with this draft as written (`speculative_config="
+    "{\"method\": \"eagle3\", \"model\": DRAFT, \"num_speculative_tokens\": 4}`; its CPU platform maps the "
+    "EAGLE Triton kernels to CPU implementations; bf16 target, `python bench/draft_vllm.py --draft DIR --k 4`): "
+    "vLLM's own counters give 1 + accepted / drafts = 1.699 (299 drafts, 209 of 1,196 draft tokens accepted) "
+    "for the continued draft and 1.635 (312 drafts, 198 of 1,248) for the draft it was continued from, against "
+    "1.756 and 1.674 from the reference decoder above at k = 4 (float32 target; vLLM's bf16 greedy outputs "
+    "part from it on near-ties in 4 of 8 prompts). vLLM's prompt lookup (`--draft ngram`, n = 1..4) gives "
+    "2.631 by the same formula (168 drafts, 274 of 667 accepted), but vLLM counts only the rounds that drafted "
+    "(prompt lookup proposes nothing where no n-gram matches), so it is higher than the reference decoder's "
+    "2.240, which counts every target forward; the ranking is the same in the engine: prompt lookup ahead. "
+    "Load 10.9-13.3 during the vLLM runs (174 s and 446 s wall).")
 
 # How this reading's figures were produced (rewrite with FINDINGS)
-MEASURED = ("`--only bf16 --cases a`, `--only bf16 --cases b` and `--only nvfp4a16 --cases c` (three processes at "
-            "once; (a) on nvfp4a16 is the 2026-12-04 run's, same prompts and target: (a) on bf16, re-measured, "
-            "reproduced its figures exactly)")
-TRAINED = ("The draft trained beside an nvfp4-trained one for its first 37 minutes (stopped: no case (d) here); "
-           "the load rose from 3 to 8-11 during training, so its 4,048 s of wall time were about 16 minutes of CPU.")
+MEASURED = ("`--only bf16 --cases b` and `--only nvfp4a16 --cases c` with `--bf16-draft draft-bf16-cont` (two "
+            "processes at once, beside a vLLM run); the (a) rows are the 2026-12-05 and 2026-12-04 runs' (same "
+            "prompts and targets; (a) is deterministic and was reproduced exactly once before)")
+TRAINED = ("`draft-bf16-cont` is `tfcompile draft SMOL -o draft-bf16-cont --init-from "
+           "draft-bf16-320-t1024-s256-v2048-lr3e-3 --text-blocks 0 --self-blocks 384 --self-prompt 64 --seq-len 128 "
+           "--batch 4 --steps 300 --lr 1e-3` (the training table's flags; --draft-vocab 0 there: the vocabulary is "
+           "the continued draft's 2048), one torch thread, load 9-15 (shared): its 1,533 s of wall time include "
+           "581 s of self-generation and target cache; the draft it continued took 4,048 s (1,216 s data, 2,832 s "
+           "training, load 3-11), so the draft has seen 163,840 + 153,600 tokens, of 212,992 in distinct sequences (the 384 prompts are the "
+           "first 64 tokens of train sequences it had seen as text).")
 DRAFT_VOCAB = 2048  # EAGLE-3-style reduced vocabulary: the head costs H x 2048 instead of H x 49152
 
 
@@ -117,8 +141,10 @@ def build(work: Path, smol: Path, args) -> dict:
     build_targets(work, smol)
     exe = Path(sys.executable).with_name("tfcompile")
     jobs = {}
+    # --bf16-draft / --nvfp4-draft: a draft trained elsewhere (e.g. continued with --init-from) is measured as is
+    given = {f"draft-{k}": Path(v) for k, v in (("bf16", args.bf16_draft), ("nvfp4", args.nvfp4_draft)) if v}
     for name, extra in (("draft-bf16", []), ("draft-nvfp4", ["--target-artifact", work / "smol-nvfp4"])):
-        if name.removeprefix("draft-") not in args.drafts:
+        if name.removeprefix("draft-") not in args.drafts or name in given:
             continue
         out = work / draft_name(name, args)
         if not (work / f"{out.name}.cli.json").exists():
@@ -136,12 +162,16 @@ def build(work: Path, smol: Path, args) -> dict:
         (work / f"{out.name}.cli.json").write_text(json.dumps(doc))
     made = {}
     for name in [n for n in ("draft-bf16", "draft-nvfp4") if n.removeprefix("draft-") in args.drafts]:
-        out = work / draft_name(name, args)
-        doc = json.loads((work / f"{out.name}.cli.json").read_text())
-        made[name] = {"train_s": doc["timings"]["train_s"], "data_s": doc["timings"]["data_s"],
-                      "threads": doc["timings"]["threads"], **doc["bench"],
-                      "record": json.loads((out / "tfcompile" / "draft.json").read_text()), "path": out}
+        made[name] = trained(given.get(name, work / draft_name(name, args)))
     return made
+
+
+def trained(out: Path) -> dict:
+    """A written draft and its training figures (OUT.cli.json beside it: the CLI's JSON + "bench")."""
+    doc = json.loads(out.with_name(f"{out.name}.cli.json").read_text())
+    return {"train_s": doc["timings"]["train_s"], "data_s": doc["timings"]["data_s"],
+            "threads": doc["timings"]["threads"], **doc["bench"],
+            "record": json.loads((out / "tfcompile" / "draft.json").read_text()), "path": out}
 
 
 def measure_all(work: Path, smol: Path, drafts: dict, prompts: int, new_tokens: int,
@@ -210,13 +240,26 @@ def comparisons(rows: list[dict]) -> list[str]:
     return out
 
 
+def flags(c: dict) -> str:
+    """The `tfcompile draft` training flags of a draft's recorded config."""
+    out = (f"--steps {c['steps']} --batch {c['batch']} --seq-len {c['seq_len']} --text-blocks {c['text_blocks']} "
+           f"--self-blocks {c['self_blocks']} --self-prompt {c['self_prompt']} --draft-vocab {c['draft_vocab']} "
+           f"--lr {c['lr']:g}")
+    return out + (f" --init-from {Path(c['init_from']).name}" if c.get("init_from") else "")
+
+
 def markdown(rows: list[dict], drafts: dict, args, prompts: int, new_tokens: int) -> str:
     drafts_arg = "" if set(args.drafts) == {"bf16", "nvfp4"} else " --drafts " + " ".join(args.drafts)
-    lines = [f"Command: `nice -n 19 python bench/draft.py --steps {args.steps} --text-blocks {args.text_blocks} "
-             f"--self-blocks {args.self_blocks} --lr {args.lr}{drafts_arg} --prompts {prompts} --write-docs`. Target: "
+    for flag in ("bf16_draft", "nvfp4_draft"):
+        if getattr(args, flag):
+            drafts_arg += f" --{flag.replace('_', '-')} {getattr(args, flag).name}"
+    trains = not all(getattr(args, f"{d}_draft") for d in args.drafts)  # else the training flags do nothing
+    train = f"--steps {args.steps} --text-blocks {args.text_blocks} --self-blocks {args.self_blocks} --lr {args.lr} "
+    lines = [f"Command: `nice -n 19 python bench/draft.py {train if trains else ''}{drafts_arg.strip()} --prompts {prompts} "
+             "--write-docs`. Target: "
              "SmolLM2-135M-Instruct (bf16 fixture, weights carry GGUF Q4_1 rounding) and its `tfcompile quantize` "
              "nvfp4 (W4A4) / nvfp4a16 artifacts (16 x 512 calibration tokens), served as `tfcompile eval` serves "
-             "them. Drafts: `tfcompile draft` " + " ".join(train_args(args.steps, args.lr, args.text_blocks, args.self_blocks)) + " (one EAGLE-3 decoder "
+             "them. Drafts: `tfcompile draft` with the flags of the training table below (one EAGLE-3 decoder "
              f"layer started from the target's (`--init target`), 3 chain steps trained, draft vocabulary {DRAFT_VOCAB} "
              f"of 49152, {args.threads} torch thread per process), against bf16 or with `--target-artifact` "
              f"nvfp4. Acceptance: {prompts} prompts of 64 tokens of python-doc's held-out split (never trained on), "
@@ -234,17 +277,17 @@ def markdown(rows: list[dict], drafts: dict, args, prompts: int, new_tokens: int
                      + f" | {pos} | {r['exact']} |")
     lines += ["", "± one standard error (`std_error` in bench/draft.py). Differences, with the standard error "
               "of the difference:", ""] + [f"- {c}" for c in comparisons(rows)]
-    lines += ["", "| draft | trained against | data s (incl. self-generation) | train s | tokens used | "
-              "draft size (bf16) | trained parameters | threads | load |", "|---|---|---|---|---|---|---|---|---|"]
+    lines += ["", "| draft | trained against | flags | data s (incl. self-generation) | train s | tokens used | "
+              "draft size (bf16) | trained parameters | threads | load |", "|---|---|---|---|---|---|---|---|---|---|"]
     for name, d in drafts.items():
         rec = d["record"]
-        lines.append(f"| {name} | {rec['target']['served_as']} | {d['data_s']} | {d['train_s']} | "
+        lines.append(f"| {name} | {rec['target']['served_as']} | `{flags(rec['config'])}` | {d['data_s']} | {d['train_s']} | "
                      f"{rec['training']['tokens_seen']:,} seen of {rec['data']['tokens']:,} | "
                      f"{rec['draft']['bytes'] / 2**20:.1f} MiB | {rec['draft']['trained_parameters']:,} | "
                      f"{d['threads']} | {d['load']} |")
     import torch
 
-    lines += ["", FINDINGS, "", f"Machine: {machine_line()}, torch.backends.cpu.get_cpu_capability() = "
+    lines += ["", FINDINGS, "", VLLM, "", f"Machine: {machine_line()}, torch.backends.cpu.get_cpu_capability() = "
               f"{torch.backends.cpu.get_cpu_capability()}; load = 1-minute load average at the start of each run "
               f"(the machine is shared; timings are wall seconds there). {TRAINED}"]
     return "\n".join(lines)
@@ -264,6 +307,9 @@ def main() -> None:
     ap.add_argument("--write-docs", action="store_true")
     ap.add_argument("--drafts", nargs="+", default=("bf16", "nvfp4"), choices=("bf16", "nvfp4"),
                     help="train (or reuse) these drafts only: bf16 = cases (b), (c); nvfp4 = case (d)")
+    ap.add_argument("--bf16-draft", type=Path, help="measure this draft as the bf16-trained one (cases b, c) "
+                    "instead of training one; its CLI JSON must lie beside it as DIR.cli.json")
+    ap.add_argument("--nvfp4-draft", type=Path, help="the same for the nvfp4-trained draft (case d)")
     ap.add_argument("--only", nargs="+", default=(), choices=("bf16", "nvfp4", "nvfp4a16"),
                     help="measure these served targets only (results-<target>.json; run several at once)")
     ap.add_argument("--cases", nargs="+", default=(), choices=("a", "b", "c", "d"),

@@ -76,3 +76,26 @@ def test_self_generated_data_is_the_targets_greedy_decoding(target):
     assert out.shape == (3, 20) and torch.equal(out[:, :8], prompts)
     for row, p in zip(out, prompts):
         assert row[8:].tolist() == greedy(Target(target), p.tolist(), 12)
+
+
+def test_init_from_continues_the_written_draft_and_refuses_another_targets(target, tiny_draft, tmp_path):
+    """--init-from: the draft starts as the one written (weights, vocabulary mapping), with the
+    target's embeddings and head frozen; a draft whose shape is not this target's is refused."""
+    from tfcompile.draft.config import DraftConfig
+    from tfcompile.draft.format import load_draft
+    from tfcompile.draft.run import _config, build_draft
+    from tfcompile.errors import UserError
+
+    tokens = torch.randint(0, 4096, (8, 16), generator=torch.Generator().manual_seed(2))
+    written = load_draft(tiny_draft)
+    got = build_draft(target, _config(DEMO), DraftConfig(init_from=str(tiny_draft), init="random"), tokens)
+    want = written.state_dict()
+    assert set(got.state_dict()) == set(want)
+    for name, t in got.state_dict().items():
+        assert torch.equal(t, want[name]), name
+    assert not got.embed_tokens.weight.requires_grad and not got.lm_head.weight.requires_grad
+    assert got.fc.weight.requires_grad
+    other = dict(_config(DEMO), hidden_size=2 * int(_config(DEMO)["hidden_size"]))
+    with pytest.raises(UserError, match="--init-from") as err:
+        build_draft(target, other, DraftConfig(init_from=str(tiny_draft)), tokens)
+    assert err.value.hint

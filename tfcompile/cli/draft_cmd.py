@@ -45,6 +45,9 @@ def _ints(value: str | None) -> tuple[int, ...]:
 @click.option("--init", type=click.Choice(["target", "random"]), default="target", show_default=True,
               help="target: fc passes the highest fused state through and the decoder layer starts as the "
               "target's layer that reads it; random: seeded random weights.")
+@click.option("--init-from", type=click.Path(path_type=Path, exists=True, file_okay=False),
+              help="Continue training this draft (a `tfcompile draft` output for the same target): its weights "
+              "and draft vocabulary; --init and --draft-vocab are then ignored.")
 @click.option("--lr", type=float, default=1e-3, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--resume-dir", type=click.Path(path_type=Path), help="Checkpoints and metrics; rerun to resume.")
@@ -55,7 +58,7 @@ def _ints(value: str | None) -> tuple[int, ...]:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress on stderr.")
 def draft_cmd(model, out, target_artifact, revision, method, steps, batch, seq_len, data, text_blocks, self_blocks,
-              self_prompt, ttt_steps, draft_vocab, aux_layers, init, lr, seed, resume_dir, checkpoint_every, metrics, device, overwrite,
+              self_prompt, ttt_steps, draft_vocab, aux_layers, init, init_from, lr, seed, resume_dir, checkpoint_every, metrics, device, overwrite,
               as_json, quiet):
     """Train an EAGLE-3 draft for MODEL (or for --target-artifact as served) and write OUT."""
     # lazy: the draft model and its training import torch and transformers; --help and usage errors must not
@@ -66,7 +69,7 @@ def draft_cmd(model, out, target_artifact, revision, method, steps, batch, seq_l
     resolve_params(paths, ("model",), revision)
     cfg = DraftConfig(method=method, steps=steps, batch=batch, seq_len=seq_len, data=data, text_blocks=text_blocks,
                       self_blocks=self_blocks, self_prompt=self_prompt, ttt_steps=ttt_steps,
-                      draft_vocab=draft_vocab, aux_layers=_ints(aux_layers), init=init, lr=lr, seed=seed,
+                      draft_vocab=draft_vocab, aux_layers=_ints(aux_layers), init=init, init_from=str(init_from or ""), lr=lr, seed=seed,
                       resume_dir=str(resume_dir or ""), checkpoint_every=checkpoint_every, metrics=str(metrics or ""), device=device)
     console, quiet, as_json = rank_output(quiet, as_json)
     reporter = RichReporter(console, quiet=quiet)

@@ -35,6 +35,7 @@ class DraftConfig:
     draft_vocab: int = 0  # 0: the target's vocabulary up to DEFAULT_DRAFT_VOCAB, the most frequent ids
     aux_layers: tuple[int, ...] = ()  # target hidden_states indices fused; () = low / middle / high
     init: str = "target"  # "target": fc and the layer start from the target (run.init_from_target); "random"
+    init_from: str = ""  # a speculators draft directory to continue from (its weights and vocabulary; overrides init)
     # optimizer (tfcompile.distill.train.Loop reads these names)
     optimizer: str = "adamw"
     lr: float = 1e-3

@@ -21,7 +21,7 @@ from tfcompile.dist.devices import resolve_device
 from tfcompile.distill.checkpoint import ResumeDir
 from tfcompile.draft.config import DEFAULT_DRAFT_VOCAB, DraftConfig, aux_layers, shape_of
 from tfcompile.draft.eagle3 import Eagle3Draft
-from tfcompile.draft.format import WEIGHTS, speculators_config, write_draft
+from tfcompile.draft.format import WEIGHTS, load_draft, speculators_config, write_draft
 from tfcompile.draft.train import draft_vocab, train_draft, training_tokens
 from tfcompile.errors import UserError
 from tfcompile.evaluate.models import load_candidate, load_checkpoint_model
@@ -63,7 +63,10 @@ def target_identity(path: Path) -> str:
 
 
 def build_draft(target, cfg_json: dict, cfg: DraftConfig, tokens: torch.Tensor) -> Eagle3Draft:
-    """A fresh draft: the target's embeddings and lm_head rows (frozen), seeded random layer."""
+    """A fresh draft: the target's embeddings and lm_head rows (frozen), seeded random layer;
+    with cfg.init_from, that draft instead (continued training: its weights and vocabulary)."""
+    if cfg.init_from:
+        return continue_from(Path(cfg.init_from), cfg_json)
     vocab = int(cfg_json["vocab_size"])
     size = cfg.draft_vocab or min(vocab, DEFAULT_DRAFT_VOCAB)
     if not 0 < size <= vocab:
@@ -85,6 +88,18 @@ def build_draft(target, cfg_json: dict, cfg: DraftConfig, tokens: torch.Tensor) 
     for p in (draft.embed_tokens.weight, draft.lm_head.weight):
         p.requires_grad_(False)
     return draft
+
+
+def continue_from(path: Path, cfg_json: dict) -> Eagle3Draft:
+    """The draft written at `path` (speculators format), checked against this target's shape."""
+    draft = load_draft(path)
+    want = shape_of(cfg_json, draft.s.draft_vocab, draft.s.aux_layers)
+    if draft.s != want:
+        raise UserError(f"--init-from {path}: the draft's shape {draft.s} is not this target's {want}",
+                        hint="continue from a draft written by `tfcompile draft` for the same target model")
+    for p in (draft.embed_tokens.weight, draft.lm_head.weight):
+        p.requires_grad_(False)
+    return draft.train()
 
 
 @torch.no_grad()

@@ -28,8 +28,12 @@ from tfcompile.draft.eagle3 import Eagle3Draft
 
 
 @torch.no_grad()
-def greedy_continue(model, prompts: torch.Tensor, total: int, batch: int = 16) -> torch.Tensor:
-    """int64 [N, total]: each prompt row [N, P] continued by the model's greedy decoding."""
+def greedy_continue(model, prompts: torch.Tensor, total: int, batch: int = 64) -> torch.Tensor:
+    """int64 [N, total]: each prompt row [N, P] continued by the model's greedy decoding.
+
+    batch: rows decoded together. Wider batches amortize per-op overhead: SmolLM2-135M, 64 prompts of
+    32 tokens continued by 16, one thread, load 10 (2026-12-05, /tmp script, medians of 3): 19.1 s at
+    batch 64 against 24.9 s at 16, the same tokens."""
     from transformers import DynamicCache  # lazy: transformers (~2 s to import)
 
     dev = next(model.parameters()).device
