@@ -46,10 +46,14 @@ ROWS: dict[str, tuple[str, str, str, list[str], str | None]] = {
 }
 
 
-def run_row(model: Path, work: Path, name: str, steps: int) -> dict:
-    """Quantize or distill row `name` into work/; wall seconds, load and the run's own record."""
+def run_row(model: Path, work: Path, name: str, steps: int, reuse: bool = False) -> dict:
+    """Quantize or distill row `name` into work/; wall seconds, load and the run's own record.
+    reuse: a quantize row whose artifact --work holds already is scored, not rebuilt (no wall time)."""
     fmt, _, cmd, args, init = ROWS[name]
     out = work / name.replace("/", "-")
+    if reuse and cmd == "quantize" and (out / "tfcompile" / "manifest.json").is_file():
+        return {"argv": ["quantize", str(model), "-o", str(out), "--format", fmt, *args], "wall_s": None,
+                "reused": True, "load_before": round(os.getloadavg()[0], 1)}
     extra = []
     if cmd == "distill":
         extra = ["--steps", str(steps)]
@@ -88,7 +92,8 @@ def table(results: dict) -> str:
         rec = f"{100 * (1 - r['ppl_increase'] / rtn['ppl_increase']):.0f}%" if rtn else "-"
         lines.append(f"| {r['format']} | {r['method']} | {r.get('steps', '-')} | "
                      f"{r.get('train_tokens') or '-'} | {r['kl_mean']:.4f} | {r['perplexity']:.3f} | "
-                     f"{100 * r['ppl_increase']:+.2f}% | {rec} | {r['top1_agreement']:.4f} | {r['wall_s']:.0f} | "
+                     f"{100 * r['ppl_increase']:+.2f}% | {rec} | {r['top1_agreement']:.4f} | "
+                     f"{'-' if r['wall_s'] is None else round(r['wall_s'])} | "
                      f"{r['load_before']} |")
     return "\n".join(lines)
 
@@ -97,6 +102,7 @@ def main() -> int:
     ap = bench_parser(__doc__)
     ap.add_argument("--steps", type=int, default=24, help="distillation steps (4 x 256 tokens each)")
     ap.add_argument("--work", type=Path, help="keep the artifacts here (default: a temporary folder)")
+    ap.add_argument("--reuse", action="store_true", help="score quantize rows already in --work, not rebuild them")
     ap.add_argument("--list", action="store_true")
     args = ap.parse_args()
     if args.list:
@@ -112,7 +118,7 @@ def main() -> int:
             work = args.work or Path(tmp)
             work.mkdir(parents=True, exist_ok=True)
             for name in args.only or list(ROWS):
-                row = run_row(model, work, name, args.steps)
+                row = run_row(model, work, name, args.steps, args.reuse)
                 m = held.score_artifact(work / name.replace("/", "-"))
                 results[name] = {"format": ROWS[name][0], "method": ROWS[name][1], **row, **m}
                 print(f"{name:26s} kl={m['kl_mean']:.5f} ppl={m['perplexity']:.3f} ({100 * m['ppl_increase']:+.2f}%) "
