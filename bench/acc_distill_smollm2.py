@@ -98,6 +98,27 @@ def table(results: dict) -> str:
     return "\n".join(lines)
 
 
+def body(results: dict, tokens: int, steps: int) -> str:
+    """The docs section: how it was run, the machine, the table."""
+    import platform
+
+    import torch
+
+    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                if ln.startswith("model name")), platform.processor())
+    return (f"Command: `python bench/acc_distill_smollm2.py --steps {steps} --work DIR --write-docs` (`--only ROW` "
+            f"remeasures rows; `--reuse` scores a quantize row DIR holds already). Model, held-out text "
+            f"(the first {tokens} tokens of the python3.11-doc held-out split, rows of 256) and scoring as in "
+            f"\"SmolLM2-135M-Instruct: quantization accuracy\" (bench/heldout.py, bf16); GPTQ calibrates on "
+            f"{SAMPLES} x {SEQ} tokens of the calib split. Distillation trains on the train split (never the "
+            f"held-out text): {steps} AdamW steps of 4 x 256 tokens, warmup 10 then cosine, KL(teacher || "
+            f"student), `distill.train=weights`. Machine: {cpu}, {torch.backends.cpu.get_cpu_capability()}, "
+            f"{torch.get_num_threads()} torch threads, torch {torch.__version__}, 2 cores shared with other "
+            f"jobs (load: the 1-minute load average when the row started). Wall s: the whole `tfcompile` "
+            f"command (load, calibration or distillation, pack, verify); recovered: 1 - (row's perplexity "
+            f"increase) / (rtn's), in this table.\n\n" + table(results) + "\n")
+
+
 def main() -> int:
     ap = bench_parser(__doc__)
     ap.add_argument("--steps", type=int, default=24, help="distillation steps (4 x 256 tokens each)")
@@ -126,7 +147,7 @@ def main() -> int:
                 STORE.save(results)
     print(table(results))
     if args.write_docs:
-        replace_doc_section(HEADING, table(results) + "\n", DOC)
+        replace_doc_section(HEADING, body(results, args.max_tokens, args.steps), DOC)
     return 0
 
 
