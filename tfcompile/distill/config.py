@@ -35,7 +35,7 @@ class DistillConfig:
     train_unquantized: bool = False
     # a tfcompile artifact of the same model and format whose dequantized weights the student starts
     # from (e.g. a GPTQ artifact; tfcompile/distill/init.py); "" = the checkpoint's own (RTN)
-    init: str = ""
+    init: str = field(default="", metadata={"omit_default": True})  # recorded only when set
     lora_rank: int = 16
     lora_alpha: float = 16.0  # LoRA update scale = lora_alpha / lora_rank
     mode: str = "model"  # model: logit distillation of the whole model | layerwise: block by block

@@ -279,9 +279,10 @@ def _num_layers(model) -> int:
 
 
 def _config(cfg) -> dict:
-    """The config as recorded: runtime fields (where files go) left out."""
+    """The config as recorded: runtime fields (where files go) left out, `omit_default` ones at their default."""
     return {f.name: (list(v) if isinstance(v := getattr(cfg, f.name), tuple) else v)
-            for f in dataclasses.fields(cfg) if not f.metadata.get("runtime")}
+            for f in dataclasses.fields(cfg) if not f.metadata.get("runtime")
+            and not (f.metadata.get("omit_default") and getattr(cfg, f.name) == f.default)}
 
 
 def fingerprint(ctx: Inputs) -> dict:
