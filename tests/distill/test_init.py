@@ -68,6 +68,10 @@ def test_distill_from_gptq(tiny_llama_src, gptq_art, fast, tmp_path, run_cli):
     assert base.code == 0 and res.code == 0, res.err
     d = _manifest(tmp_path / "init")["distill"]
     assert d["init"]["scheme"] == "nvfp4a16" and len(d["init"]["manifest_sha256"]) == 64
+    # recorded only when set: a run without --init records the recipe it always did (artifact bytes)
+    cfg = {o: next(p["config"] for p in _manifest(tmp_path / o)["recipe"]["passes"] if p["name"] == "distill")
+           for o in ("rtn", "init")}
+    assert "init" not in cfg["rtn"] and cfg["init"]["init"] == str(gptq_art)
     rtn_before = base.json()["distill"]["heldout"]["before"]["kl_mean"]
     assert d["heldout"]["before"]["kl_mean"] != rtn_before
 
