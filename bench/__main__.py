@@ -42,6 +42,7 @@ SUITE: dict[str, tuple[str, str]] = {
     "acc_smollm2": ("accuracy", "accuracy.md"),
     "acc_demo_methods": ("accuracy", "accuracy.md"),
     "acc_distill": ("accuracy", "accuracy.md"),
+    "acc_distill_smollm2": ("accuracy", "accuracy.md"),
     "acc_kv": ("accuracy", "accuracy.md"),
     "acc_mixed": ("accuracy", "accuracy.md"),
     "acc_observers": ("accuracy", "accuracy.md"),

@@ -277,6 +277,9 @@ distill_options = settings_group([
     setting("distill.train", "--train", "train_", type=click.Choice(["weights", "scales", "lora"],
             case_sensitive=False), help="What trains: the weights (default), the quantization scales only, "
             "or LoRA adapters merged before packing."),
+    setting("distill.init", "--init", type=click.Path(path_type=Path), help="Start the student from this "
+            "artifact's weights (a tfcompile artifact of the same model and format, e.g. a GPTQ one; default: "
+            "the checkpoint's, round-to-nearest)."),
     setting("distill.mode", "--mode", type=click.Choice(["model", "layerwise"], case_sensitive=False),
             help="model: logit distillation (default); layerwise: each decoder layer against the teacher "
             "layer's output."),

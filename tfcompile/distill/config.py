@@ -33,6 +33,9 @@ class DistillConfig:
     train: str = "weights"  # weights | scales (per-block clip of the scales) | lora (merged before pack)
     # weights: also train what the artifact keeps unquantized (norms, embeddings, untied lm_head)
     train_unquantized: bool = False
+    # a tfcompile artifact of the same model and format whose dequantized weights the student starts
+    # from (e.g. a GPTQ artifact; tfcompile/distill/init.py); "" = the checkpoint's own (RTN)
+    init: str = field(default="", metadata={"omit_default": True})  # recorded only when set
     lora_rank: int = 16
     lora_alpha: float = 16.0  # LoRA update scale = lora_alpha / lora_rank
     mode: str = "model"  # model: logit distillation of the whole model | layerwise: block by block
@@ -90,6 +93,9 @@ class DistillConfig:
         if self.train_unquantized and self.train != "weights":
             raise RecipeError(f"distill.train_unquantized goes with distill.train weights, not {self.train}",
                               hint="--set distill.train=weights, or drop distill.train_unquantized")
+        if self.init and self.mode != "model":
+            raise RecipeError("distill.init goes with distill.mode model (the layer-wise student is the "
+                              "teacher converted in place)", hint="--set distill.mode=model, or drop distill.init")
         check_device(self.device, "distill.device")
         if self.impl not in ("auto", "reference"):
             raise RecipeError(f"distill.impl {self.impl!r} is not auto or reference",

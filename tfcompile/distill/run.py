@@ -33,6 +33,7 @@ from tfcompile.distill.ddp import agree_stop, check_data_parallel, data_parallel
 from tfcompile.distill.fsdp import Holder, choose, counts, reshard, shard
 from tfcompile.distill.data import BlockOrder, load_data
 from tfcompile.distill.heldout import heldout_metrics, sig
+from tfcompile.distill.init import InitWeights
 from tfcompile.distill.lazy import build_sharded, can_build
 from tfcompile.distill.layerwise import run_layerwise
 from tfcompile.distill.loss import ce_loss, hidden_mse, kl_loss
@@ -79,7 +80,8 @@ def distill_checkpoint(ctx: Inputs, cfg: DistillConfig, reporter: Reporter, work
     device = resolve_device(cfg.device, world)
     if world.distributed:
         check_data_parallel(cfg, world)
-    convert = functools.partial(build_student, plan=ctx.plan, program=ctx.program, train=cfg.train,
+    init = InitWeights.open(cfg.init, ctx.plan) if cfg.init else None
+    convert = functools.partial(_convert, init=init, plan=ctx.plan, program=ctx.program, train=cfg.train,
                                 lora_rank=cfg.lora_rank, lora_alpha=cfg.lora_alpha, seed=cfg.seed,
                                 dtype=ctx.dtype, impl=cfg.impl)
     # block-wise without held-out figures: one model, made the student layer by layer (memory: once)
@@ -110,6 +112,8 @@ def distill_checkpoint(ctx: Inputs, cfg: DistillConfig, reporter: Reporter, work
             holder.close()
     t_end = time.perf_counter()
     record = _record(cfg, loop, data, names, before, after)
+    if init is not None:  # what the student started from: the artifact's manifest, by hash
+        record["init"] = {"scheme": init.scheme_name, "manifest_sha256": init.manifest_sha256}
     stats = {"steps": loop.total, "resumed_at": loop.resumed_at, "threads": torch.get_num_threads(),
              "sharding": sharding if world.distributed else None,
              "before": before, "after": after,
@@ -117,6 +121,13 @@ def distill_checkpoint(ctx: Inputs, cfg: DistillConfig, reporter: Reporter, work
              "train_s": round(t_train, 2), "write_s": round(t_end - t_write, 2),
              "wall_s": round(t_end - t0, 2), "final_loss": record["final_loss"]}
     return Outcome(path, names, record, stats)
+
+
+def _convert(model, *, init: InitWeights | None, only: str | None = None, **kw) -> Student:
+    """build_student, the plan's Linears first set to the init artifact's weights (distill.init)."""
+    if init is not None and not next(model.parameters()).is_meta:  # meta: the sizes-only skeleton (_meta_counts)
+        init.apply(model, only)
+    return build_student(model, only=only, **kw)
 
 
 def _models(ctx: Inputs, cfg: DistillConfig, world, device, convert, progressive: bool):
@@ -268,9 +279,10 @@ def _num_layers(model) -> int:
 
 
 def _config(cfg) -> dict:
-    """The config as recorded: runtime fields (where files go) left out."""
+    """The config as recorded: runtime fields (where files go) left out, `omit_default` ones at their default."""
     return {f.name: (list(v) if isinstance(v := getattr(cfg, f.name), tuple) else v)
-            for f in dataclasses.fields(cfg) if not f.metadata.get("runtime")}
+            for f in dataclasses.fields(cfg) if not f.metadata.get("runtime")
+            and not (f.metadata.get("omit_default") and getattr(cfg, f.name) == f.default)}
 
 
 def fingerprint(ctx: Inputs) -> dict:

@@ -62,7 +62,11 @@ class Recipe:
 
 
 def _recorded(config: Any) -> dict:
-    skip = {f.name for f in dataclasses.fields(config) if f.metadata.get("runtime")}
+    """The config as recorded: runtime fields left out, and `omit_default` fields while at their
+    default (a field added later then leaves the recipes, and artifact bytes, of runs without it as they were)."""
+    fields = dataclasses.fields(config)
+    skip = {f.name for f in fields if f.metadata.get("runtime")
+            or (f.metadata.get("omit_default") and getattr(config, f.name) == f.default)}
     return {k: v for k, v in dataclasses.asdict(config).items() if k not in skip}
 
 
