@@ -16,8 +16,8 @@ from tfcompile.families.names import per_decoder_layer
 from tfcompile.errors import RecipeError
 from tfcompile.ir import LAYER_SOLVERS, CalibStats, LayerSolverSpec, torch_dtype
 from tfcompile.machine import COMPUTE_DTYPES, compute_dtype
-from tfcompile.pipeline.intents import KVCacheScales, RunsTheModel
-from tfcompile.pipeline.passes import PassResult, Selection, register_pass
+from tfcompile.pipeline.intents import KVCacheScales, LayerSolve, RunsTheModel
+from tfcompile.pipeline.passes import PassResult, Selection, recipe_intent, register_pass
 from tfcompile.schemes import KV_FORMATS, Scheme
 
 
@@ -141,7 +141,8 @@ def calibrate(ctx, cfg: CalibrateConfig, reporter) -> PassResult:
                   all_experts=cfg.all_experts, moe_min_tokens=cfg.moe_min_tokens, progress=reporter,
                   world=world, device=device)
     if cfg.hessian and world.distributed:  # the rank that accumulates a group's H also solves its GPTQ
-        batch = ctx.recipe.config("quantize").gptq_expert_batch if "quantize" in ctx.recipe.names() else 8
+        solve = recipe_intent(ctx.recipe, LayerSolve)
+        batch = solve.expert_batch if solve is not None else 8
         common["hessian_owner"] = hessian_owners(ctx.plan.groups, world.size, batch)
     if cfg.awq:  # AWQ statistics and their fold check run the whole model (calibration/awq_stats.py)
         if cfg.mode == "sequential":
@@ -260,8 +261,9 @@ def _observe(ctx, cfg: CalibrateConfig, modules: set[str], reporter, common: dic
 
 
 def _layer_solver(ctx) -> LayerSolverSpec | None:
-    """quantize's algorithm's layer-loop solver (tfcompile/ir.py LAYER_SOLVERS), if quantize is scheduled."""
-    return LAYER_SOLVERS.get(ctx.recipe.config("quantize").algorithm) if "quantize" in ctx.recipe.names() else None
+    """The weight algorithm's layer-loop solver (tfcompile/ir.py LAYER_SOLVERS), if one is scheduled."""
+    solve = recipe_intent(ctx.recipe, LayerSolve)
+    return LAYER_SOLVERS.get(solve.algorithm) if solve is not None else None
 
 
 def propagating(ctx, cfg: CalibrateConfig) -> bool:
@@ -272,14 +274,14 @@ def propagating(ctx, cfg: CalibrateConfig) -> bool:
 
 
 def _solver(ctx, cfg: CalibrateConfig):
-    """The layer loop's solver (quantize's settings and device), as the algorithm registered it:
+    """The layer loop's solver (the algorithm's settings and device, LayerSolve), as it registered it:
     GPTQ's when propagating, learned rounding's always; else None."""
     spec = _layer_solver(ctx)
     if spec is None or not (spec.loop == "always" or propagating(ctx, cfg)):
         return None
-    qcfg = ctx.recipe.config("quantize")
-    return spec.cls(ctx.plan, qcfg, ctx.source, torch_dtype(ctx.model.dtype),
-                    resolve_device(qcfg.device, ctx.world or LOCAL))
+    solve = recipe_intent(ctx.recipe, LayerSolve)
+    return spec.cls(ctx.plan, solve.settings, ctx.source, torch_dtype(ctx.model.dtype),
+                    resolve_device(solve.device, ctx.world or LOCAL))
 
 
 def _timings(stats: CalibStats) -> dict:

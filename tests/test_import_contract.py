@@ -268,8 +268,6 @@ def test_no_pass_imports_another_pass():
     assert bad == []
 
 
-# reads of another pass's config still to move to intents: (module, the pass it reads)
-READS_ANOTHER_CONFIG = {("tfcompile.passes.calibrate", "quantize")}
 
 
 def test_no_pass_reads_another_pass_s_config():
@@ -300,9 +298,7 @@ def test_no_pass_reads_another_pass_s_config():
             for name in named:
                 if name in REGISTRY and REGISTRY[name] is not REGISTRY.get(mine):
                     found.add((module, name, n.lineno))
-    bad = sorted(f"{m}:{line} reads pass {p!r}" for m, p, line in found if (m, p) not in READS_ANOTHER_CONFIG)
-    assert bad == []
-    assert {(m, p) for m, p, _ in found} == READS_ANOTHER_CONFIG  # the list shrinks with the code
+    assert sorted(f"{m}:{line} reads pass {p!r}" for m, p, line in found) == []
 
 
 # lazy imports of light modules that are lazy for another reason than weight

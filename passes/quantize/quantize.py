@@ -23,7 +23,7 @@ from tfcompile.io.dtypes import torch_dtype_of
 from tfcompile.ir import ALGORITHMS, CalibStats, Job, OutSpec, Program, QuantGroup, QuantPlan, Split, torch_dtype
 from tfcompile.kernels.formats import E4M3_MAX, round_scale_up
 from tfcompile.passes.quantize import four_over_six, output_scales
-from tfcompile.pipeline.intents import WeightRounding
+from tfcompile.pipeline.intents import LayerSolve, WeightRounding
 from tfcompile.pipeline.passes import PassResult, Unsupported, register_pass
 from tfcompile.recipe import Recipe
 from tfcompile.schemes import SCHEMES
@@ -118,8 +118,15 @@ def _implies(settings: dict) -> dict:
     return {"calibrate": extra} if extra else {}
 
 
+def _intents(cfg: QuantizeConfig) -> tuple:
+    """What the other passes may know before quantize runs: how weights round, and what the
+    calibration loop hands the algorithm's layer solver (tfcompile/pipeline/intents.py)."""
+    return (WeightRounding(cfg.algorithm, cfg.mx_rule),
+            LayerSolve(cfg.algorithm, cfg, cfg.device, cfg.gptq_expert_batch))
+
+
 @register_pass("quantize", config=QuantizeConfig, requires=("source", "model", "plan"), produces=("program",),
-               supports=_supports, implies=_implies, intents=lambda c: (WeightRounding(c.algorithm, c.mx_rule),))
+               supports=_supports, implies=_implies, intents=_intents)
 def quantize(ctx, cfg: QuantizeConfig, reporter) -> PassResult:
     """Plan every output tensor (names, dtypes, shapes); pack computes them with quantize.algorithm."""
     plan, model_dtype = ctx.plan, torch_dtype(ctx.model.dtype)

@@ -12,7 +12,7 @@ import pytest
 import tfcompile.api  # noqa: F401  (registers the passes)
 from tfcompile.errors import RecipeError
 from tfcompile.pipeline import passes as P
-from tfcompile.pipeline.intents import KVCacheScales, RunsTheModel, SharedGlobalScales, WeightRounding
+from tfcompile.pipeline.intents import KVCacheScales, LayerSolve, RunsTheModel, SharedGlobalScales, WeightRounding
 from tfcompile.recipe import PassEntry
 from tfcompile.recipe.build import build_recipe
 
@@ -22,6 +22,8 @@ def test_the_recipe_s_passes_promise_what_their_settings_say():
                                            "quantize.algorithm=gptq", "select.fuse_groups=false"])
     assert P.recipe_intent(r, KVCacheScales) == KVCacheScales("fp8", True)
     assert P.recipe_intent(r, WeightRounding) == WeightRounding("gptq", "")
+    solve = P.recipe_intent(r, LayerSolve)  # what calibrate's layer loop hands GPTQ's solver
+    assert (solve.algorithm, solve.expert_batch, solve.settings) == ("gptq", 8, r.config("quantize"))
     assert P.recipe_intent(r, SharedGlobalScales) == SharedGlobalScales(False)
     assert [f.by for f in P.recipe_intents(r, RunsTheModel)] == ["calibrate"]
     plain = build_recipe(fmt="nvfp4a16")  # data-free: nothing runs the model, no KV scales

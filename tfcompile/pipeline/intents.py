@@ -10,8 +10,8 @@ readers (issue 25: passes never read one another's config).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TypeVar
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,17 @@ class WeightRounding:
     the MX scale rule ("" the format's default)."""
     algorithm: str
     mx_rule: str
+
+
+@dataclass(frozen=True)
+class LayerSolve:
+    """Weights will be solved by `algorithm` (its layer-loop solver, tfcompile/ir.py LAYER_SOLVERS,
+    if it registered one): what the calibration loop needs to solve each layer as it goes, on
+    `device`, and to give each rank whole groups of `expert_batch` MoE experts."""
+    algorithm: str
+    settings: Any = field(compare=False)  # the algorithm's settings, handed to its solver unread
+    device: str = "auto"
+    expert_batch: int = 8
 
 
 @dataclass(frozen=True)
