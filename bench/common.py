@@ -183,9 +183,9 @@ def machine_description() -> dict[str, str]:
     try:
         import torch
 
-        torch_v = torch.__version__
+        torch_v, capability = torch.__version__, torch.backends.cpu.get_cpu_capability()
     except ImportError:  # pragma: no cover - torch is a hard dependency
-        torch_v = "not installed"
+        torch_v, capability = "not installed", "?"
     return {
         "cpu": cpu,
         "nproc": str(os.cpu_count()),
@@ -193,13 +193,15 @@ def machine_description() -> dict[str, str]:
         "os": f"{platform.system()} {platform.release()}",
         "python": platform.python_version(),
         "torch": torch_v,
+        "capability": capability,  # torch.backends.cpu.get_cpu_capability(): AVX2, AVX512, ...
         "date": _dt.date.today().isoformat(),
     }
 
 
 def machine_line(m: dict[str, str] | None = None) -> str:
     m = m or machine_description()
-    return (f"{m['cpu']}, {m['nproc']} cores (nproc), {m['ram']} RAM, {m['os']}, "
+    cap = f", get_cpu_capability() {m['capability']}" if m.get("capability") else ""  # older saved results lack it
+    return (f"{m['cpu']}, {m['nproc']} cores (nproc){cap}, {m['ram']} RAM, {m['os']}, "
             f"Python {m['python']}, torch {m['torch']}, {m['date']}")
 
 

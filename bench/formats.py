@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import tempfile
 import time
 
 import torch
+
+from common import machine_line  # noqa: E402
 
 
 WARMUPS = 3  # the first ~3 calls after a change of thread count ran 3-4x slower (issue 32 rerun)
@@ -183,9 +184,7 @@ def main() -> None:
     a = ap.parse_args()
     build = kernel_build_seconds()
     from tfcompile.kernels.formats import _native
-    print(f"machine: {platform.machine()} {platform.processor() or ''} {os.cpu_count()} CPUs; "
-          f"torch {torch.__version__}; cpu capability {torch.backends.cpu.get_cpu_capability()}; "
-          f"load average {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+    print(f"machine: {machine_line()}; load average {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
     print(f"fused kernels: {'on' if _native.lib() is not None else 'OFF (reference fallback)'}; "
           f"first-call build (cold cache, compile + load): "
           f"{'n/a' if build is None else f'{build:.2f} s'}")
