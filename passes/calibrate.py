@@ -150,7 +150,7 @@ def calibrate(ctx, cfg: CalibrateConfig, reporter) -> PassResult:
     else:
         stats, loop, extra = _observe(ctx, cfg, modules, reporter, common)
     if propagating(ctx, cfg) and loop != "sequential":
-        reporter.warn("calibrate: GPTQ's error propagation needs the layer-by-layer loop; its Hessians come "
+        reporter.warn("calibrate: error propagation needs the layer-by-layer loop; the statistics come "
                       "from the unquantized model (calibrate.propagate has no effect)")
     stats = dataclasses.replace(with_owners(stats, world.rank), data_fallback=fallback, compute_dtype=dtype)
     if cfg.kv_cache:
@@ -262,10 +262,11 @@ def _layer_solver(ctx) -> LayerSolverSpec | None:
 
 
 def propagating(ctx, cfg: CalibrateConfig) -> bool:
-    """An algorithm that solves in the layer loop when propagating (GPTQ) has its Hessians
-    recorded, and calibrate.propagate asks for the error to be propagated."""
+    """calibrate.propagate asks for the error to be propagated, and quantize's algorithm solves in
+    the layer loop when propagating (GPTQ with its Hessians; RTN, whose solve needs no statistic,
+    so that the static input scales are observed through the quantized layers)."""
     spec = _layer_solver(ctx)
-    return cfg.hessian and cfg.propagate and spec is not None and spec.loop == "propagate"
+    return cfg.propagate and spec is not None and spec.loop == "propagate"
 
 
 def _solver(ctx, cfg: CalibrateConfig):
