@@ -38,9 +38,10 @@ class CalibrateConfig:
     kv_cache: str = ""
     kv_per_head: bool = False  # one KV scale per KV head instead of per tensor
     hessian: bool = False  # record H = X^T X / n per fusion group (for quantize.algorithm=gptq)
-    # GPTQ: solve each layer in the layer loop and calibrate the next on its quantized outputs
-    # (calibration/propagate.py); false (the default): every Hessian from one pass of the unquantized
-    # model (on SmolLM2 propagation's gain is inside the spread of GPTQ solves: docs/accuracy.md)
+    # GPTQ and RTN: solve each layer in the layer loop and calibrate the next on its quantized outputs
+    # (weights, and inputs where the scheme quantizes them: calibration/propagate.py); false (the
+    # default): every statistic from one pass of the unquantized model (on SmolLM2 propagation's
+    # gain is inside the spread over calibration draws: docs/accuracy.md "Defaults across models")
     propagate: bool = False
     awq: bool = False  # record AWQ statistics per norm-fed fusion group (quantize.algorithm=awq)
     # "auto": layer by layer from the mapped checkpoint when its tensors map onto the model's

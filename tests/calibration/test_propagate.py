@@ -182,3 +182,25 @@ def test_inputs_of_the_rerun_are_quantized_as_the_solver_says(tiny_llama, tmp_pa
     moved = [m for m in want if abs(weights_only.input_amax[m] - want[m]) > 1e-2 * want[m]]
     assert len(moved) >= 3, {m: (weights_only.input_amax[m], want[m]) for m in want}
     assert all(abs(original.input_amax[m] - want[m]) > 1e-3 * want[m] for m in want)
+
+
+def test_w4a4_rtn_observes_its_input_scales_through_the_quantized_layers(tiny_llama, tmp_path, run_cli):
+    """calibrate.propagate with RTN and static input scales (nvfp4): the weights are pack's RTN either
+    way (byte for byte), layer 0's input scales come from the original model either way, and layer 1's
+    from layer 0 run quantized (weights and inputs), so they move; the artifact verifies."""
+    outs = {}
+    for prop in ("true", "false"):
+        out = tmp_path / prop
+        res = run_cli("quantize", tiny_llama, "-o", out, "--format", "nvfp4", "--calib", "random",
+                      "--calib-samples", "4", "--calib-seq-len", "32", "--json", "--set", f"calibrate.propagate={prop}")
+        assert res.code == 0, res.err
+        assert res.json()["passes"]["calibrate"]["loop"] == "sequential"
+        assert run_cli("verify", out).code == 0
+        outs[prop] = load_file(out / "model.safetensors")
+    prop, flat = outs["true"], outs["false"]
+    assert set(prop) == set(flat)
+    scales = [k for k in prop if k.endswith("input_global_scale")]
+    assert scales and all(torch.equal(prop[k], flat[k]) for k in prop if k not in scales)
+    assert all(torch.equal(prop[k], flat[k]) for k in scales if ".layers.0." in k)
+    moved = [k for k in scales if ".layers.1." in k and not torch.equal(prop[k], flat[k])]
+    assert len(moved) >= 3, moved  # q/k/v share an input, so do gate/up: at least 3 distinct inputs of 4
