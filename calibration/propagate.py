@@ -166,12 +166,13 @@ class LayerPropagation:
         artifact's scheme does (its static scales from the amax observed so far); remove them after
         the rerun. None installed when the solver quantizes no input (weight-only schemes)."""
         make = getattr(self.solver, "input_quantizers", None)
-        modules = sorted(m for m, layer_i in self.layer_of.items() if layer_i == i)
+        modules = {m for m, layer_i in self.layer_of.items() if layer_i == i}
         if make is None or not modules:
             return []
         fns = make(rec.amax_now(modules, f"layer{i}"))
         prefix = f"{self.path}.{i}."
-        by_name = {self.names.to_model(m)[len(prefix):]: fn for m, fn in fns.items()}
+        # the solver may answer for other layers' modules too (dynamic kinds need no amax): layer i's only
+        by_name = {self.names.to_model(m)[len(prefix):]: fn for m, fn in fns.items() if m in modules}
         hooks = []
         for name, mod in layer.named_modules():
             fn = by_name.get(name)

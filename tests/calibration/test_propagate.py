@@ -133,7 +133,8 @@ class _ActSolver(_Solver):
 
     def input_quantizers(self, amax):
         self.amax_seen.update(amax)
-        return {m: (lambda x, a=a: _act_grid(x, a)) for m, a in amax.items()}
+        others = {m: torch.zeros_like for m in self.targets if m not in amax}  # must not be applied
+        return {**{m: (lambda x, a=a: _act_grid(x, a)) for m, a in amax.items()}, **others}
 
 
 def test_inputs_of_the_rerun_are_quantized_as_the_solver_says(tiny_llama, tmp_path):
