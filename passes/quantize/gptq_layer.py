@@ -65,15 +65,14 @@ class GPTQLayerSolver:
     def input_quantizers(self, amax: Mapping[str, float]) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
         """Module -> x -> its input quantized as the artifact's scheme quantizes it: a static kind with
         the scale pack stores for the fused group's amax (the max over its members: rtn.py
-        `group_input_amax`), only where every member has one; a dynamic kind as it is; none for
-        weight-only schemes."""
+        `group_input_amax`), a dynamic kind as it is; only the groups whose every member has an
+        amax (the layer being rerun, its routed experts that saw a token); none for weight-only
+        schemes."""
         out = {}
         for job in self.jobs.values():
             members = [t.module for t in job.group.members]
             acts = (job.scheme or self.program.scheme).acts
-            if acts is None or not all(m in self.targets for m in members):
-                continue
-            if acts.static and not all(m in amax for m in members):
+            if acts is None or not all(m in amax for m in members):
                 continue
             group_amax = max(amax[m] for m in members) if acts.static else None
             fn = acts.emulate(group_amax, self.dtype, name=job.group.key)
