@@ -10,7 +10,8 @@ decompressed; W4A4 inputs fake-quantized by compressed-tensors), and scored by b
 against the bf16 model on the first `--max-tokens` held-out tokens.
 
 Variants (VARIANTS): RTN (data-free for nvfp4a16: one run, no draw), scales by output error
-(`quantize.scale_search=output`), GPTQ with tfcompile's defaults (act-order, dampening 0.01,
+(`quantize.scale_search=output`), calibrated RTN with its static input scales observed through the
+quantized layers (`calibrate.propagate=true`: W4A4 only; weight-only RTN calibrates nothing), GPTQ with tfcompile's defaults (act-order, dampening 0.01,
 Hessians from the unquantized model), with propagation (`calibrate.propagate=true`), dampening
 0.001, without act-order, with scales by RTN's output error, with scales scored after the GPTQ solve
 (`quantize.scale_search=gptq`; not with propagation: refused); llm-compressor's RTN and GPTQ (its
@@ -46,6 +47,7 @@ PRESETS = {"nvfp4a16": "NVFP4A16", "nvfp4": "NVFP4", "mxfp4a16": "MXFP4A16"}
 VARIANTS = {
     "rtn": ("tfcompile", "rtn", []),
     "rtn-output": ("tfcompile", "rtn", ["quantize.scale_search=output"]),
+    "rtn-prop": ("tfcompile", "rtn", ["calibrate.propagate=true"]),
     "gptq": ("tfcompile", "gptq", []),
     "gptq-prop": ("tfcompile", "gptq", ["calibrate.propagate=true"]),
     "gptq-damp0.001": ("tfcompile", "gptq", ["quantize.gptq_damp=0.001"]),

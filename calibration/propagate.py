@@ -13,8 +13,21 @@ the layers before it. The layer loop (calibration/sequential.py), per decoder la
 3. rebinds layer i to those weights (`Overrides` over the checkpoint) and runs it again on every
    batch with the hooks paused (`Recorders.paused`): its outputs are layer i+1's inputs.
 
-Only the weights are quantized in step 3, never the activations (llm-compressor's pipeline runs
-with quantization disabled too). What a solve produced is kept, not its Hessian: the packed
+Static activation scales (W4A4 nvfp4, fp8-static): in step 3 each of layer i's quantized Linears
+also sees its input fake-quantized with the static scale its observed amax gives (the solver's
+`input_quantizers`: the fused group's max, stored as pack stores it), as the engine runs the
+layer; so every later layer's amax, Hessians and solve see what the artifact computes, as in
+llm-compressor's sequential pipeline, which calibrates with quantization enabled. Dynamic kinds
+(mxfp4, fp8-token) are fake-quantized too. Step 1 still runs layer i with its original weights
+and inputs (the solve needs them): its own later Linears (o_proj, down_proj) observe inputs the
+quantized earlier Linears of the same layer did not make. A Linear with no module of its own
+(fused experts) or no observed token is left unquantized in step 3.
+
+RTN (`--algorithm rtn`, passes/quantize/gptq_layer.py `RTNLayerSolver`) solves in the loop too
+when propagating: its codes are not kept (pack's RTN gives the same), only its effect on the
+statistics of the layers after it (their static input scales).
+
+What a solve produced is kept, not its Hessian: the packed
 element codes of each group's members (`QTensor.data`, concatenated along the rows), spilled
 per layer like the Hessians; pack re-derives the same RTN scales and writes those codes
 (passes/quantize/gptq.py), so the artifact holds exactly the values layer i+1 was calibrated on.
@@ -48,6 +61,9 @@ class LayerSolver(Protocol):
         codes of its GPTQ-solved members, concatenated on dim 0, for the groups with a Hessian;
         module -> its dequantized weight [N, K] in the model dtype, for every group)."""
         ...
+
+    # optional: input_quantizers(amax: module -> observed input amax) -> {module: x -> fake-quantized x},
+    # for the modules whose inputs the artifact quantizes (static kinds: only those with an amax)
 
 
 @dataclass
@@ -145,6 +161,25 @@ class LayerPropagation:
         self.view.tensors = rebuilt(weights, self.solver.targets, self.view, self.dtype)
         return codes
 
+    def input_hooks(self, i: int, layer: torch.nn.Module, rec: Recorders) -> list:
+        """Forward pre-hooks on layer i's quantized Linears that fake-quantize their inputs as the
+        artifact's scheme does (its static scales from the amax observed so far); remove them after
+        the rerun. None installed when the solver quantizes no input (weight-only schemes)."""
+        make = getattr(self.solver, "input_quantizers", None)
+        modules = {m for m, layer_i in self.layer_of.items() if layer_i == i}
+        if make is None or not modules:
+            return []
+        fns = make(rec.amax_now(modules, f"layer{i}"))
+        prefix = f"{self.path}.{i}."
+        # the solver may answer for other layers' modules too (dynamic kinds need no amax): layer i's only
+        by_name = {self.names.to_model(m)[len(prefix):]: fn for m, fn in fns.items() if m in modules}
+        hooks = []
+        for name, mod in layer.named_modules():
+            fn = by_name.get(name)
+            if fn is not None:
+                hooks.append(mod.register_forward_pre_hook(_quantizing(fn)))
+        return hooks
+
     def done(self) -> None:
         """Layer i's rerun is over: the checkpoint view is the checkpoint again."""
         self.view.tensors = {}
@@ -155,6 +190,12 @@ class LayerPropagation:
         for r, keys in enumerate(self.world.all_objects("propagate/solved", self.solved)):
             out.update(dict.fromkeys(keys, r))
         return dict(sorted(out.items()))
+
+
+def _quantizing(fn):
+    def hook(mod, args):
+        return (fn(args[0]),) + tuple(args[1:])
+    return hook
 
 
 def rebuilt(weights: Mapping[str, torch.Tensor], targets: Mapping[str, QuantTarget], ckpt,

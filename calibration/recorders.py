@@ -115,6 +115,19 @@ class Recorders:
         """End of a round of batches (one per rank): replay the order-sensitive updates."""
         self.replay.flush()
 
+    def amax_now(self, modules, tag: str) -> dict[str, float]:
+        """Module -> its input amax so far, for the `modules` that have an observer and saw a token;
+        what `stats` would give them, reduced over ranks the same way (collective under torchrun:
+        every rank calls it with the same `tag`). The layer loop reads a finished layer's amax to
+        fake-quantize its inputs when it reruns it (calibration/propagate.py)."""
+        names = sorted(m for m in modules if m in self.observers)
+        amax = max_values(self.world, {n: self.observers[n].amax() for n in names if n not in self.replayed})
+        mine = {n: self.observers[n].amax() for n in names
+                if n in self.replayed and self.replay.owners[f"obs/{n}"] == self.world.rank}
+        for part in self.world.all_objects(f"calib/amax/{tag}", mine):
+            amax.update(part)
+        return {n: v for n, v in sorted(amax.items()) if v is not None}
+
     def stats(self, tokens: int, source: str, model_dir=None) -> CalibStats:
         """The statistics; with `kv`, raises if no attention call reached the KV observer.
         Under torchrun every rank gets the same amax and token counts; `hessians` holds the

@@ -137,7 +137,7 @@ def observe_sequential(model_dir: Path, ckpt, modules: set[str], *, data: str, s
                     unbind(layer)
                     ckpt.release()
                     spill.put(i, codes)
-                    _rerun(layer, inputs, propagation, rec, prefix=f"{path}.{i}.", dtype=dtype, device=device,
+                    _rerun(i, layer, inputs, propagation, rec, prefix=f"{path}.{i}.", dtype=dtype, device=device,
                            progress=lambda: progress.advance(n_rounds, f"layer {i + 1}/{len(layers)}, quantized"))
                 if on_layer:
                     on_layer(i, len(layers), time.perf_counter() - t0)
@@ -156,14 +156,20 @@ def observe_sequential(model_dir: Path, ckpt, modules: set[str], *, data: str, s
     return _with_hessians(stats, spill, world.rank)
 
 
-def _rerun(layer: nn.Module, inputs: list, propagation: LayerPropagation, rec: Recorders, *, prefix: str,
+def _rerun(i: int, layer: nn.Module, inputs: list, propagation: LayerPropagation, rec: Recorders, *, prefix: str,
            dtype: torch.dtype, device, progress) -> None:
-    """Layer i bound to its quantized weights, run on this rank's batches with nothing recorded:
+    """Layer i bound to its quantized weights, its Linears' inputs quantized as the artifact's
+    scheme does (`LayerPropagation.input_hooks`), run on this rank's batches with nothing recorded:
     the outputs replace the inputs (layer i+1's)."""
     bind(layer, propagation.checkpoint, dtype, prefix=prefix, device=device)
-    with rec.paused():
-        for r, (hidden, kwargs) in enumerate(inputs):
-            inputs[r] = (_first(layer(hidden, **kwargs)), kwargs)
+    hooks = propagation.input_hooks(i, layer, rec)
+    try:
+        with rec.paused():
+            for r, (hidden, kwargs) in enumerate(inputs):
+                inputs[r] = (_first(layer(hidden, **kwargs)), kwargs)
+    finally:
+        for h in hooks:
+            h.remove()
     unbind(layer)
     propagation.done()
     propagation.checkpoint.release()

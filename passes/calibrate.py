@@ -39,9 +39,10 @@ class CalibrateConfig:
     kv_cache: str = ""
     kv_per_head: bool = False  # one KV scale per KV head instead of per tensor
     hessian: bool = False  # record H = X^T X / n per fusion group (for quantize.algorithm=gptq)
-    # GPTQ: solve each layer in the layer loop and calibrate the next on its quantized outputs
-    # (calibration/propagate.py); false (the default): every Hessian from one pass of the unquantized
-    # model (on SmolLM2 propagation's gain is inside the spread of GPTQ solves: docs/accuracy.md)
+    # GPTQ and RTN: solve each layer in the layer loop and calibrate the next on its quantized outputs
+    # (weights, and inputs where the scheme quantizes them: calibration/propagate.py); false (the
+    # default): every statistic from one pass of the unquantized model (on SmolLM2 propagation's
+    # gain is inside the spread over calibration draws: docs/accuracy.md "Defaults across models")
     propagate: bool = False
     awq: bool = False  # record AWQ statistics per norm-fed fusion group (quantize.algorithm=awq)
     # "auto": layer by layer from the mapped checkpoint when its tensors map onto the model's
@@ -154,7 +155,7 @@ def calibrate(ctx, cfg: CalibrateConfig, reporter) -> PassResult:
     else:
         stats, loop, extra = _observe(ctx, cfg, modules, reporter, common)
     if propagating(ctx, cfg) and loop != "sequential":
-        reporter.warn("calibrate: GPTQ's error propagation needs the layer-by-layer loop; its Hessians come "
+        reporter.warn("calibrate: error propagation needs the layer-by-layer loop; the statistics come "
                       "from the unquantized model (calibrate.propagate has no effect)")
     stats = dataclasses.replace(with_owners(stats, world.rank), data_fallback=fallback, compute_dtype=dtype)
     if cfg.kv_cache:
@@ -267,10 +268,11 @@ def _layer_solver(ctx) -> LayerSolverSpec | None:
 
 
 def propagating(ctx, cfg: CalibrateConfig) -> bool:
-    """An algorithm that solves in the layer loop when propagating (GPTQ) has its Hessians
-    recorded, and calibrate.propagate asks for the error to be propagated."""
+    """calibrate.propagate asks for the error to be propagated, and quantize's algorithm solves in
+    the layer loop when propagating (GPTQ with its Hessians; RTN, whose solve needs no statistic,
+    so that the static input scales are observed through the quantized layers)."""
     spec = _layer_solver(ctx)
-    return cfg.hessian and cfg.propagate and spec is not None and spec.loop == "propagate"
+    return cfg.propagate and spec is not None and spec.loop == "propagate"
 
 
 def _solver(ctx, cfg: CalibrateConfig):

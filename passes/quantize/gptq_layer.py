@@ -1,10 +1,13 @@
-"""GPTQ for the calibrate pass's layer loop: the `LayerSolver` of calibration/propagate.py.
+"""GPTQ (and RTN) for the calibrate pass's layer loop: the `LayerSolver` of calibration/propagate.py.
 
 With `calibrate.propagate` (`--algorithm gptq`; off by default) each decoder layer is solved as
 soon as its Hessians are complete, so the next layer is calibrated on this one's quantized
 outputs. The solve is pack's (`gptq.group_qtensors`: the same RTN scales, GPTQ sweep, routed
 experts in batches) under the recipe's quantize settings; pack later writes the codes it
-produced (gptq.py `_run_solved`).
+produced (gptq.py `_run_solved`). `RTNLayerSolver` is the same without Hessians (round to
+nearest, pack's RTN: its codes are not kept), so that with `calibrate.propagate` calibrated RTN
+(W4A4 static input scales) observes each layer through the quantized layers before it.
+Both fake-quantize a solved layer's inputs on its rerun (`input_quantizers`).
 """
 
 from __future__ import annotations
@@ -58,3 +61,29 @@ class GPTQLayerSolver:
             self.source.release()
             self.seconds[key] = time.perf_counter() - t0
         return codes, weights
+
+    def input_quantizers(self, amax: Mapping[str, float]) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
+        """Module -> x -> its input quantized as the artifact's scheme quantizes it: a static kind with
+        the scale pack stores for the fused group's amax (the max over its members: rtn.py
+        `group_input_amax`), a dynamic kind as it is; only the groups whose every member has an
+        amax (the layer being rerun, its routed experts that saw a token); none for weight-only
+        schemes."""
+        out = {}
+        for job in self.jobs.values():
+            members = [t.module for t in job.group.members]
+            acts = (job.scheme or self.program.scheme).acts
+            if acts is None or not all(m in amax for m in members):
+                continue
+            group_amax = max(amax[m] for m in members) if acts.static else None
+            fn = acts.emulate(group_amax, self.dtype, name=job.group.key)
+            out.update(dict.fromkeys(members, fn))
+        return out
+
+
+@register_layer_solver("rtn", loop="propagate")
+class RTNLayerSolver(GPTQLayerSolver):
+    """Round to nearest in the layer loop (module docstring): GPTQ's solver handed no Hessian."""
+
+    def __call__(self, modules: set[str], hessians: Mapping[str, torch.Tensor],
+                 owned: Callable[[str], bool]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        return {}, super().__call__(modules, {}, owned)[1]

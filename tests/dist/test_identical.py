@@ -3,8 +3,9 @@
 Three recipes (nvfp4a16 RTN with the modelopt view too, nvfp4 with calibrated activation and
 FP8 KV-cache scales, nvfp4a16 GPTQ: each layer solved in the layer loop by the ranks owning its
 Hessians and shared before the next, calibrate.propagate) on two models (the demo LM, a tiny
-Qwen3 MoE), and nvfp4a16 GPTQ without propagation (solved in pack) and AWQ on the demo LM, each
-against its one-process artifact. Calibration
+Qwen3 MoE), and nvfp4a16 GPTQ without propagation (solved in pack), nvfp4 with propagation (RTN
+in the layer loop, inputs quantized on the rerun) and AWQ on the demo LM, each against its
+one-process artifact. Calibration
 uses 5 sequences in batches of 1, so 2 and 3 ranks both get uneven shares (a rank sits out
 the last round). Small shards (pack.max_shard_mb) make every rank write some files; the
 default single shard makes rank 0 write all and receive the other ranks' GPTQ solves.
@@ -50,6 +51,10 @@ def _jobs(models: dict[str, Path], out: Path, nproc: int) -> list[tuple[list[str
     jobs.append((["quantize", models["demo"], "-o", out / "demo-awq", "-q", *AWQ], None))
     jobs.append((["quantize", models["demo"], "-o", out / "demo-gptq-noprop", "-q", *RECIPES["gptq"],
                   "--set", "calibrate.propagate=false"], None))
+    # W4A4 RTN observed through the quantized layers: each layer's input amax read on every rank
+    # (Recorders.amax_now, a collective) to quantize its inputs on the rerun
+    jobs.append((["quantize", models["demo"], "-o", out / "demo-calibrated-prop", "-q", *RECIPES["calibrated"],
+                  "--set", "calibrate.propagate=true"], None))
     jobs.append((["eval", out / "demo-calibrated", "--reference", models["demo"], "--max-tokens", "2560",
                   "--seq-len", "64", "--batch-size", "3", "--layer-kl", "--text", ROOT / "README.md", "--json", "-q"],
                  out / "eval.json"))
@@ -77,7 +82,7 @@ def test_n_processes_write_the_one_process_artifact(nproc, models, reference, tm
     res = run_matrix(nproc, _jobs(models, tmp_path, nproc), tmp_path)
     assert res.returncode == 0, res.stderr[-4000:]
     jobs = sorted(p.name for p in reference.iterdir() if p.is_dir() and (nproc <= 2 or "distill" not in p.name))
-    assert len(jobs) == 8 + (nproc <= 2)
+    assert len(jobs) == 9 + (nproc <= 2)
     for job in jobs:
         one, many = tree(reference / job), tree(tmp_path / job)
         assert sorted(many) == sorted(one), job
@@ -88,6 +93,8 @@ def test_n_processes_write_the_one_process_artifact(nproc, models, reference, tm
         assert '"algorithm": "gptq"' in gptq, job  # the solves ran (not an RTN fallback)
     prop, noprop = (tree(reference / j) for j in ("demo-gptq", "demo-gptq-noprop"))
     assert any(prop[f] != noprop[f] for f in prop if f.endswith(".safetensors"))  # propagation changed codes
+    prop, noprop = (tree(reference / j) for j in ("demo-calibrated-prop", "demo-calibrated"))
+    assert any(prop[f] != noprop[f] for f in prop if f.endswith(".safetensors"))  # and input scales
     awq = json.loads((reference / "demo-awq" / "tfcompile" / "manifest.json").read_text())
     assert '"algorithm": "awq"' in json.dumps(awq)  # folded groups, not all skipped
     one, many = (json.loads((d / "eval.json").read_text()) for d in (reference, tmp_path))

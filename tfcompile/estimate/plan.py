@@ -15,6 +15,7 @@ the pipeline's own structure (docs/distributed.md "Resource plan"):
   GPTQ with calibrate.propagate (not the default) also solves each layer there (the busiest
   rank's solves of that layer: the ranks meet at every layer), shares the quantized layer
   and runs it a second time (the forward alone); the spill then holds codes, not Hessians.
+  RTN with calibrate.propagate runs each layer a second time too (its RTN not counted).
 - pack: each rank reads, quantizes and writes its own shards (the slowest rank counts:
   whole shards go to ranks), streams overlapped; GPTQ without propagation adds each rank's
   solves (LPT assignment, as calibrate assigns them); the source hash runs beside it.
@@ -94,9 +95,10 @@ def estimate(model: Path, recipe, devices: str = "cpu", nodes: int = 1) -> dict:
     owners = hessian_owners([g for g in plan.groups if g.key in hess], cluster.ranks, batch)  # as calibrate assigns them
     # calibrate.propagate: the layer loop solves each layer's GPTQ (calibration/propagate.py), pack none
     propagate = bool(hess) and algo == "gptq" and calib.propagate
+    rerun = calib is not None and algo == "rtn" and calib.propagate  # RTN in the loop: a second forward
     passes = {}
     if calib is not None:
-        passes["calibrate"] = _calibrate(shape, calib, cluster, hess, owners, batch if propagate else 0)
+        passes["calibrate"] = _calibrate(shape, calib, cluster, hess, owners, batch if propagate else 0, rerun)
     passes["pack"] = _pack(shape, out_specs, shard_mb, cluster, algo, {} if propagate else hess, owners, batch)
     if "distill" in names:  # memory per rank, DDP vs FSDP2 (estimate/distill.py)
         capacity = cluster.gpu.memory_gb if cluster.gpu else _node(cluster)["ram_gb"] / cluster.per_node
@@ -205,10 +207,12 @@ def _code_bytes(scheme) -> float:
     return scheme.weights.element_bits / 8
 
 
-def _calibrate(shape: ModelShape, cfg, cl: Cluster, hess: dict, owners: dict, propagate_batch: int = 0) -> dict:
+def _calibrate(shape: ModelShape, cfg, cl: Cluster, hess: dict, owners: dict, propagate_batch: int = 0,
+               rerun: bool = False) -> dict:
     """`propagate_batch` (quantize.gptq_expert_batch; 0: not propagating): each layer is also
     solved in the loop (its busiest rank's solves: ranks wait for each other at every layer),
-    its quantized weights shared (bf16, over the link) and run a second time (the forward alone)."""
+    its quantized weights shared (bf16, over the link) and run a second time (the forward alone).
+    `rerun` (RTN propagating): each layer run a second time, its RTN on every rank (not counted)."""
     node, gpu = _node(cl), cl.gpu
     batches = -(-cfg.samples // cfg.batch)
     rounds = -(-batches // cl.ranks)
@@ -258,6 +262,8 @@ def _calibrate(shape: ModelShape, cfg, cl: Cluster, hess: dict, owners: dict, pr
             seconds += solve + shared + forward
             solves += solve
             solve_mem = _solve_memory({k: hess[k] for k in groups}, propagate_batch)
+        elif rerun:
+            seconds += forward
         act = tokens_rank * layer.hidden * 2 * 2  # inputs kept for the next layer + this layer's outputs
         temps = cfg.batch * cfg.seq_len * (layer.inter * 2 + 3 * layer.hidden) * 2 + \
             cfg.batch * heads * cfg.seq_len * cfg.seq_len * 4 * (not gpu)  # CPU SDPA materialises scores
