@@ -48,6 +48,18 @@ def _groups(modules: set[str]) -> dict[str, str]:
     return {m: m for m in modules if m.rsplit(".", 1)[1] in ("q_proj", "o_proj", "gate_proj", "down_proj")}
 
 
+
+def _layer0_coarse(src, tmp_path, modules):
+    """The oracle checkpoint: a copy of `src` with layer 0's Linears replaced by the solver's weights."""
+    edited = tmp_path / "edited"
+    shutil.copytree(src, edited)
+    tensors = load_file(edited / "model.safetensors")
+    for m in modules:
+        if ".layers.0." in m:
+            tensors[f"{m}.weight"] = _coarse(tensors[f"{m}.weight"])
+    save_file(tensors, edited / "model.safetensors", metadata={"format": "pt"})
+    return edited
+
 def test_layer_one_is_calibrated_on_layer_zero_as_quantized(tiny_llama, tmp_path):
     with open_checkpoint(tiny_llama) as ckpt:
         modules = {n[: -len(".weight")] for n in ckpt.names() if n.endswith("proj.weight")}
@@ -56,13 +68,7 @@ def test_layer_one_is_calibrated_on_layer_zero_as_quantized(tiny_llama, tmp_path
         seq = observe_sequential(tiny_llama, ckpt, modules, batch=4, hessian_groups=groups, solver=solver,
                                  **CALIB)
     # the oracle checkpoint: layer 0's Linears replaced by the solver's weights
-    edited = tmp_path / "edited"
-    shutil.copytree(tiny_llama, edited)
-    tensors = load_file(edited / "model.safetensors")
-    for m in modules:
-        if ".layers.0." in m:
-            tensors[f"{m}.weight"] = _coarse(tensors[f"{m}.weight"])
-    save_file(tensors, edited / "model.safetensors", metadata={"format": "pt"})
+    edited = _layer0_coarse(tiny_llama, tmp_path, modules)
     original = observe_input_amax(tiny_llama, modules, hessian_groups=groups, **CALIB)
     quantized0 = observe_input_amax(edited, modules, hessian_groups=groups, **CALIB)
 
@@ -147,13 +153,7 @@ def test_inputs_of_the_rerun_are_quantized_as_the_solver_says(tiny_llama, tmp_pa
         modules = {n[: -len(".weight")] for n in ckpt.names() if n.endswith("proj.weight")}
         solver = _ActSolver(ckpt, modules)
         seq = observe_sequential(tiny_llama, ckpt, modules, batch=4, solver=solver, **calib)
-    edited = tmp_path / "edited"
-    shutil.copytree(tiny_llama, edited)
-    tensors = load_file(edited / "model.safetensors")
-    for m in modules:
-        if ".layers.0." in m:
-            tensors[f"{m}.weight"] = _coarse(tensors[f"{m}.weight"])
-    save_file(tensors, edited / "model.safetensors", metadata={"format": "pt"})
+    edited = _layer0_coarse(tiny_llama, tmp_path, modules)
     original = observe_input_amax(tiny_llama, modules, **calib)
     weights_only = observe_input_amax(edited, modules, **calib)  # the prefix's weights quantized, not its inputs
 

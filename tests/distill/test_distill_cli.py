@@ -6,25 +6,8 @@ import json
 
 import pytest
 import torch
+from distill_util import dequantized, manifest
 from tests_helpers import tensors
-
-
-def _manifest(out):
-    return json.loads((out / "tfcompile" / "manifest.json").read_text())
-
-
-def _dequantized(out) -> dict[str, torch.Tensor]:
-    """module -> tfcompile's dequantize() of the artifact's stored tensors (float32)."""
-    from tfcompile.artifact.naming import qtensor_of
-    from tfcompile.io.checkpoint import open_checkpoint
-    from tfcompile.kernels.formats import dequantize
-    from tfcompile.schemes import get_scheme
-
-    m = _manifest(out)
-    scheme = get_scheme(m["scheme"]["name"])
-    with open_checkpoint(out) as ckpt:
-        return {la["module"]: dequantize(qtensor_of(ckpt, scheme, la["module"], *la["shape"])).clone()
-                for la in m["layers"]}
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +23,7 @@ def w4a4(tiny_llama_src, fast, tmp_path_factory):
 
 
 def test_manifest_records_distillation(w4a4):
-    m = _manifest(w4a4)
+    m = manifest(w4a4)
     names = [p["name"] for p in m["recipe"]["passes"]]
     assert names == ["load", "select", "calibrate", "quantize", "distill", "pack", "manifest", "verify"]
     cfg = next(p["config"] for p in m["recipe"]["passes"] if p["name"] == "distill")
@@ -66,7 +49,7 @@ def check_figures_equal_eval(out, src, text, tmp_path, run_cli):
     res = run_cli("eval", out, "--reference", src, "--text", held, "--max-tokens", "128",
                   "--json", "-q", "--no-layers")
     assert res.code == 0, res.err
-    got, want = res.json()["metrics"], _manifest(out)["distill"]["heldout"]["after"]
+    got, want = res.json()["metrics"], manifest(out)["distill"]["heldout"]["after"]
     for key in ("kl_mean", "perplexity", "top1_agreement"):
         assert got[key] == pytest.approx(want[key], rel=1e-5), key
 
@@ -80,7 +63,7 @@ def test_distilled_artifact_deploys(w4a4, tiny_llama_src, run_cli):
     from transformers import AutoModelForCausalLM, CompressedTensorsConfig
 
     assert run_cli("verify", w4a4).code == 0
-    ours = _dequantized(w4a4)
+    ours = dequantized(w4a4)
     model = AutoModelForCausalLM.from_pretrained(str(w4a4), dtype=torch.bfloat16,
                                                  quantization_config=CompressedTensorsConfig(dequantize=True))
     mods = dict(model.named_modules())
@@ -93,7 +76,7 @@ def test_distilled_artifact_deploys(w4a4, tiny_llama_src, run_cli):
     rtn = w4a4.parent / "rtn"
     assert run_cli("quantize", tiny_llama_src, "-o", rtn, "--format", "nvfp4", "-q",
                    "--set", "calibrate.samples=2", "--set", "calibrate.seq_len=16").code == 0
-    base = _dequantized(rtn)
+    base = dequantized(rtn)
     assert any(not torch.equal(base[n], ours[n]) for n in ours)
     t_rtn, t_ours = tensors(rtn), tensors(w4a4)
     scales = [n for n in t_rtn if n.endswith("input_global_scale")]

@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
+from distill_util import dequantized, manifest
 
 CALIB = ["--calib", "random", "--calib-samples", "4", "--calib-seq-len", "32"]
-
-
-def _manifest(out):
-    return json.loads((out / "tfcompile" / "manifest.json").read_text())
 
 
 @pytest.fixture(scope="module")
@@ -23,19 +18,6 @@ def gptq_art(tiny_llama_src, tmp_path_factory):
     assert main(["quantize", str(tiny_llama_src), "-o", str(out), "--format", "nvfp4a16", "--algorithm", "gptq",
                  "-q", *CALIB]) == 0
     return out
-
-
-def _dequantized(out) -> dict[str, torch.Tensor]:
-    from tfcompile.artifact.naming import qtensor_of
-    from tfcompile.io.checkpoint import open_checkpoint
-    from tfcompile.kernels.formats import dequantize
-    from tfcompile.schemes import get_scheme
-
-    m = _manifest(out)
-    scheme = get_scheme(m["scheme"]["name"])
-    with open_checkpoint(out) as ckpt:
-        return {la["module"]: dequantize(qtensor_of(ckpt, scheme, la["module"], *la["shape"])).clone()
-                for la in m["layers"]}
 
 
 def test_student_starts_from_the_artifact(tiny_llama_src, gptq_art):
@@ -51,7 +33,7 @@ def test_student_starts_from_the_artifact(tiny_llama_src, gptq_art):
     init = InitWeights.open(gptq_art, ctx.plan)
     student = _convert(load_hf_model(tiny_llama_src, torch.float32), init=init, plan=ctx.plan, program=ctx.program,
                        train="weights", lora_rank=4, lora_alpha=4.0, seed=0, dtype=torch.bfloat16)
-    want = _dequantized(gptq_art)
+    want = dequantized(gptq_art)
     orig = load_hf_model(tiny_llama_src, torch.float32).state_dict()
     assert set(student.linears) == set(want)
     for name, lin in student.linears.items():
@@ -66,10 +48,10 @@ def test_distill_from_gptq(tiny_llama_src, gptq_art, fast, tmp_path, run_cli):
     res = run_cli("distill", tiny_llama_src, "-o", tmp_path / "init", "--format", "nvfp4a16", *fast,
                   "--init", gptq_art, "--json")
     assert base.code == 0 and res.code == 0, res.err
-    d = _manifest(tmp_path / "init")["distill"]
+    d = manifest(tmp_path / "init")["distill"]
     assert d["init"]["scheme"] == "nvfp4a16" and len(d["init"]["manifest_sha256"]) == 64
     # recorded only when set: a run without --init records the recipe it always did (artifact bytes)
-    cfg = {o: next(p["config"] for p in _manifest(tmp_path / o)["recipe"]["passes"] if p["name"] == "distill")
+    cfg = {o: next(p["config"] for p in manifest(tmp_path / o)["recipe"]["passes"] if p["name"] == "distill")
            for o in ("rtn", "init")}
     assert "init" not in cfg["rtn"] and cfg["init"]["init"] == str(gptq_art)
     rtn_before = base.json()["distill"]["heldout"]["before"]["kl_mean"]
