@@ -1,7 +1,7 @@
 """What each target engine's attention backend accepts, checked against a requested layout.
 
-`RULES["engine/backend"]`, gathered from the engines' declarations (tfcompile/engines.py, where
-each row names its sources), holds the KV-cache layouts, page (block) sizes, head dims, KV dtypes
+`all_rules()["engine/backend"]`, gathered from the engines' declarations (tfcompile/engines.py,
+where each row names its sources), holds the KV-cache layouts, page (block) sizes, head dims, KV dtypes
 and KV-scale granularity a backend reads, the RoPE convention its model code applies to a Hugging
 Face Llama-family checkpoint, and whether the engine's view should carry fused q/k/v and gate/up
 weights. `check(...)` validates a requested combination against it and raises RecipeError (exit 1)

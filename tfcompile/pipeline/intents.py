@@ -11,7 +11,7 @@ readers (issue 25: passes never read one another's config).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -71,5 +71,3 @@ class SingleScheme:
     """The pass handles one quantization scheme for every layer (mixed precision cannot feed it)."""
     by: str
 
-
-Intent = TypeVar("Intent")

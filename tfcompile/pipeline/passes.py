@@ -137,10 +137,10 @@ def recipe_intents(recipe: Recipe | None, kind: type) -> list:
     if recipe is None:
         return []
     found = []
-    for name in recipe.names():
-        spec = REGISTRY.get(name)
+    for entry in recipe.passes:
+        spec = REGISTRY.get(entry.name)
         if spec is not None and spec.intents is not None:
-            found += [f for f in spec.intents(recipe.config(name)) if isinstance(f, kind)]
+            found += [f for f in spec.intents(entry.config) if isinstance(f, kind)]
     return found
 
 
