@@ -14,7 +14,9 @@ Variants (VARIANTS): RTN (data-free for nvfp4a16: one run, no draw), scales by o
 quantized layers (`calibrate.propagate=true`: W4A4 only; weight-only RTN calibrates nothing), GPTQ with tfcompile's defaults (act-order, dampening 0.01,
 Hessians from the unquantized model), with propagation (`calibrate.propagate=true`), dampening
 0.001, without act-order, with scales by RTN's output error, with scales scored after the GPTQ solve
-(`quantize.scale_search=gptq`; not with propagation: refused); llm-compressor's RTN and GPTQ (its
+(`quantize.scale_search=gptq`; not with propagation: refused), with the Hessian computed and summed
+in the forwards' dtype (`calibrate.hessian_dtype=compute`: bf16 on a CPU with native bf16);
+llm-compressor's RTN and GPTQ (its
 defaults: block 128, dampening 0.01, static act-order, sequential pipeline = propagation).
 
     python bench/acc_defaults.py --model demo-gemma [--formats nvfp4a16 nvfp4] [--only VARIANT ...]
@@ -54,6 +56,7 @@ VARIANTS = {
     "gptq-noact": ("tfcompile", "gptq", ["quantize.gptq_act_order=false"]),
     "gptq-output": ("tfcompile", "gptq", ["quantize.scale_search=output"]),
     "gptq-solved": ("tfcompile", "gptq", ["quantize.scale_search=gptq"]),
+    "gptq-hcompute": ("tfcompile", "gptq", ["calibrate.hessian_dtype=compute"]),
     "llmc-rtn": ("llm-compressor", "rtn", []),
     "llmc-gptq": ("llm-compressor", "gptq", []),
 }
@@ -92,12 +95,16 @@ def quantize(model: Path, out: Path, fmt: str, variant: str, seed: int, ids: Pat
 
 
 def measure(model: Path, held: HeldOut, fmts: list[str], variants: list[str], seeds: list[int],
-            results: dict, store: Results) -> None:
+            results: dict, store: Results, rerun: bool = False) -> None:
+    """Quantize and score every (format, variant, draw) not in `results` yet (all of them with `rerun`),
+    saving after each row, so an interrupted sweep continues where it stopped."""
     with tempfile.TemporaryDirectory(prefix="tfc-defaults-") as tmp:
         for fmt in fmts:
             for variant in variants:
                 for seed in ([0] if data_free(fmt, variant) else seeds):
                     key = f"{fmt}/{variant}/{seed}"
+                    if key in results and not rerun:
+                        continue
                     out = Path(tmp) / key.replace("/", "-")
                     busy = cpu_busy(0.5)
                     seconds = quantize(model, out, fmt, variant, seed, calib_ids(model, Path(tmp) / "ids.npy", seed=seed, samples=SAMPLES, seq_len=SEQ))
@@ -153,6 +160,7 @@ def main() -> int:
     ap.add_argument("--seeds", nargs="+", type=int, default=list(SEEDS))
     ap.add_argument("--max-tokens", type=int, default=32768, help="held-out tokens scored")
     ap.add_argument("--table", action="store_true", help="only print the table from saved results")
+    ap.add_argument("--rerun", action="store_true", help="measure rows already saved again (default: skip them)")
     ap.add_argument("--tag", default="", help="keep these runs in their own results file (runs side by side)")
     ap.add_argument("--merge", nargs="*", default=[], metavar="TAG", help="with --table: add these tags' runs")
     args = ap.parse_args()
@@ -164,7 +172,7 @@ def main() -> int:
     if not args.table:
         path = model_path(args.model)
         held = HeldOut(path, max_tokens=args.max_tokens, dtype="bfloat16")
-        measure(path, held, args.formats, args.only or list(VARIANTS), args.seeds, results, store)
+        measure(path, held, args.formats, args.only or list(VARIANTS), args.seeds, results, store, args.rerun)
     print(table(results, args.formats))
     return 0
 

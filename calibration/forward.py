@@ -102,7 +102,8 @@ def observe_input_amax(model_dir: Path, modules: set[str], *, data: str, samples
                        hessian_groups: dict[str, str] | None = None,
                        awq_groups: dict[str, str] | None = None, all_experts: bool = False,
                        moe_min_tokens: int = 16, world=LOCAL, device: torch.device | str = "cpu",
-                       hessian_owner: dict[str, int] | None = None, progress=None) -> CalibStats:
+                       hessian_owner: dict[str, int] | None = None, progress=None,
+                       hessian_dtype: torch.dtype = torch.float32) -> CalibStats:
     """Statistics of every module in `modules` (see `Recorders`) over `samples` x `seq_len`
     calibration tokens, running the whole model at once (the model must fit in RAM, and on
     `device`). `awq_groups` (member Linear -> group key) adds AWQ statistics
@@ -118,7 +119,7 @@ def observe_input_amax(model_dir: Path, modules: set[str], *, data: str, samples
     rec = Recorders(model, modules, observer=observer, observer_params=observer_params,
                     hessian_groups=hessian_groups, kv=kv, awq_groups=awq_groups,
                     all_experts=all_experts, moe_min_tokens=moe_min_tokens, world=world,
-                    hessian_owner=hessian_owner)
+                    hessian_owner=hessian_owner, hessian_dtype=hessian_dtype)
     rec.awq.first_sequence(ids)  # the fold check's tokens, on every rank
     n_rounds = rounds(len(ids), world.size)
     progress.task(f"calibrate {len(ids)} sequences (whole model)", n_rounds)

@@ -45,7 +45,8 @@ class Recorders:
                  observer_params: dict | None = None,
                  hessian_groups: dict[str, str] | None = None, kv: bool = False,
                  awq_groups: dict[str, str] | None = None, all_experts: bool = False,
-                 moe_min_tokens: int = 16, world=LOCAL, hessian_owner: dict[str, int] | None = None):
+                 moe_min_tokens: int = 16, world=LOCAL, hessian_owner: dict[str, int] | None = None,
+                 hessian_dtype: torch.dtype = torch.float32):
         self.modules, self.world = set(modules), world
         self.moe_min_tokens = moe_min_tokens
         names = NameMap(model)
@@ -66,7 +67,7 @@ class Recorders:
         for name, mod in model.named_modules():
             if name in in_memory:
                 self.hooks.append(mod.register_forward_pre_hook(_observe(self._update[in_memory[name]], self)))
-        self.hessians = HessianRecorder(model, hessian_groups or {}, names, self.replay)
+        self.hessians = HessianRecorder(model, hessian_groups or {}, names, self.replay, dtype=hessian_dtype)
         self.hooks += self.hessians.hooks
         self.moe = MoERecorder(model, self._expert_input, all_experts=all_experts)
         self.awq = AWQRecorder(model, awq_groups or {}, replay=self.replay)  # member -> group key; {}: no hooks
@@ -175,9 +176,14 @@ class HessianRecorder:
     owns). A routed expert's batch (T_e rows, a few hundred) is much smaller than its K x K
     partial, so under torchrun an expert group's rows X_b travel to the owner, which computes
     X_b^T X_b there; other groups send the partial (module docstring of tfcompile/dist/collect.py).
-    One process computes and adds the same products in the same order either way."""
+    One process computes and adds the same products in the same order either way.
+    `dtype`: what X^T X is computed and summed in (calibrate.hessian_dtype): float32 (the default,
+    as llm-compressor's GPTQ), or the forwards' dtype (bf16: every batch's product and the running
+    sum rounded to 8 bits of mantissa); `result()` hands float32 to the solve either way."""
 
-    def __init__(self, model: nn.Module, groups: dict[str, str], names: NameMap | None = None, replay=None):
+    def __init__(self, model: nn.Module, groups: dict[str, str], names: NameMap | None = None, replay=None,
+                 dtype: torch.dtype = torch.float32):
+        self.dtype = dtype
         self._h: dict[str, torch.Tensor] = {}
         self._n: dict[str, int] = {}
         self._paused = False  # Recorders.paused()
@@ -198,7 +204,7 @@ class HessianRecorder:
             self._route[key](x)
 
     def _prepare(self, key: str):
-        """One batch's X^T X (fp32, on x's device) and its row count: the expensive part, on the
+        """One batch's X^T X (in `dtype`, on x's device) and its row count: the expensive part, on the
         batch's rank; a routed expert's rows X_b [T_e, K] as they are (the owner multiplies)."""
         def prepare(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             x = x.detach().reshape(-1, x.shape[-1])
@@ -210,7 +216,7 @@ class HessianRecorder:
 
     def _product(self, key: str, x: torch.Tensor) -> torch.Tensor:
         t0 = time.perf_counter()
-        x = x.float()
+        x = x.to(self.dtype)
         h = x.T @ x
         self.seconds[key] = self.seconds.get(key, 0.0) + time.perf_counter() - t0
         return h
@@ -225,7 +231,7 @@ class HessianRecorder:
         return fold
 
     def result(self) -> dict[str, torch.Tensor]:
-        return {k: self._h[k] / self._n[k] for k in sorted(self._h)}
+        return {k: self._h[k].float() / self._n[k] for k in sorted(self._h)}
 
     def rows(self) -> dict[str, int]:
         """Input rows (tokens) behind each Hessian so far: a routed expert's are its tokens."""

@@ -64,6 +64,7 @@ def observe_sequential(model_dir: Path, ckpt, modules: set[str], *, data: str, s
                        batch: int = 4, on_layer=None, all_experts: bool = False,
                        moe_min_tokens: int = 16, world=LOCAL, device: torch.device | str = "cpu",
                        hessian_owner: dict[str, int] | None = None, progress=None,
+                       hessian_dtype: torch.dtype = torch.float32,
                        solver: LayerSolver | None = None) -> CalibStats:
     """Same statistics as `forward.observe_input_amax`, computed one decoder layer at a time.
 
@@ -100,7 +101,7 @@ def observe_sequential(model_dir: Path, ckpt, modules: set[str], *, data: str, s
                            device=device)
     rec = Recorders(model, modules, observer=observer, observer_params=observer_params,
                     hessian_groups=hessian_groups, kv=kv, all_experts=all_experts, moe_min_tokens=moe_min_tokens,
-                    world=world, hessian_owner=hessian_owner)
+                    world=world, hessian_owner=hessian_owner, hessian_dtype=hessian_dtype)
     spill = _Spill()
     # learned rounding (a solver with needs_block): the unquantized model's activations, kept beside
     # the quantized stream as each block's target (one more copy of the activations)

@@ -24,6 +24,7 @@ from tfcompile.schemes import KV_FORMATS, Scheme
 # upper bounds on the calibration set (docs/cli.md "Safety"): far above any useful one (GPTQ and AWQ
 # papers use 128 x 2048 tokens), far below what would exhaust memory before the first layer ran
 MAX_SAMPLES, MAX_SEQ_LEN, MAX_TOKENS = 1 << 20, 1 << 20, 1 << 28
+HESSIAN_DTYPES = ("float32", "compute")
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,10 @@ class CalibrateConfig:
     kv_cache: str = ""
     kv_per_head: bool = False  # one KV scale per KV head instead of per tensor
     hessian: bool = False  # record H = X^T X / n per fusion group (for quantize.algorithm=gptq)
+    # what X^T X is computed and summed in: "float32" (default) | "compute" (the forwards' dtype,
+    # calibrate.dtype's choice: bf16 where the CPU has it; docs/accuracy.md "Defaults across models");
+    # recorded only when set, so artifacts made before the option keep their bytes
+    hessian_dtype: str = field(default="float32", metadata={"omit_default": True})
     # GPTQ and RTN: solve each layer in the layer loop and calibrate the next on its quantized outputs
     # (weights, and inputs where the scheme quantizes them: calibration/propagate.py); false (the
     # default): every statistic from one pass of the unquantized model (on SmolLM2 propagation's
@@ -71,6 +76,10 @@ class CalibrateConfig:
         if self.dtype not in COMPUTE_DTYPES:
             raise RecipeError(f"calibrate.dtype {self.dtype!r} is not one of {', '.join(COMPUTE_DTYPES)}",
                               hint="--set calibrate.dtype=auto (default: float32 where the CPU emulates bf16)")
+        if self.hessian_dtype not in HESSIAN_DTYPES:
+            raise RecipeError(f"calibrate.hessian_dtype {self.hessian_dtype!r} is not one of "
+                              f"{', '.join(HESSIAN_DTYPES)}",
+                              hint="--set calibrate.hessian_dtype=float32 (default) or compute (the forwards' dtype)")
         if self.observer not in OBSERVERS:
             raise RecipeError(f"calibrate.observer {self.observer!r} is unknown",
                               hint="--observer " + "|".join(sorted(OBSERVERS)) + " (default max)")
@@ -137,7 +146,8 @@ def calibrate(ctx, cfg: CalibrateConfig, reporter) -> PassResult:
     common = dict(data=data, samples=cfg.samples, seq_len=cfg.seq_len, seed=cfg.seed,
                   dtype=getattr(torch, dtype), kv=bool(cfg.kv_cache),
                   hessian_groups={g.members[0].module: g.key for g in ctx.plan.groups}
-                  if cfg.hessian else None)
+                  if cfg.hessian else None,
+                  hessian_dtype=getattr(torch, dtype if cfg.hessian_dtype == "compute" else "float32"))
     common.update(observer=cfg.observer, observer_params=observer_params(cfg, ctx.plan.scheme),
                   all_experts=cfg.all_experts, moe_min_tokens=cfg.moe_min_tokens, progress=reporter,
                   world=world, device=device)

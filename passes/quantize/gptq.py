@@ -22,6 +22,7 @@ import torch
 
 from tfcompile.calibration.moe_policy import summarize
 from tfcompile.dist.devices import one_torch_thread
+from tfcompile.errors import RecipeError
 from tfcompile.families.experts import is_expert_group
 from tfcompile.io.checkpoint import Checkpoint
 from tfcompile.io.jsonfile import JsonDict
@@ -34,6 +35,15 @@ from tfcompile.reporter import Reporter
 
 DAMP = 0.01
 BLOCK = 128
+
+
+class NotPositiveDefinite(RecipeError):
+    """H + damp * mean(diag H) I has no Cholesky factor: H of rank below K (fewer calibration tokens
+    than inputs) whose rounding (a bf16 Hessian: calibrate.hessian_dtype=compute) outweighs the damping."""
+
+    def __init__(self, message: str):
+        super().__init__(message, hint="raise the dampening (--set quantize.gptq_damp=0.1), calibrate on more "
+                                       "tokens (--calib-samples), or keep calibrate.hessian_dtype=float32")
 
 
 def _inverse_hessian(h: torch.Tensor, w: torch.Tensor, damp: float) -> torch.Tensor:
@@ -49,7 +59,11 @@ def _inverse_hessian(h: torch.Tensor, w: torch.Tensor, damp: float) -> torch.Ten
     diag[dead] = 1.0
     w.masked_fill_(dead[:, None, :], 0.0)
     h += torch.eye(h.shape[-1], device=h.device) * (damp * diag.mean(1))[:, None, None]
-    return torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
+    try:
+        return torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
+    except torch.linalg.LinAlgError as e:
+        raise NotPositiveDefinite(f"GPTQ's damped Hessian (K = {h.shape[-1]}, dampening {damp}) is not "
+                                  f"positive definite: {str(e).split(': ', 1)[-1]}") from None
 
 
 def gptq_values(w: torch.Tensor, h: torch.Tensor, m: torch.Tensor, grid: F.WeightQuantizer, *,
@@ -198,7 +212,10 @@ def run_gptq(job: Job, program: Program, source: Checkpoint) -> tuple[dict[str, 
             return solved.pop(0)
         t0 = time.perf_counter()
         q = searched.pop(0) if searched else quantize_weight(w, prog, gscale, name, model_dtype)
-        q = gptq_quantize(w, h, q, act_order=prog.gptq_act_order, damp=prog.gptq_damp, device=prog.device)
+        try:
+            q = gptq_quantize(w, h, q, act_order=prog.gptq_act_order, damp=prog.gptq_damp, device=prog.device)
+        except NotPositiveDefinite as e:
+            raise NotPositiveDefinite(f"{name}: {e.message}") from None
         solve.append(time.perf_counter() - t0)
         return q
 
