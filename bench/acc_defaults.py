@@ -21,6 +21,8 @@ defaults: block 128, dampening 0.01, static act-order, sequential pipeline = pro
 
     python bench/acc_defaults.py --model demo-gemma [--formats nvfp4a16 nvfp4] [--only VARIANT ...]
     python bench/acc_defaults.py --model demo-gemma --table      # mean / spread from saved runs
+    python bench/acc_defaults.py --formats nvfp4a16 nvfp4 --across smollm2:8192 demo-lm:32768 demo-gemma:32768
+                                      # each variant against the default, per model and on average
 
 Results: $TFCOMPILE_CACHE/bench/defaults-<model>-<formats>-<tokens>.json (one file per format
 list, so two formats can run side by side); the summary table goes to stdout.
@@ -29,6 +31,7 @@ list, so two formats can run side by side); the summary table goes to stdout.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import subprocess
 import sys
@@ -152,6 +155,41 @@ def table(results: dict, fmts: list[str]) -> str:
     return "\n".join(lines)
 
 
+def saved(model: str, tokens: int) -> dict:
+    """Every saved row of one model scored on `tokens` held-out tokens, over all format lists and
+    tags (keys "format/variant/seed" are the same run wherever they were saved)."""
+    out: dict = {}
+    for f in sorted(Results("x").path.parent.glob(f"defaults-{model}-*-{tokens}*.json")):
+        out.update(json.loads(f.read_text()))
+    return out
+
+
+def across(models: list[str], fmts: list[str]) -> str:
+    """Per format and tfcompile variant, on each model (MODEL:TOKENS): the change of the mean KL and
+    of the mean perplexity against tfcompile's default of the same kind (GPTQ variants against
+    `gptq`, RTN variants against `rtn`), and the average of each change over the models that have
+    both; llm-compressor's rows against the same default, for the tool comparison. Negative: better."""
+    runs = {m: saved(*m.split(":")[:1], int(m.split(":")[1])) for m in models}
+    head = " | ".join(f"{m.split(':')[0]} KL / ppl" for m in models)
+    lines = [f"| format | variant | {head} | mean KL / ppl change |", "|---|---|" + "---:|" * (len(models) + 1)]
+    for fmt in fmts:
+        for variant, (tool, algorithm, _) in VARIANTS.items():
+            base = "gptq" if algorithm == "gptq" else "rtn"
+            cells, dk, dp = [], [], []
+            for m in models:
+                s, b = stats(runs[m], fmt, variant), stats(runs[m], fmt, base)
+                if s is None or b is None:
+                    cells.append("-")
+                    continue
+                k, q = 100 * (s["kl"] / b["kl"] - 1), 100 * (s["mean"] / b["mean"] - 1)
+                cells.append(f"{k:+.1f}% / {q:+.2f}% ({s['n']})" if variant != base else f"{s['kl']:.4f} / {s['mean']:.3f} ({s['n']})")
+                dk, dp = dk + [k], dp + [q]
+            if any(c != "-" for c in cells):
+                avg = "-" if variant == base or not dk else f"{statistics.fmean(dk):+.1f}% / {statistics.fmean(dp):+.2f}% ({len(dk)})"
+                lines.append(f"| {fmt} | {variant} | {' | '.join(cells)} | {avg} |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="demo-gemma", help="demo-lm | demo-gemma | smollm2 | a checkpoint dir")
@@ -163,7 +201,12 @@ def main() -> int:
     ap.add_argument("--rerun", action="store_true", help="measure rows already saved again (default: skip them)")
     ap.add_argument("--tag", default="", help="keep these runs in their own results file (runs side by side)")
     ap.add_argument("--merge", nargs="*", default=[], metavar="TAG", help="with --table: add these tags' runs")
+    ap.add_argument("--across", nargs="+", metavar="MODEL:TOKENS",
+                    help="only print each variant's change against the default on these models' saved runs")
     args = ap.parse_args()
+    if args.across:
+        print(across(args.across, args.formats))
+        return 0
     name = f"defaults-{Path(args.model).name}-{'-'.join(args.formats)}-{args.max_tokens}"
     store = Results(name + (f"-{args.tag}" if args.tag else ""))
     results = store.load()
