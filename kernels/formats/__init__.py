@@ -10,7 +10,7 @@ branching on a format name. Rules and sources: docs/formats.md.
 """
 
 from .elements import (E2M1_MAX, E2M1_VALUES, E4M3_MAX, cast_e4m3, decode_e2m1, decode_e8m0,
-                       encode_e2m1, encode_e8m0)
+                       e2m1_step, encode_e2m1, encode_e8m0, round_e2m1)
 from .fp8 import dequantize_fp8_act, fp8_weight_scale, quantize_fp8, quantize_fp8_act, weight_amax
 from ._native import kernel_threads
 from .swizzle import from_blackwell_scale_layout, to_blackwell_scale_layout
@@ -24,7 +24,7 @@ from .quantizer import (ActQuantizer, WeightQuantizer, act_quantizer, quantizer_
 
 __all__ = [
     "E2M1_MAX", "E2M1_VALUES", "E4M3_MAX", "cast_e4m3", "decode_e2m1", "decode_e8m0",
-    "encode_e2m1", "encode_e8m0", "pack_fp4", "unpack_fp4", "QTensor", "dequantize", "dequantize_rows",
+    "encode_e2m1", "encode_e8m0", "e2m1_step", "round_e2m1", "pack_fp4", "unpack_fp4", "QTensor", "dequantize", "dequantize_rows",
     "quantize_fp8", "quantize_fp8_act", "dequantize_fp8_act", "fp8_weight_scale", "weight_amax",
     "DEFAULT_MX_RULE", "DEFAULT_MXFP8_RULE", "mx_shared_exponent", "quantize_mxfp8", "quantize_mxfp4", "quantize_mx_act",
     "quantize_nvfp4", "quantize_nvfp4_act", "nvfp4_global_scale",

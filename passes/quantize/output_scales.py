@@ -56,19 +56,19 @@ def _block_err(d: torch.Tensor, hb: torch.Tensor) -> torch.Tensor:
 
 def _pick(x: torch.Tensor, hb: torch.Tensor, mults: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """x [R, B, blk]; mults: each candidate's dequant multiplier [R, B]. Returns (index of the
-    least block output error [R, B], its E2M1 codes [R, B, blk]); ties keep the earlier."""
-    best_err = best_i = best_codes = None
+    least block output error [R, B], its E2M1 codes [R, B, blk]); ties keep the earlier. Candidates
+    are scored on grid values (F.round_e2m1); only the chosen multiplier's codes are encoded."""
+    best_err = best_i = best_s = None
     for i, s in enumerate(mults):
-        codes = F.encode_e2m1(x / s[..., None])
-        err = _block_err(F.decode_e2m1(codes) * s[..., None] - x, hb)
+        err = _block_err(F.round_e2m1(x / s[..., None]) * s[..., None] - x, hb)
         if best_err is None:
-            best_err, best_i, best_codes = err, torch.zeros_like(err, dtype=torch.long), codes
+            best_err, best_i, best_s = err, torch.zeros_like(err, dtype=torch.long), s
             continue
         better = err < best_err
         best_err = torch.where(better, err, best_err)
         best_i = torch.where(better, torch.full_like(best_i, i), best_i)
-        best_codes = torch.where(better[..., None], codes, best_codes)
-    return best_i, best_codes
+        best_s = torch.where(better, s, best_s)
+    return best_i, F.encode_e2m1(x / best_s[..., None])
 
 
 def _diag_blocks(h: torch.Tensor, blk: int) -> torch.Tensor:

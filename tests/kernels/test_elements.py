@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from tfcompile.kernels.formats import (E2M1_MAX, E2M1_VALUES, E4M3_MAX, cast_e4m3, decode_e2m1,
+from tfcompile.kernels.formats import (E2M1_MAX, E2M1_VALUES, E4M3_MAX, cast_e4m3, decode_e2m1, round_e2m1,
                                        decode_e8m0, encode_e2m1, encode_e8m0)
 
 from fmt_oracles import ml_e2m1_codes, ml_e4m3_bytes, ml_e8m0_values
@@ -94,3 +94,17 @@ def test_encode_e8m0_all_exponents():
     assert np.array_equal(np.exp2(e.numpy().astype(np.float64)).astype(np.float32), want)
     with pytest.raises(ValueError):
         encode_e8m0(torch.tensor([128]))
+
+
+def test_round_e2m1_equals_ml_dtypes_on_every_bf16_value():
+    """The fast value rounding (round_e2m1, used by GPTQ, learned rounding and the output-scale
+    search) against ml_dtypes' RNE saturating cast to float4_e2m1fn and back, and against the
+    spec's encode/decode pair: every non-NaN bf16 (infinities, subnormals, -0 and every E2M1
+    midpoint included), and random float32 between the grid points."""
+    y = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float()
+    y = torch.cat([y[~y.isnan()], torch.randn(100_000, generator=torch.Generator().manual_seed(0)) * 4])
+    got = round_e2m1(y)
+    oracle = torch.from_numpy(y.numpy().astype(ml_dtypes.float4_e2m1fn).astype(np.float32))
+    assert torch.equal(got, oracle) and torch.equal(torch.signbit(got), torch.signbit(oracle))
+    assert torch.equal(got, decode_e2m1(encode_e2m1(y)))
+    assert {0.25, 0.75, 2.5, 5.0, 7.0} <= set(y.abs().tolist())  # ties and saturation were visited
