@@ -36,10 +36,8 @@ ALLOWED = {
     "kernels/triton/fp4_gemm.py": "the interpreter fallback for NVFP4's dot_scaled on CPU: kernel registration",
     "tfcompile/artifact/engines.py": ENGINE,
     "tfcompile/estimate/shapes.py": "a source checkpoint's Hugging Face quant_method 'fp8', not a tfcompile format",
-    "tfcompile/evaluate/kvcache.py": KV,
     "tfcompile/io/sources/__init__.py": "readers keyed by a source checkpoint's Hugging Face quant_method",
     "tfcompile/layout/descriptor.py": KV,
-    "tfcompile/layout/paged_attention.py": KV,
     "tfcompile/onnx_export/functions.py": "the OCP MX element names 'fp4' | 'fp8' of the MX ONNX functions",
 }
 

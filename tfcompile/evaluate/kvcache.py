@@ -116,8 +116,9 @@ def read_kv_scales(path, ckpt, config: Mapping[str, Any], modules: list[str]) ->
     if scheme is None:
         return None
     fmt = "nvfp4" if _is_nvfp4_kv(scheme) else "fp8"
-    strategy = "tensor" if fmt == "nvfp4" else scheme.get("strategy")
-    if fmt == "fp8" and (strategy not in STRATEGIES or scheme.get("type") != "float" or scheme.get("num_bits") != 8):
+    kvf = get_kv_format(fmt)
+    strategy = scheme.get("strategy") if kvf.per_head else "tensor"  # NVFP4: one global scale per tensor
+    if kvf.ct_preset is None and (strategy not in STRATEGIES or scheme.get("type") != "float" or scheme.get("num_bits") != 8):
         raise EvalError(f"{path}/config.json: kv_cache_scheme {scheme} is not FP8 E4M3 per tensor "
                         f"or per attention head, nor NVFP4", hint="evaluate with --kv-cache off, or rebuild "
                         "the artifact with `tfcompile quantize --kv-cache fp8` (or nvfp4)")
@@ -172,7 +173,7 @@ class KVEmulator:
                             f"attention has {key.shape[1]} KV heads",
                             hint="the artifact does not match its architecture; rebuild it")
         self.calls[entry.name] = self.calls.get(entry.name, 0) + 1
-        fq = fake_quant_nvfp4 if self.fmt == "nvfp4" else fake_quant_fp8
+        fq = fake_quant_nvfp4 if get_kv_format(self.fmt).block else fake_quant_fp8  # block-scaled: NVFP4
         return fq(key, entry.k_scale), fq(value, entry.v_scale)
 
     def report(self, mode: str) -> dict:
@@ -205,7 +206,7 @@ def install(model: nn.Module, kv: KVScales) -> KVEmulator:
 def _rounding_expand(entry: _Entry, expand):
     """MLA: the cached latent and RoPE key read back through the cache format (FP8, or NVFP4
     blocks of 16) with the entry's one k_scale."""
-    fq = fake_quant_nvfp4 if entry.emulator.fmt == "nvfp4" else fake_quant_fp8
+    fq = fake_quant_nvfp4 if get_kv_format(entry.emulator.fmt).block else fake_quant_fp8  # block-scaled: NVFP4
 
     def rounded(kv_nope: torch.Tensor, k_rot: torch.Tensor):
         entry.emulator.calls[entry.name] = entry.emulator.calls.get(entry.name, 0) + 1

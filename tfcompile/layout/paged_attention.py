@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from tfcompile.kernels import formats as F
+from tfcompile.schemes import kv_block
 
 _STORE = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
           "fp8_e4m3": torch.float8_e4m3fn}
@@ -54,9 +55,10 @@ class PagedKV:
         self.fmt, self.kv_heads = fmt, kv_heads
         bs, dp = fmt.block_size, fmt.head_dim_padded
         page = (bs, kv_heads) if fmt.layout == "NHD" else (kv_heads, bs)
-        if fmt.dtype == "nvfp4":
+        blk = kv_block(fmt.dtype)  # NVFP4: E2M1 pairs per byte, one E4M3 scale per blk elements
+        if blk:
             self.data = torch.zeros((num_blocks,) + page + (dp // 2,), dtype=torch.uint8)
-            self.block_scale = torch.zeros((num_blocks,) + page + (dp // 16,), dtype=torch.float8_e4m3fn)
+            self.block_scale = torch.zeros((num_blocks,) + page + (dp // blk,), dtype=torch.float8_e4m3fn)
         else:
             self.data = torch.zeros((num_blocks,) + page + (dp,), dtype=_STORE[fmt.dtype])
         self.scale = None if scale is None else scale.float().reshape(-1)  # (1,) or (kv_heads,)
@@ -92,7 +94,7 @@ class PagedKV:
         n = self.lens.get(seq, 0)
         pages = torch.tensor(self.tables.get(seq, []), dtype=torch.long)
         parts = {}
-        for name in (("data", "block_scale") if self.fmt.dtype == "nvfp4" else ("data",)):
+        for name in (("data", "block_scale") if kv_block(self.fmt.dtype) else ("data",)):
             p = getattr(self, name)[pages]  # [nb, bs, H, .] or [nb, H, bs, .]
             if self.fmt.layout == "HND":
                 p = p.transpose(1, 2)
@@ -111,7 +113,7 @@ class PagedKV:
         x = self._pad(x.float())
         if self.fmt.dtype == "fp8_e4m3":
             return {"data": F.cast_e4m3(x / self._scale())}
-        if self.fmt.dtype == "nvfp4":
+        if kv_block(self.fmt.dtype):
             t, h, dp = x.shape
             g = self._nvfp4_global()
             qs = [F.quantize_nvfp4(x[:, j], global_scale=g[j if g.numel() > 1 else 0].reshape(1))
@@ -128,7 +130,7 @@ class PagedKV:
         d = parts["data"]
         if self.fmt.dtype == "fp8_e4m3":
             return d.float() * self._scale()
-        if self.fmt.dtype == "nvfp4":
+        if kv_block(self.fmt.dtype):
             s, h = parts["block_scale"], d.shape[1]
             g = self._nvfp4_global()
             cols = []
