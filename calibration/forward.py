@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from tfcompile.calibration.datasets import calibration_tokens, effective_source, tokens_sha256
-from tfcompile.calibration.recorders import Recorders
+from tfcompile.calibration.recorders import HessianSpec, Recorders
 from tfcompile.dist import LOCAL
 from tfcompile.dist.collect import broadcast
 from tfcompile.dist.partition import rounds
@@ -103,7 +103,7 @@ def observe_input_amax(model_dir: Path, modules: set[str], *, data: str, samples
                        awq_groups: dict[str, str] | None = None, all_experts: bool = False,
                        moe_min_tokens: int = 16, world=LOCAL, device: torch.device | str = "cpu",
                        hessian_owner: dict[str, int] | None = None, progress=None,
-                       hessian_dtype: torch.dtype = torch.float32) -> CalibStats:
+                       hessian: HessianSpec = HessianSpec()) -> CalibStats:
     """Statistics of every module in `modules` (see `Recorders`) over `samples` x `seq_len`
     calibration tokens, running the whole model at once (the model must fit in RAM, and on
     `device`). `awq_groups` (member Linear -> group key) adds AWQ statistics
@@ -119,7 +119,7 @@ def observe_input_amax(model_dir: Path, modules: set[str], *, data: str, samples
     rec = Recorders(model, modules, observer=observer, observer_params=observer_params,
                     hessian_groups=hessian_groups, kv=kv, awq_groups=awq_groups,
                     all_experts=all_experts, moe_min_tokens=moe_min_tokens, world=world,
-                    hessian_owner=hessian_owner, hessian_dtype=hessian_dtype)
+                    hessian_owner=hessian_owner, hessian=hessian)
     rec.awq.first_sequence(ids)  # the fold check's tokens, on every rank
     n_rounds = rounds(len(ids), world.size)
     progress.task(f"calibrate {len(ids)} sequences (whole model)", n_rounds)

@@ -19,6 +19,7 @@ are bit-identical to one process's.
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 import re
 import time
 
@@ -38,6 +39,18 @@ from tfcompile.families.experts import is_expert_group
 from tfcompile.families.names import NameMap
 
 
+@dataclass(frozen=True)
+class HessianSpec:
+    """How X^T X is recorded (calibrate.hessian_dtype, calibrate.hessian_blocks). `dtype`: what each
+    batch's product and the running sum are computed in: float32 (the default, as llm-compressor's
+    GPTQ), or the forwards' dtype (bf16: rounded to 8 bits of mantissa). `blocks` > 0: only the
+    diagonal blocks x blocks sub-matrices, [K / blocks, blocks, blocks]: what a scale search scores
+    with (passes/quantize/output_scales.py), K / blocks times less memory and time than the whole
+    [K, K] GPTQ needs (a DeepSeek-V3 expert's down_proj: 0.9 MB instead of 217 MB)."""
+    dtype: torch.dtype = torch.float32
+    blocks: int = 0
+
+
 class Recorders:
     """Every hook of one calibration run; `remove()` them, then `stats()`."""
 
@@ -46,7 +59,7 @@ class Recorders:
                  hessian_groups: dict[str, str] | None = None, kv: bool = False,
                  awq_groups: dict[str, str] | None = None, all_experts: bool = False,
                  moe_min_tokens: int = 16, world=LOCAL, hessian_owner: dict[str, int] | None = None,
-                 hessian_dtype: torch.dtype = torch.float32):
+                 hessian: HessianSpec = HessianSpec()):
         self.modules, self.world = set(modules), world
         self.moe_min_tokens = moe_min_tokens
         names = NameMap(model)
@@ -67,7 +80,7 @@ class Recorders:
         for name, mod in model.named_modules():
             if name in in_memory:
                 self.hooks.append(mod.register_forward_pre_hook(_observe(self._update[in_memory[name]], self)))
-        self.hessians = HessianRecorder(model, hessian_groups or {}, names, self.replay, dtype=hessian_dtype)
+        self.hessians = HessianRecorder(model, hessian_groups or {}, names, self.replay, spec=hessian)
         self.hooks += self.hessians.hooks
         self.moe = MoERecorder(model, self._expert_input, all_experts=all_experts)
         self.awq = AWQRecorder(model, awq_groups or {}, replay=self.replay)  # member -> group key; {}: no hooks
@@ -177,13 +190,12 @@ class HessianRecorder:
     partial, so under torchrun an expert group's rows X_b travel to the owner, which computes
     X_b^T X_b there; other groups send the partial (module docstring of tfcompile/dist/collect.py).
     One process computes and adds the same products in the same order either way.
-    `dtype`: what X^T X is computed and summed in (calibrate.hessian_dtype): float32 (the default,
-    as llm-compressor's GPTQ), or the forwards' dtype (bf16: every batch's product and the running
-    sum rounded to 8 bits of mantissa); `result()` hands float32 to the solve either way."""
+    `spec` (HessianSpec): what X^T X is computed and summed in, and whether only its diagonal blocks
+    are; `result()` hands float32 to the solve either way."""
 
     def __init__(self, model: nn.Module, groups: dict[str, str], names: NameMap | None = None, replay=None,
-                 dtype: torch.dtype = torch.float32):
-        self.dtype = dtype
+                 spec: HessianSpec = HessianSpec()):
+        self.spec = spec
         self._h: dict[str, torch.Tensor] = {}
         self._n: dict[str, int] = {}
         self._paused = False  # Recorders.paused()
@@ -216,8 +228,12 @@ class HessianRecorder:
 
     def _product(self, key: str, x: torch.Tensor) -> torch.Tensor:
         t0 = time.perf_counter()
-        x = x.to(self.dtype)
-        h = x.T @ x
+        x = x.to(self.spec.dtype)
+        if self.spec.blocks:  # [T, K] -> [K / b, T, b]: each block's own b x b product
+            xb = x.reshape(x.shape[0], -1, self.spec.blocks).transpose(0, 1)
+            h = xb.transpose(1, 2) @ xb  # [K / b, b, b]
+        else:
+            h = x.T @ x
         self.seconds[key] = self.seconds.get(key, 0.0) + time.perf_counter() - t0
         return h
 

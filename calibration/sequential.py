@@ -45,7 +45,7 @@ from tfcompile.calibration.binding import (  # noqa: F401 - Unsupported: raised 
 from tfcompile.calibration.datasets import tokens_sha256
 from tfcompile.calibration.forward import Silent, calibration_ids, resolve_data
 from tfcompile.calibration.propagate import LayerPropagation, LayerSolver
-from tfcompile.calibration.recorders import Recorders
+from tfcompile.calibration.recorders import HessianSpec, Recorders
 from tfcompile.dist import LOCAL
 from tfcompile.dist.collect import broadcast
 from tfcompile.dist.partition import mine, rounds
@@ -64,7 +64,7 @@ def observe_sequential(model_dir: Path, ckpt, modules: set[str], *, data: str, s
                        batch: int = 4, on_layer=None, all_experts: bool = False,
                        moe_min_tokens: int = 16, world=LOCAL, device: torch.device | str = "cpu",
                        hessian_owner: dict[str, int] | None = None, progress=None,
-                       hessian_dtype: torch.dtype = torch.float32,
+                       hessian: HessianSpec = HessianSpec(),
                        solver: LayerSolver | None = None) -> CalibStats:
     """Same statistics as `forward.observe_input_amax`, computed one decoder layer at a time.
 
@@ -101,7 +101,7 @@ def observe_sequential(model_dir: Path, ckpt, modules: set[str], *, data: str, s
                            device=device)
     rec = Recorders(model, modules, observer=observer, observer_params=observer_params,
                     hessian_groups=hessian_groups, kv=kv, all_experts=all_experts, moe_min_tokens=moe_min_tokens,
-                    world=world, hessian_owner=hessian_owner, hessian_dtype=hessian_dtype)
+                    world=world, hessian_owner=hessian_owner, hessian=hessian)
     spill = _Spill()
     # learned rounding (a solver with needs_block): the unquantized model's activations, kept beside
     # the quantized stream as each block's target (one more copy of the activations)

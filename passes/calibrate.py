@@ -44,6 +44,9 @@ class CalibrateConfig:
     # calibrate.dtype's choice: bf16 where the CPU has it; docs/accuracy.md "Defaults across models");
     # recorded only when set, so artifacts made before the option keep their bytes
     hessian_dtype: str = field(default="float32", metadata={"omit_default": True})
+    # 0: the whole H [K, K]; b > 0: only its diagonal b x b blocks (a scale search's statistic, implied
+    # by quantize.scale_search=output when no algorithm needs the whole H: calibration/recorders.py HessianSpec)
+    hessian_blocks: int = field(default=0, metadata={"omit_default": True})
     # GPTQ and RTN: solve each layer in the layer loop and calibrate the next on its quantized outputs
     # (weights, and inputs where the scheme quantizes them: calibration/propagate.py); false (the
     # default): every statistic from one pass of the unquantized model (on SmolLM2 propagation's
@@ -80,6 +83,9 @@ class CalibrateConfig:
             raise RecipeError(f"calibrate.hessian_dtype {self.hessian_dtype!r} is not one of "
                               f"{', '.join(HESSIAN_DTYPES)}",
                               hint="--set calibrate.hessian_dtype=float32 (default) or compute (the forwards' dtype)")
+        if self.hessian_blocks < 0:
+            raise RecipeError(f"calibrate.hessian_blocks {self.hessian_blocks} is negative",
+                              hint="0 (the whole Hessian, default) or the format's block size (16 NVFP4, 32 MXFP4)")
         if self.observer not in OBSERVERS:
             raise RecipeError(f"calibrate.observer {self.observer!r} is unknown",
                               hint="--observer " + "|".join(sorted(OBSERVERS)) + " (default max)")
@@ -127,6 +133,7 @@ def calibrate(ctx, cfg: CalibrateConfig, reporter) -> PassResult:
     # lazy: the calibration loops load when the pass runs (docs/design.md "Pass modules")
     from tfcompile.calibration.forward import observe_input_amax
     from tfcompile.calibration.moe_policy import summarize
+    from tfcompile.calibration.recorders import HessianSpec
     from tfcompile.calibration.sequential import with_owners
     if cfg.mode not in MODES:
         raise RecipeError(f"calibrate.mode {cfg.mode!r} is not one of {', '.join(MODES)}",
@@ -147,7 +154,8 @@ def calibrate(ctx, cfg: CalibrateConfig, reporter) -> PassResult:
                   dtype=getattr(torch, dtype), kv=bool(cfg.kv_cache),
                   hessian_groups={g.members[0].module: g.key for g in ctx.plan.groups}
                   if cfg.hessian else None,
-                  hessian_dtype=getattr(torch, dtype if cfg.hessian_dtype == "compute" else "float32"))
+                  hessian=HessianSpec(getattr(torch, dtype if cfg.hessian_dtype == "compute" else "float32"),
+                                      cfg.hessian_blocks))
     common.update(observer=cfg.observer, observer_params=observer_params(cfg, ctx.plan.scheme),
                   all_experts=cfg.all_experts, moe_min_tokens=cfg.moe_min_tokens, progress=reporter,
                   world=world, device=device)

@@ -38,7 +38,7 @@ from pathlib import Path
 
 from tfcompile.kernels.cutlass.toolchain import detect
 from tfcompile.pipeline.intents import SingleScheme
-from tfcompile.pipeline.passes import PassResult, Settings, Unsupported, check, given, register_pass
+from tfcompile.pipeline.passes import PassResult, Selection, Unsupported, check, given, register_pass
 from tfcompile.recipe import Recipe
 from tfcompile.tune.hardware import parse_targets
 from tfcompile.tune.shapes import DEFAULT_BUCKETS, check_buckets
@@ -76,11 +76,11 @@ def _supports(recipe: Recipe, cfg: EmitCutlassConfig) -> list[Unsupported]:
     return reasons
 
 
-def _implies(settings: Settings) -> dict:
+def _implies(sel: Selection) -> dict:
     """The targets and tuning table of `--target` (emit.targets, emit.tuning), unless given."""
-    if "emit_cutlass" not in settings:
+    if not sel.given("emit_cutlass"):
         return {}
-    emit = settings.get("emit", {})
+    emit = sel.settings.get("emit", {})
     return {"emit_cutlass": {k: emit[k] for k in ("targets", "tuning") if emit.get(k)}}
 
 

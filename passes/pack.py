@@ -170,8 +170,8 @@ def _stream_ranks(ctx, program, sinks, reporter, view=None) -> tuple[dict, int]:
     writers = [frozenset({where[""][o.name] for o in job.outputs}
                          | ({where["modelopt"][o.name] for o in _modelopt_job_specs(job, program)}
                             if "modelopt" in sinks else set())) for job in jobs]
-    compute = [(program.gptq_owner(job.group.key) if job.group is not None and program.algorithm == "gptq"
-                else None) for job in jobs]  # GPTQ: the rank holding H (or the solved codes)
+    # the rank holding the group's Hessian (GPTQ, or RTN's scale search) or solved codes, if any
+    compute = [program.gptq_owner(job.group.key) if job.group is not None else None for job in jobs]
     compute = tuple(min(w) if c is None else c for c, w in zip(compute, writers))
     specs = tuple(tuple((o.name, o.dtype, tuple(o.shape)) for o in job.outputs) for job in jobs)
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tfcompile.pipeline.context import Context
-from tfcompile.pipeline.passes import PassResult, Settings, given, register_pass
+from tfcompile.pipeline.passes import PassResult, Selection, given, register_pass
 from tfcompile.artifact.tree import REPORT_HTML
 
 
@@ -26,9 +26,9 @@ class ReportConfig:
     pass
 
 
-def _implies(settings: Settings) -> dict:
+def _implies(sel: Selection) -> dict:
     """With --eval, the report plots per-layer figures: the eval pass stores them (eval.details)."""
-    return {"eval": {"details": True}} if "report" in settings and "eval" in settings else {}
+    return {"eval": {"details": True}} if sel.given("report") and sel.given("eval") else {}
 
 
 def _write(ctx: Context) -> Context:

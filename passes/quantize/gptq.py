@@ -66,6 +66,15 @@ def _inverse_hessian(h: torch.Tensor, w: torch.Tensor, damp: float) -> torch.Ten
                                   f"positive definite: {str(e).split(': ', 1)[-1]}") from None
 
 
+def _whole(h: torch.Tensor | None, key: str) -> torch.Tensor | None:
+    """GPTQ solves with the whole H [K, K]; calibrate.hessian_blocks records only its diagonal blocks."""
+    if h is not None and h.dim() != 2:
+        raise RecipeError(f"{key}: GPTQ needs the whole Hessian, and calibration recorded only its diagonal "
+                          f"blocks {tuple(h.shape)} (calibrate.hessian_blocks)",
+                          hint="drop --set calibrate.hessian_blocks (GPTQ's runs record the whole H by default)")
+    return h
+
+
 def gptq_values(w: torch.Tensor, h: torch.Tensor, m: torch.Tensor, grid: F.WeightQuantizer, *,
                 damp: float = DAMP, act_order: bool = True, block: int = BLOCK,
                 device: torch.device | str = "cpu") -> torch.Tensor:
@@ -188,7 +197,7 @@ def run_gptq(job: Job, program: Program, source: Checkpoint) -> tuple[dict[str, 
     codes = program.gptq_codes.get(job.group.key)
     if codes is not None:
         return _run_solved(job, program, source, codes)
-    h = program.hessians.get(job.group.key)
+    h = _whole(program.hessians.get(job.group.key), job.group.key)
     if h is None:  # too few calibration tokens reached it: RTN, and say so (warned by _warn_rtn)
         out, stats = run_rtn(job, program, source)
         return out, [dict(x, algorithm="rtn (no Hessian)") for x in stats]
@@ -247,7 +256,7 @@ def group_qtensors(job: Job, program: Program, source: Checkpoint) -> list[F.QTe
         program = dataclasses.replace(program, scheme=job.scheme)
     weights = [load_target(source, t) for t in members]
     gscale = program.weights.group_global_scale(weights, [t.source for t in members])
-    h = program.hessians.get(key)
+    h = _whole(program.hessians.get(key), key)
     vals = None
     if h is not None and is_expert_group(key):
         vals = list(solved_expert_values(key, program, source, gptq_values)[0])

@@ -9,16 +9,21 @@ layer's output error on the calibration activations can:
 
     err(Q) = ||X W^T - X Q^T||^2 / n = tr(D H D^T),   D = W - Q [N, K],   H = X^T X / n [K, K]
 
-(H is the Hessian the calibrate pass records for GPTQ; a fused group's members share it.)
+scored here by its block-diagonal part, sum over blocks b of d_b H_bb d_b^T with H_bb the b-th
+diagonal [blk, blk] block of H: the cross-block terms pair independent rounding errors, and
+without them the calibrate pass records only H's diagonal blocks (calibrate.hessian_blocks:
+K / blk times less memory and time than the whole H, which a DeepSeek-V3 MoE layer's experts
+need 57 GB for). On SmolLM2 the choice scored on the blocks alone was as accurate as the whole
+H's (docs/accuracy.md "Defaults across models"); a fused group's members share H.
 Candidates, per fusion group:
 - global scales (NVFP4): g as computed, g rounded to bf16, g * (1 +- 2^-10), g * (1 +- 2^-8);
 - per block, under each global scale: the RTN E4M3 scale code and its neighbours (code + 1:
   headroom; code - 1, - 2: clipping, the block max then saturates at 6); MXFP4: exponent
   e_rtn, e_rtn + 1 and e_rtn - 1 (clipping).
-Each block is chosen by its own share of the output error, d_b H_bb d_b^T with H_bb the block's
-diagonal [16, 16] (or [32, 32]) sub-matrix of H; then the group takes, by the full tr(D H D^T)
-summed over its members, the best of these searched candidates and plain RTN. So on the
-calibration activations no group ends worse than RTN (tests/passes/test_output_scales.py).
+Each block is chosen by its own share of the output error, d_b H_bb d_b^T; then the group takes,
+by those shares summed over its blocks and members, the best of these searched candidates and
+plain RTN, so by that objective no group ends worse than RTN (tests/passes/test_output_scales.py).
+It is the default of W4A4 NVFP4 RTN (passes/quantize/quantize.py `_searched_by_default`).
 GPTQ (gptq.py) solves under the scales chosen here instead of RTN's.
 """
 
@@ -71,18 +76,29 @@ def _pick(x: torch.Tensor, hb: torch.Tensor, mults: list[torch.Tensor]) -> tuple
     return best_i, F.encode_e2m1(x / best_s[..., None])
 
 
-def _diag_blocks(h: torch.Tensor, blk: int) -> torch.Tensor:
-    """H [K, K] -> its diagonal blocks [K / blk, blk, blk] (float32)."""
+def diag_blocks(h: torch.Tensor, blk: int) -> torch.Tensor:
+    """H [K, K] -> its diagonal blocks [K / blk, blk, blk] (float32); blocks already [K / blk, blk, blk]
+    (what the calibrate pass records when only a scale search needs them) as they are."""
+    if h.dim() == 3:
+        return h.float()
     k = h.shape[0]
     hb = h.float().reshape(k // blk, blk, k // blk, blk)
     return hb.diagonal(dim1=0, dim2=2).permute(2, 0, 1).contiguous()
+
+
+def block_error(w: torch.Tensor, vals: torch.Tensor, hb: torch.Tensor) -> float:
+    """sum_b d_b H_bb d_b^T over every row and block, D = w - vals [N, K], hb [K / blk, blk, blk]: the
+    output error with the cross-block terms of H left out (the search's objective)."""
+    blk = hb.shape[-1]
+    d = (w.float() - vals.float()).reshape(w.shape[0], -1, blk)
+    return float(_block_err(d, hb).sum())
 
 
 def nvfp4_search(w: torch.Tensor, g: torch.Tensor, h: torch.Tensor) -> F.QTensor:
     """NVFP4 of w [N, K] under global multiplier g (1,), each block's E4M3 scale code chosen among
     RTN's and its CODE_OFFSETS neighbours by the block's output error under H."""
     n, k = w.shape
-    hb, gf = _diag_blocks(h, 16), g.float().reshape(())
+    hb, gf = diag_blocks(h, 16), g.float().reshape(())
     packed, scales = [], []
     for r0 in range(0, n, ROWS):
         x = w[r0: r0 + ROWS].float().reshape(-1, k // 16, 16)
@@ -101,7 +117,7 @@ def mxfp4_search(w: torch.Tensor, rule: str, h: torch.Tensor) -> F.QTensor:
     """MXFP4 of w [N, K], each block's E8M0 exponent chosen among the `rule` one and MX_SHIFTS
     steps from it by the block's output error under H."""
     n, k = w.shape
-    hb = _diag_blocks(h, 32)
+    hb = diag_blocks(h, 32)
     packed, scales = [], []
     for r0 in range(0, n, ROWS):
         x = w[r0: r0 + ROWS].float().reshape(-1, k // 32, 32)
@@ -126,15 +142,16 @@ def search_group(weights: Sequence[torch.Tensor], names: Sequence[str], program:
                  model_dtype: torch.dtype) -> tuple[list[F.QTensor], dict]:
     """A fusion group's QTensors (members share the input, hence H, and NVFP4's global scale):
     the candidate with the least summed output error, RTN included. Returns them and a record
-    (errors of RTN and of the choice, which candidate)."""
+    (errors of RTN and of the choice, which candidate). Every choice is scored by the block-diagonal
+    part of H alone (`block_error`), so `h` may be just those blocks: [K / blk, blk, blk]."""
     wq = program.weights
     g0 = wq.group_global_scale(weights, names)
     rtn = [wq.quantize(w, global_scale=g0, rule=program.mx_rule, scale_dtype=model_dtype, name=n)
            for w, n in zip(weights, names)]
-    h = h.float().to("cpu")
+    hb = diag_blocks(h.to("cpu"), wq.block[0])
 
     def total(qs: list[F.QTensor]) -> float:
-        return sum(output_error(w, F.dequantize(q, torch.float32), h) for w, q in zip(weights, qs))
+        return sum(block_error(w, F.dequantize(q, torch.float32), hb) for w, q in zip(weights, qs))
 
     best, best_err, label = rtn, total(rtn), "rtn"
     rtn_err = best_err

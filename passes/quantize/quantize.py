@@ -24,7 +24,7 @@ from tfcompile.ir import ALGORITHMS, CalibStats, Job, OutSpec, Program, QuantGro
 from tfcompile.kernels.formats import E4M3_MAX, round_scale_up
 from tfcompile.passes.quantize import four_over_six, output_scales
 from tfcompile.pipeline.intents import LayerSolve, WeightRounding
-from tfcompile.pipeline.passes import PassResult, Unsupported, register_pass
+from tfcompile.pipeline.passes import PassResult, Selection, Unsupported, register_pass
 from tfcompile.recipe import Recipe
 from tfcompile.schemes import SCHEMES
 
@@ -104,18 +104,37 @@ def _scale_search_unsupported(cfg: QuantizeConfig, fmt: str) -> list[Unsupported
     return []
 
 
-def _implies(settings: dict) -> dict:
+def _implies(sel: Selection) -> dict:
     """A calibrated algorithm schedules calibration and asks it for its statistics (the settings it
     registered: `register_algorithm(calibrate=...)`); so does quantize.scale_search=output (the
-    Hessians it scores scales with)."""
-    table = settings.get("quantize")
-    algorithm = table.get("algorithm") if isinstance(table, dict) else None
-    # a value of another type (a list, a table) is reported by QuantizeConfig, naming the field
+    Hessians it scores scales with), which is also RTN's default where the format calibrates
+    anyway (`_searched_by_default`)."""
+    table = sel.settings.get("quantize")
+    table = table if isinstance(table, dict) else {}  # another type is reported by QuantizeConfig
+    algorithm = table.get("algorithm", QuantizeConfig.algorithm)
     algo = ALGORITHMS.get(algorithm) if isinstance(algorithm, str) else None
     extra = dict(algo.calibrate) if algo is not None and algo.calibrate else None
-    if isinstance(table, dict) and table.get("scale_search") == "output":
-        extra = {**(extra or {}), "hessian": True}
-    return {"calibrate": extra} if extra else {}
+    own = {"scale_search": "output"} if "scale_search" not in table and _searched_by_default(sel, table) else {}
+    if table.get("scale_search", own.get("scale_search")) == "output" and not (extra or {}).get("hessian"):
+        # the search scores with H's diagonal blocks alone: record just those (HessianSpec)
+        blocks = sel.scheme.weights.block[0] if sel.scheme is not None and output_scales.searchable(
+            sel.scheme.weights) else 0
+        extra = {**(extra or {}), "hessian": True, **({"hessian_blocks": blocks} if blocks else {})}
+    return {**({"calibrate": extra} if extra else {}), **({"quantize": own} if own else {})}
+
+
+def _searched_by_default(sel: Selection, table: dict) -> bool:
+    """RTN of W4A4 NVFP4 (static input scales: the run calibrates anyway) chooses its scales by output
+    error unless told otherwise: on SmolLM2, the demo LM and demo-gemma it lowered held-out KL against
+    max-based scales on every calibration draw (docs/accuracy.md "Defaults across models"). Weight-only
+    RTN stays data-free; GPTQ keeps RTN's scales (scale search did not help it there); distillation
+    trains against max-based scales, so it keeps them."""
+    scheme = sel.scheme
+    return (scheme is not None and scheme.act_static and not sel.given("distill")
+            and not sel.value("calibrate", "propagate")  # the layer loop's RTN keeps RTN's scales
+            and output_scales.searchable(scheme.weights)
+            and table.get("algorithm", QuantizeConfig.algorithm) == "rtn"
+            and table.get("nvfp4_scales", QuantizeConfig.nvfp4_scales) == "max")
 
 
 def _intents(cfg: QuantizeConfig) -> tuple:

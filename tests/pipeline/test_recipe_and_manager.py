@@ -163,7 +163,7 @@ def test_a_pass_declares_when_the_standard_pipeline_runs_it():
 
     REGISTRY["_t_prune"] = PassSpec("_t_prune", _PruneCfg, frozenset({"program"}), frozenset({"program"}),
                                     lambda c, cfg, r: PassResult(c), "", when=given("_t_prune"),
-                                    implies=lambda s: {"calibrate": {"hessian": True}} if "_t_prune" in s else {})
+                                    implies=lambda sel: {"calibrate": {"hessian": True}} if sel.given("_t_prune") else {})
     saved = list(SCHEDULE)
     SCHEDULE.insert(SCHEDULE.index("quantize") + 1, "_t_prune")  # passes/builtin.py's STANDARD list
     try:

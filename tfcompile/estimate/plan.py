@@ -90,7 +90,7 @@ def estimate(model: Path, recipe, devices: str = "cpu", nodes: int = 1) -> dict:
     out_specs = program.specs()
     out_bytes = sum(math.prod(s.shape) * s.dtype.itemsize for s in out_specs)
     shard_mb = recipe.config("pack").max_shard_mb if "pack" in names else 4096
-    hess = _hessian_groups(plan, shape) if calib is not None and calib.hessian else {}
+    hess = _hessian_groups(plan, shape, calib.hessian_blocks) if calib is not None and calib.hessian else {}
     batch = recipe.config("quantize").gptq_expert_batch if "quantize" in names else 8
     owners = hessian_owners([g for g in plan.groups if g.key in hess], cluster.ranks, batch)  # as calibrate assigns them
     # calibrate.propagate: the layer loop solves each layer's GPTQ (calibration/propagate.py), pack none
@@ -108,7 +108,7 @@ def estimate(model: Path, recipe, devices: str = "cpu", nodes: int = 1) -> dict:
     mem_dev = max((p.get("device_gb", 0.0) for p in passes.values()), default=0.0)
     # spilled per rank: the Hessians it owns, or (propagating) its groups' solved codes
     per_value = (lambda k: sum(hess[k][0]) * hess[k][1] * _code_bytes(plan.scheme)) if propagate \
-        else (lambda k: 4 * hess[k][1] ** 2)
+        else (lambda k: 4 * hess[k][1] * hess[k][3])
     spill = max((sum(per_value(k) for k in hess if owners[k] == r) for r in range(cluster.ranks)),
                 default=0) / GB
     node = _node(cluster)
@@ -188,8 +188,9 @@ class _MetaSource:
                                  "nbytes": t.nbytes})()
 
 
-def _hessian_groups(plan, shape: ModelShape) -> dict[str, tuple[tuple[int, ...], int, float]]:
-    """Group key -> (rows of each member, K, share of the layer's tokens it sees) for every group
+def _hessian_groups(plan, shape: ModelShape, blocks: int = 0) -> dict[str, tuple[tuple[int, ...], int, float, int]]:
+    """Group key -> (rows of each member, K, share of the layer's tokens it sees, columns of H kept
+    per row: K, or `blocks` when only the diagonal blocks are recorded) for every group
     calibration records a Hessian for: every Linear group, and each routed expert's own (gate/up
     and down_proj: calibration/moe.py), which sees top-k / E of the tokens on average (the
     estimate assumes balanced routing, so every expert has enough tokens for its Hessian)."""
@@ -198,7 +199,8 @@ def _hessian_groups(plan, shape: ModelShape) -> dict[str, tuple[tuple[int, ...],
     for g in plan.groups:
         m = re.search(r"\.layers\.(\d+)\.", g.key)
         share = routed.get(int(m.group(1)), 1.0) if m and is_expert_group(g.key) else 1.0
-        out[g.key] = (tuple(t.shape[0] for t in g.members), g.members[0].shape[1], share)
+        k = g.members[0].shape[1]
+        out[g.key] = (tuple(t.shape[0] for t in g.members), k, share, blocks or k)
     return out
 
 
@@ -230,12 +232,12 @@ def _calibrate(shape: ModelShape, cfg, cl: Cluster, hess: dict, owners: dict, pr
         dense = [k for k in groups if not is_expert_group(k)]
         experts = [k for k in groups if is_expert_group(k)]
         if cl.ranks > 1:  # X_b^T X_b: a dense group's on the batch's rank, a routed expert's on its owner
-            hflops = 2 * tokens_rank * sum(hess[k][1] ** 2 for k in dense) + 2 * tokens * max(
-                sum(hess[k][2] * hess[k][1] ** 2 for k in experts if owners[k] == r) for r in range(cl.ranks))
+            hflops = 2 * tokens_rank * sum(hess[k][1] * hess[k][3] for k in dense) + 2 * tokens * max(
+                sum(hess[k][2] * hess[k][1] * hess[k][3] for k in experts if owners[k] == r) for r in range(cl.ranks))
         else:
-            hflops = 2 * tokens_rank * sum(hess[k][2] * hess[k][1] ** 2 for k in groups)  # routed rows
+            hflops = 2 * tokens_rank * sum(hess[k][2] * hess[k][1] * hess[k][3] for k in groups)  # routed rows
         # sent to the owners per round: a dense group's fp32 K x K partial, a routed expert's rows (bf16)
-        partial = 4 * sum(hess[k][1] ** 2 for k in dense) + \
+        partial = 4 * sum(hess[k][1] * hess[k][3] for k in dense) + \
             2 * cfg.batch * cfg.seq_len * sum(hess[k][2] * hess[k][1] for k in experts)
         replay = rounds * partial * (cl.ranks > 1)
         bf16 = layer.params * 2
@@ -267,7 +269,7 @@ def _calibrate(shape: ModelShape, cfg, cl: Cluster, hess: dict, owners: dict, pr
         act = tokens_rank * layer.hidden * 2 * 2  # inputs kept for the next layer + this layer's outputs
         temps = cfg.batch * cfg.seq_len * (layer.inter * 2 + 3 * layer.hidden) * 2 + \
             cfg.batch * heads * cfg.seq_len * cfg.seq_len * 4 * (not gpu)  # CPU SDPA materialises scores
-        owned = max((sum(hess[k][1] ** 2 for k in groups if owners[k] == r) for r in range(cl.ranks)), default=0)
+        owned = max((sum(hess[k][1] * hess[k][3] for k in groups if owners[k] == r) for r in range(cl.ranks)), default=0)
         hmem = 4 * owned + partial * (cl.ranks > 1)  # the sums it owns + this round's partials
         # a solve runs between the layer's two runs: the layer unbound, its Hessians and the activations kept
         if gpu:
@@ -323,7 +325,7 @@ def _pack(shape: ModelShape, specs, shard_mb: float, cl: Cluster, algo: str, hes
 def _solves_per_rank(hess: dict, owners: dict, cl: Cluster, m: dict, expert_batch: int) -> dict[int, float]:
     """Rank -> seconds of the GPTQ solves it owns among `hess`."""
     per: dict[int, float] = {}
-    for k, (rows, kk, _) in hess.items():  # each member on its own (passes/quantize/gptq.py); routed
+    for k, (rows, kk, *_) in hess.items():  # each member on its own (passes/quantize/gptq.py); routed
         together = expert_batch * len(rows) if is_expert_group(k) else 1  # experts in batches (gptq_moe.py)
         for n in rows:
             per[owners[k]] = per.get(owners[k], 0.0) + _solve_seconds(n, kk, cl, m, together)
@@ -333,7 +335,7 @@ def _solves_per_rank(hess: dict, owners: dict, cl: Cluster, m: dict, expert_batc
 def _solve_memory(hess: dict, expert_batch: int) -> float:
     """Bytes of the largest GPTQ solve among `hess` (a batch of routed experts solves together)."""
     return max(_solve_bytes(n, kk) * (expert_batch * len(rows) if is_expert_group(k) else 1)
-               for k, (rows, kk, _) in hess.items() for n in rows)
+               for k, (rows, kk, *_) in hess.items() for n in rows)
 
 
 def _solve_bytes(n: int, k: int) -> int:

@@ -13,8 +13,9 @@ names no pass); a registered pass missing from it runs only in a recipe's explic
 Each pass declares whether the standard pipeline runs it:
 - `when(selection)`: whether it runs, from the format and the settings given
   (None: always);
-- `implies(settings)`: settings it needs in other passes (GPTQ's Hessians from
-  `calibrate`), applied under the user's own; an implied pass is scheduled too;
+- `implies(selection)`: settings the format and the given settings imply, in other passes
+  (GPTQ's Hessians from `calibrate`) or its own (a default that depends on the format),
+  applied under the user's own; an implied pass is scheduled too;
 - `supports(recipe, cfg)`: every reason the pass cannot run with this recipe
   (`Unsupported`, with a hint), all at once; [] when it can. It never raises.
 A pass may also `finish` the run: after the last pass has run, the manager calls each
@@ -70,7 +71,7 @@ class Selection:
 RunFn = Callable[[Context, Any, Reporter], PassResult]
 SupportsFn = Callable[[Recipe, Any], "list[Unsupported]"]
 WhenFn = Callable[[Selection], bool]
-ImpliesFn = Callable[[Settings], "dict[str, dict[str, Any]]"]
+ImpliesFn = Callable[[Selection], "dict[str, dict[str, Any]]"]
 FinishFn = Callable[[Context], Context]
 IntentsFn = Callable[[Any], tuple]  # cfg -> the facts its settings promise (tfcompile/pipeline/intents.py)
 

@@ -22,12 +22,13 @@ from tfcompile.recipe.options import DEFAULT_FORMAT, RunOptions
 from tfcompile.schemes import format_name, get_scheme, preset_sets
 
 
-def implied_settings(settings: Settings) -> dict[str, dict[str, Any]]:
-    """Settings the given ones imply in other passes (GPTQ: calibrate.hessian), by pass."""
+def implied_settings(sel: Selection) -> dict[str, dict[str, Any]]:
+    """Settings the format and the given settings imply (GPTQ: calibrate.hessian), by pass; the
+    given ones are applied over them."""
     out: dict[str, dict[str, Any]] = {}
     for spec in REGISTRY.values():
         if spec.implies is not None:
-            for name, values in spec.implies(settings).items():
+            for name, values in spec.implies(sel).items():
                 out.setdefault(name, {}).update(values)
     return out
 
@@ -38,8 +39,9 @@ def preset_pipeline(fmt: str, settings: Settings | None = None) -> list[str]:
     pass of the standard schedule (`pipeline.passes.SCHEDULE`) whose `when` holds, or that another
     pass's settings imply, in the schedule's order."""
     settings = dict(settings or {})
-    implied = implied_settings(settings)
-    sel = Selection(get_scheme(fmt), {**settings, **{n: {**v, **settings.get(n, {})} for n, v in implied.items()}})
+    scheme = get_scheme(fmt)
+    implied = implied_settings(Selection(scheme, settings))
+    sel = Selection(scheme, {**settings, **{n: {**v, **settings.get(n, {})} for n, v in implied.items()}})
     specs = [REGISTRY[n] for n in SCHEDULE]
     return [s.name for s in specs if s.name in implied or s.when is None or s.when(sel)]
 
@@ -136,7 +138,8 @@ def build_recipe(
                         if "device" in {f.name for f in dataclasses.fields(get_pass(n).config)}]
     if fmt and "select" in values:
         values["select"]["format"] = fmt
-    for name, implied in implied_settings(settings).items():  # under the user's own settings
+    for name, implied in implied_settings(Selection(get_scheme(fmt) if fmt else None, settings)).items():
+        # under the user's own settings
         if name in values:
             values[name].update(implied)
     for name, table, where in edits:

@@ -1,4 +1,5 @@
-"""calibrate.hessian_dtype: X^T X computed and summed in float32 (default) or the forwards' dtype.
+"""calibrate.hessian_dtype and calibrate.hessian_blocks: X^T X computed and summed in float32 (default)
+or the forwards' dtype, whole or only its diagonal blocks.
 
 Oracle: the definition written out by hand per batch (float64 for the float32 path; for the bf16
 path, every batch's product rounded to bf16 and the running sum rounded to bf16 after each add,
@@ -12,15 +13,15 @@ import pytest
 import torch
 from torch import nn
 
-from tfcompile.calibration.recorders import HessianRecorder
+from tfcompile.calibration.recorders import HessianRecorder, HessianSpec
 from tfcompile.errors import RecipeError
 from tfcompile.passes.calibrate import CalibrateConfig
 from tfcompile.recipe import PassEntry, Recipe
 
 
-def _record(dtype: torch.dtype, batches: list[torch.Tensor]) -> torch.Tensor:
+def _record(dtype: torch.dtype, batches: list[torch.Tensor], blocks: int = 0) -> torch.Tensor:
     model = nn.Sequential(nn.Linear(48, 8, bias=False)).to(torch.bfloat16)
-    rec = HessianRecorder(model, {"0": "g"}, dtype=dtype)
+    rec = HessianRecorder(model, {"0": "g"}, spec=HessianSpec(dtype, blocks))
     with torch.inference_mode():
         for x in batches:
             model(x)
@@ -63,6 +64,19 @@ def test_compute_dtype_rounds_each_product_and_the_running_sum():
     assert torch.allclose(h, exact, rtol=2 ** -6, atol=2 ** -6 * float(exact.abs().max()))  # ... by bf16 roundings
 
 
+@pytest.mark.parametrize("blocks", [16, 8])
+def test_diagonal_blocks_are_those_of_the_whole_mean(blocks):
+    """HessianSpec(blocks=b): [K / b, b, b], each the b x b diagonal block of X^T X / n (float64 oracle)."""
+    xs = _batches()
+    hb = _record(torch.float32, xs, blocks)
+    rows = torch.cat([x.reshape(-1, 48).double() for x in xs])
+    ref = rows.T @ rows / rows.shape[0]
+    assert hb.shape == (48 // blocks, blocks, blocks) and hb.dtype == torch.float32
+    for i in range(48 // blocks):
+        blk = ref[i * blocks:(i + 1) * blocks, i * blocks:(i + 1) * blocks]
+        assert torch.allclose(hb[i].double(), blk, rtol=1e-6, atol=1e-6 * float(ref.abs().max())), i
+
+
 def test_config_refuses_an_unknown_dtype_and_records_only_when_set():
     with pytest.raises(RecipeError, match="calibrate.hessian_dtype 'bf16'") as e:
         CalibrateConfig(hessian_dtype="bf16")
@@ -72,8 +86,11 @@ def test_config_refuses_an_unknown_dtype_and_records_only_when_set():
         recipe = Recipe(version=1, format="nvfp4", passes=(PassEntry("calibrate", cfg),))
         return recipe.to_dict()["passes"][0]["config"]
 
-    assert "hessian_dtype" not in recorded(CalibrateConfig())  # artifacts made before keep their bytes
+    assert not {"hessian_dtype", "hessian_blocks"} & set(recorded(CalibrateConfig()))  # old artifacts' bytes
     assert recorded(CalibrateConfig(hessian_dtype="compute"))["hessian_dtype"] == "compute"
+    assert recorded(CalibrateConfig(hessian_blocks=16))["hessian_blocks"] == 16
+    with pytest.raises(RecipeError, match="hessian_blocks -1 is negative"):
+        CalibrateConfig(hessian_blocks=-1)
 
 
 def test_gptq_refuses_an_indefinite_hessian_with_a_hint():
