@@ -11,8 +11,6 @@ unit at a time, through the same tied-group helpers.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import re
 import warnings
 from pathlib import Path
@@ -24,13 +22,14 @@ from tfcompile.calibration.forward import model_class
 from tfcompile.families import V5
 from tfcompile.families.experts import PROJS, fuse_bias, fuse_weight, module_layout
 from tfcompile.io.hf_config import load_hf_config
+from tfcompile.machine import MMAP_THRESHOLD, mmap_threshold
 
 
 class Unsupported(Exception):
     """The checkpoint's tensors do not map onto the model's parameters one to one."""
 
 
-def fixed_mmap_threshold(nbytes: int = 128 << 10) -> None:
+def fixed_mmap_threshold(nbytes: int = MMAP_THRESHOLD) -> None:
     """Serve every allocation >= 128 KiB from its own mmap, returned to the OS on free.
 
     glibc raises its mmap threshold after the first large free (up to 32 MiB),
@@ -38,11 +37,7 @@ def fixed_mmap_threshold(nbytes: int = 128 << 10) -> None:
     measured +20 MB of RSS per decoder layer on a 16-layer model (466 MB ->
     881 MB); with the threshold fixed, RSS stays flat. Setting it explicitly
     turns glibc's dynamic adjustment off for the process. No-op off glibc."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.mallopt(-3, nbytes)  # M_MMAP_THRESHOLD
-    except (OSError, AttributeError):
-        pass
+    mmap_threshold(nbytes)
 
 
 def skeleton(model_dir: Path) -> nn.Module:

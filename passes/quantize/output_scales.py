@@ -35,6 +35,7 @@ import torch
 
 from tfcompile.ir import Program
 from tfcompile.kernels import formats as F
+from tfcompile.machine import heap_allocations
 
 GLOBAL_FACTORS = (1.0, 1 + 2 ** -10, 1 - 2 ** -10, 1 + 2 ** -8, 1 - 2 ** -8)  # on g = 2688 / amax
 CODE_OFFSETS = (0, 1, -1, -2)  # E4M3 scale code steps from RTN's (0 first: ties keep RTN)
@@ -144,6 +145,12 @@ def search_group(weights: Sequence[torch.Tensor], names: Sequence[str], program:
     the candidate with the least summed output error, RTN included. Returns them and a record
     (errors of RTN and of the choice, which candidate). Every choice is scored by the block-diagonal
     part of H alone (`block_error`), so `h` may be just those blocks: [K / blk, blk, blk]."""
+    with heap_allocations():  # the same few MB of temporaries per candidate: reuse them (machine.py)
+        return _search(weights, names, program, h, model_dtype)
+
+
+def _search(weights: Sequence[torch.Tensor], names: Sequence[str], program: Program, h: torch.Tensor,
+            model_dtype: torch.dtype) -> tuple[list[F.QTensor], dict]:
     wq = program.weights
     g0 = wq.group_global_scale(weights, names)
     rtn = [wq.quantize(w, global_scale=g0, rule=program.mx_rule, scale_dtype=model_dtype, name=n)
