@@ -113,7 +113,14 @@ def measure(model: Path, held: HeldOut, fmts: list[str], variants: list[str], se
                         continue
                     out = Path(tmp) / key.replace("/", "-")
                     busy = cpu_busy(0.5)
-                    seconds = quantize(model, out, fmt, variant, seed, calib_ids(model, Path(tmp) / "ids.npy", seed=seed, samples=SAMPLES, seq_len=SEQ))
+                    try:
+                        seconds = quantize(model, out, fmt, variant, seed, calib_ids(model, Path(tmp) / "ids.npy", seed=seed, samples=SAMPLES, seq_len=SEQ))
+                    except SystemExit as e:  # a finding too (a bf16 Hessian that is not positive definite)
+                        lines = [x for x in str(e).splitlines() if x.startswith("error:")] or str(e).splitlines()[-1:]
+                        results[key] = {"error": lines[0][:300]}
+                        print(f"{key:32s} failed: {results[key]['error']}", file=sys.stderr, flush=True)
+                        store.save(results)
+                        continue
                     r = held.score_compressed_tensors(out)
                     results[key] = {"quantize_s": seconds, "busy_cores": round(busy, 2),
                                     **{k: r[k] for k in ("kl_mean", "perplexity", "reference_perplexity",
@@ -126,7 +133,7 @@ def measure(model: Path, held: HeldOut, fmts: list[str], variants: list[str], se
 
 def stats(results: dict, fmt: str, variant: str) -> dict | None:
     """Mean, min and max of the perplexity and of the KL over the draws measured, and their count."""
-    rows = [r for k, r in results.items() if k.startswith(f"{fmt}/{variant}/")]
+    rows = [r for k, r in results.items() if k.startswith(f"{fmt}/{variant}/") and "error" not in r]
     if not rows:
         return None
     ppl, kl = [r["perplexity"] for r in rows], [r["kl_mean"] for r in rows]
@@ -144,6 +151,9 @@ def table(results: dict, fmts: list[str]) -> str:
     for fmt in fmts:
         for variant, (tool, _, _) in VARIANTS.items():
             s = stats(results, fmt, variant)
+            failed = sum(1 for k, r in results.items() if k.startswith(f"{fmt}/{variant}/") and "error" in r)
+            if failed:
+                lines.append(f"| {fmt} | {variant} | {tool} | {failed} failed | - | - | - | - | - |")
             if s is None:
                 continue
             base = stats(results, fmt, BASELINE[tool])

@@ -390,7 +390,8 @@ def main(argv: list[str] | None = None) -> int:
                       "recording of the CPU-dependent ones (other_cpus) to the baseline")
     mode.add_argument("--check", action="store_true", help="rebuild and compare with the baseline")
     mode.add_argument("--list", action="store_true", help="print the case names")
-    ap.add_argument("--only", nargs="+", metavar="CASE", help="only these cases (--check)")
+    ap.add_argument("--only", nargs="+", metavar="CASE",
+                    help="only these cases (--check; --record: rerecord just them, e.g. after a default changed on purpose)")
     ap.add_argument("--ci", action="store_true", help="only the CI subset (CI_CASES)")
     ap.add_argument("--baseline", type=Path, default=BASELINE)
     args = ap.parse_args(argv)
@@ -403,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"error: unknown case(s) {unknown}\nhint: --list prints them", file=sys.stderr)
         return 2
-    if args.check or args.record_cpu:
+    if args.check or args.record_cpu or (args.record and args.only):
         baseline = json.loads(args.baseline.read_text())
         mismatch = env_mismatch(baseline)
         if mismatch:
@@ -428,9 +429,19 @@ def main(argv: list[str] | None = None) -> int:
         args.baseline.write_text(json.dumps(baseline, indent=1, sort_keys=True) + "\n")
         print(f"recorded the CPU-dependent cases for {got['cpu']} -> {args.baseline}")
         return 0
+    if args.record and args.only:  # the other cases' recordings stay as they are
+        if got["cpu"] != baseline.get("cpu"):
+            print(f"error: the baseline was recorded on {baseline.get('cpu')}, this is {got['cpu']}",
+                  file=sys.stderr)
+            return 2
+        baseline["artifacts"].update(got["artifacts"])
+        baseline["sources"].update(got.get("sources", {}))
+        args.baseline.write_text(json.dumps(baseline, indent=1, sort_keys=True) + "\n")
+        print(f"rerecorded {', '.join(names)} -> {args.baseline}")
+        return 0
     if args.record:
-        if args.only or args.ci:
-            print("error: --record writes the whole matrix; drop --only/--ci", file=sys.stderr)
+        if args.ci:
+            print("error: --record writes the whole matrix; drop --ci", file=sys.stderr)
             return 2
         doc = {"environment": environment(), **got}
         args.baseline.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
