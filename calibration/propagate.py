@@ -45,7 +45,7 @@ import torch
 
 from tfcompile.dist import LOCAL
 from tfcompile.dist.collect import share_tensors
-from tfcompile.calibration.recorders import Recorders, enough_tokens
+from tfcompile.calibration.recorders import Recorders
 from tfcompile.families.names import NameMap, RenamedView
 from tfcompile.ir import QuantTarget
 
@@ -55,10 +55,11 @@ class LayerSolver(Protocol):
 
     targets: Mapping[str, QuantTarget]  # quantized module (checkpoint name) -> its target
 
-    def __call__(self, modules: set[str], hessians: Mapping[str, torch.Tensor],
+    def __call__(self, modules: set[str], statistics: Mapping[str, Mapping[str, torch.Tensor]],
                  owned: Callable[[str], bool]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        """For the groups whose first member is in `modules` and `owned(key)`: (group key -> packed
-        codes of its GPTQ-solved members, concatenated on dim 0, for the groups with a Hessian;
+        """For the groups whose first member is in `modules` and `owned(key)`, given the layer's
+        per-group statistics (name -> group key -> tensor, calibration/statistics.py): (group key ->
+        packed codes of its solved members, concatenated on dim 0, for the groups it solved;
         module -> its dequantized weight [N, K] in the model dtype, for every group)."""
         ...
 
@@ -144,18 +145,12 @@ class LayerPropagation:
     def solve(self, i: int, rec: Recorders, block: Block | None = None) -> dict[str, torch.Tensor]:
         """Layer i's statistics are complete: quantize its groups, share the weights, and point
         the checkpoint view at them. Returns the codes to keep (this rank's solves)."""
-        rows = rec.hessians.rows()
-        tokens = {}
-        for key, n in rows.items():  # a routed expert's rows are its tokens (calibration/recorders.py)
-            m = re.match(r"(.*\.experts\.\d+)\.", key)
-            if m:
-                tokens[m.group(1)] = n
-        hessians = {k: h for k, h in rec.hessians.take().items() if enough_tokens(k, tokens, self.min_tokens)}
+        statistics = rec.take(self.min_tokens)  # routed experts below min_tokens: none (their groups: RTN)
         modules = {m for m, layer in self.layer_of.items() if layer == i}
         rank = self.world.rank
         owned = lambda key: self.owner.get(key, rank) == rank  # noqa: E731
-        codes, weights = (self.solver(modules, hessians, owned) if block is None
-                          else self.solver(modules, hessians, owned, block=block))
+        codes, weights = (self.solver(modules, statistics, owned) if block is None
+                          else self.solver(modules, statistics, owned, block=block))
         self.solved += sorted(codes)
         weights = share_tensors(self.world, weights, f"propagate/{i}")
         self.view.tensors = rebuilt(weights, self.solver.targets, self.view, self.dtype)
