@@ -123,8 +123,18 @@ def _when(sel: Selection) -> bool:
     return bool((sel.scheme is not None and sel.scheme.act_static) or sel.value("calibrate", "kv_cache"))
 
 
+def _unscheduled(scheme: Scheme) -> tuple[str, str]:
+    """Why a format's pipeline has no calibrate pass, for calibration options given anyway."""
+    why = ("its activations stay in bf16 (weight-only)" if scheme.act is None else
+           "its activation scales are computed at run time (dynamic)" if not scheme.act_static else
+           "this pipeline leaves the calibrate pass out")
+    return (f"needs no calibration data: {why}, and nothing else in this run calibrates",
+            "drop the --calib* options; they apply to nvfp4 / fp8 (static activation scales), --kv-cache fp8, "
+            "--algorithm gptq / awq / signround and --set quantize.scale_search=output")
+
+
 @register_pass("calibrate", config=CalibrateConfig, requires=("source", "model", "plan"),
-               produces=("calib",), when=_when,
+               produces=("calib",), when=_when, unscheduled=_unscheduled,
                intents=lambda c: (RunsTheModel("calibrate"),
                                   *((KVCacheScales(c.kv_cache, bool(c.kv_per_head)),) if c.kv_cache else ())))
 def calibrate(ctx, cfg: CalibrateConfig, reporter) -> PassResult:
