@@ -122,7 +122,7 @@ def build_recipe(
     for item in sets:
         name, key, raw = _parse_set(item)
         edits.append((name, {key: _parse_value(raw)}, f"--set {item}"))
-    edits = _route_onnx_export(edits)
+    edits = _route_exports(edits)
     # The preset's shape follows the settings, wherever they came from (the passes declare how)
     settings = _given(edits)
     pipeline = list(data.get("pipeline") or (preset_pipeline(fmt, settings) if fmt else []))
@@ -202,16 +202,17 @@ def _given(edits: list) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _route_onnx_export(edits: list) -> list:
-    """`export = ["onnx"]` (pack's list of views: --export onnx, or a recipe) names the `onnx` pass
-    (passes/onnx.py): drop it from pack's table and schedule that pass instead, so pack keeps only
-    the views it writes itself."""
+def _route_exports(edits: list) -> list:
+    """A view in an `export` list (pack's views: --export onnx, or a recipe) that is the name of a
+    registered pass (the `onnx` pass, passes/onnx.py) is that pass: drop it from the table and
+    schedule the pass instead, so the exporting pass keeps only the views it writes itself."""
     out = []
     for name, table, where in edits:
-        views = table.get("export") if name == "pack" and isinstance(table, Mapping) else None
-        if isinstance(views, (list, tuple)) and "onnx" in views:
-            table = {**table, "export": [v for v in views if v != "onnx"]}
-            out.append(("onnx", {}, where))
+        views = table.get("export") if isinstance(table, Mapping) else None
+        routed = [v for v in views if v in REGISTRY] if isinstance(views, (list, tuple)) else []
+        if routed:
+            table = {**table, "export": [v for v in views if v not in REGISTRY]}
+            out += [(v, {}, where) for v in routed]
         out.append((name, table, where))
     return out
 
