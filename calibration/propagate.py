@@ -1,37 +1,38 @@
-"""GPTQ with error propagation in the layer-by-layer loop (`calibrate.propagate`; default off).
+"""Error propagation in the layer-by-layer loop: an algorithm's layer solver quantizes each decoder
+layer as soon as its statistics are in, and the next layer is calibrated on its quantized outputs
+(`calibrate.propagate`, default off; or always, for a solver registered with loop="always").
 
-One pass of the unquantized model gives every layer a Hessian of the *original* activations.
-GPTQ's paper, and llm-compressor's sequential pipeline (`propagate_error`), instead feed layer
-i+1 what layer i computes once quantized, so each layer's solve also compensates the error of
-the layers before it. The layer loop (calibration/sequential.py), per decoder layer i:
+One pass of the unquantized model gives every layer statistics of the *original* activations, so
+a solve cannot compensate the error of the layers before it. The solver's paper and
+llm-compressor's sequential pipeline (`propagate_error`) instead feed layer i+1 what layer i
+computes once quantized. The layer loop (calibration/sequential.py), per decoder layer i:
 
-1. runs layer i on every batch with the hooks recording (Hessians, amax, KV), as without;
-2. `LayerPropagation.solve`: layer i's groups are quantized by the `LayerSolver` the pass hands
-   in (passes/quantize/gptq_layer.py: GPTQ with the group's Hessian, RTN without one), each on
-   the rank that owns its Hessian (tfcompile/dist/partition.py `hessian_owners`, as pack would
-   solve it), and the dequantized weights (model dtype) are shared with every rank;
+1. runs layer i on every batch with the hooks recording (registered statistics, amax, KV), as without;
+2. `LayerPropagation.solve`: layer i's groups are quantized by the `LayerSolver` the calibrate
+   pass hands in (the scheduled algorithm's, `tfcompile.ir.register_layer_solver`; it gets the
+   layer's per-group statistics by name, calibration/statistics.py), each on the rank that owns
+   the group's statistics (as pack would compute it), and the dequantized weights (model dtype)
+   are shared with every rank;
 3. rebinds layer i to those weights (`Overrides` over the checkpoint) and runs it again on every
    batch with the hooks paused (`Recorders.paused`): its outputs are layer i+1's inputs.
 
 Static activation scales (W4A4 nvfp4, fp8-static): in step 3 each of layer i's quantized Linears
 also sees its input fake-quantized with the static scale its observed amax gives (the solver's
 `input_quantizers`: the fused group's max, stored as pack stores it), as the engine runs the
-layer; so every later layer's amax, Hessians and solve see what the artifact computes, as in
+layer; so every later layer's amax, statistics and solve see what the artifact computes, as in
 llm-compressor's sequential pipeline, which calibrates with quantization enabled. Dynamic kinds
 (mxfp4, fp8-token) are fake-quantized too. Step 1 still runs layer i with its original weights
 and inputs (the solve needs them): its own later Linears (o_proj, down_proj) observe inputs the
 quantized earlier Linears of the same layer did not make. A Linear with no module of its own
 (fused experts) or no observed token is left unquantized in step 3.
 
-RTN (`--algorithm rtn`, passes/quantize/gptq_layer.py `RTNLayerSolver`) solves in the loop too
-when propagating: its codes are not kept (pack's RTN gives the same), only its effect on the
-statistics of the layers after it (their static input scales).
-
-What a solve produced is kept, not its Hessian: the packed
-element codes of each group's members (`QTensor.data`, concatenated along the rows), spilled
-per layer like the Hessians; pack re-derives the same RTN scales and writes those codes
-(passes/quantize/gptq.py), so the artifact holds exactly the values layer i+1 was calibrated on.
-Cost: a second forward of each layer, and the solves move from pack into this loop.
+A solver may keep no codes (round to nearest: pack's gives the same), only its effect on the
+statistics of the layers after it (their static input scales). What a solve produced is kept,
+not the statistics it consumed: the packed element codes of each group's members
+(`QTensor.data`, concatenated along the rows), spilled per layer (`CalibStats.solved`); pack
+re-derives the same scales and writes those codes, so the artifact holds exactly the values
+layer i+1 was calibrated on. Cost: a second forward of each layer, and the solves move from
+pack into this loop. docs/design.md "Calibration" gives the algorithms that register one.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ An algorithm is one unit: its statistics are registered by their own modules (ca
 statistics.py `register_statistic`; calibration/hessian.py, calibration/awq_stats.py), its
 settings, prepare and run by its module under passes/quantize/. So the modules every algorithm
 goes through must not know any of them: the loops (whole model, layer by layer, the recorders that
-both install, and the statistic interface), the IR (tfcompile/ir.py) and pack (passes/pack.py). Read
+both install, the layer solver's propagation, and the statistic interface), the IR (tfcompile/ir.py)
+and pack (passes/pack.py). Read
 from the source text, comments and docstrings included (a comment naming GPTQ is how a special case
 starts); a name of an algorithm or of its statistic is a hit, case-insensitive.
 """
@@ -18,7 +19,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 GUARDED = ("calibration/sequential.py", "calibration/forward.py", "calibration/recorders.py",
-           "calibration/statistics.py", "tfcompile/ir.py", "passes/pack.py")
+           "calibration/propagate.py", "calibration/statistics.py", "tfcompile/ir.py", "passes/pack.py")
 NAMES = re.compile(r"gptq|awq|hessian", re.IGNORECASE)
 
 # (file, the whole stripped line): each one justified. Keep it short.
