@@ -120,7 +120,7 @@ def observe_input_amax(model_dir: Path, modules: set[str], *, data: str, samples
     model.to(device)
     rec = Recorders(model, modules, observer=observer, observer_params=observer_params, kv=kv,
                     statistics=statistics, groups=groups, all_experts=all_experts,
-                    moe_min_tokens=moe_min_tokens, world=world, owner=owner)
+                    moe_min_tokens=moe_min_tokens, world=world, owner=owner, compute_dtype=dtype)
     rec.begin(ids)  # every rank sees every token id (a statistic may run the model on some at the end)
     n_rounds = rounds(len(ids), world.size)
     progress.task(f"calibrate {len(ids)} sequences (whole model)", n_rounds)

@@ -30,10 +30,15 @@ class HessianRecorder(Recorder):
     owns). A routed expert's batch (T_e rows, a few hundred) is much smaller than its K x K
     partial, so under torchrun an expert group's rows X_b travel to the owner, which computes
     X_b^T X_b there; other groups send the partial (module docstring of tfcompile/dist/collect.py).
-    One process computes and adds the same products in the same order either way."""
+    One process computes and adds the same products in the same order either way.
+    Option `dtype` (calibrate.hessian_dtype): what X^T X is computed and summed in: "float32" (the
+    default, as llm-compressor's GPTQ), or "compute", the forwards' dtype (bf16: every batch's
+    product and the running sum rounded to 8 bits of mantissa); `result()` hands float32 to the
+    solve either way."""
 
     def __init__(self, setup: Setup):
         super().__init__()
+        self.dtype = setup.compute_dtype if setup.options.get("dtype") == "compute" else torch.float32
         self._h: dict[str, torch.Tensor] = {}
         self._n: dict[str, int] = {}
         self.groups = setup.first_members()  # member Linear (checkpoint name) -> group key
@@ -57,7 +62,7 @@ class HessianRecorder(Recorder):
             self._route[key](x)
 
     def _prepare(self, key: str):
-        """One batch's X^T X (fp32, on x's device) and its row count: the expensive part, on the
+        """One batch's X^T X (in `dtype`, on x's device) and its row count: the expensive part, on the
         batch's rank; a routed expert's rows X_b [T_e, K] as they are (the owner multiplies)."""
         def prepare(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             x = x.detach().reshape(-1, x.shape[-1])
@@ -69,7 +74,7 @@ class HessianRecorder(Recorder):
 
     def _product(self, key: str, x: torch.Tensor) -> torch.Tensor:
         t0 = time.perf_counter()
-        x = x.float()
+        x = x.to(self.dtype)
         h = x.T @ x
         self._seconds[key] = self._seconds.get(key, 0.0) + time.perf_counter() - t0
         return h
@@ -84,7 +89,7 @@ class HessianRecorder(Recorder):
         return fold
 
     def result(self) -> dict[str, torch.Tensor]:
-        return {k: self._h[k] / self._n[k] for k in sorted(self._h)}
+        return {k: self._h[k].float() / self._n[k] for k in sorted(self._h)}
 
     def rows(self) -> dict[str, int]:
         """Input rows (tokens) behind each Hessian so far: a routed expert's are its tokens."""

@@ -45,13 +45,14 @@ class Recorders:
 
     `statistics`: name -> options of the registered statistics to record (calibration/statistics.py);
     `groups`: every quantized Linear (checkpoint name) -> its fusion-group key; `owner`: group key ->
-    the rank that folds a per-group statistic's tensor under torchrun (default: round robin)."""
+    the rank that folds a per-group statistic's tensor under torchrun (default: round robin);
+    `compute_dtype`: what the forwards compute in (a statistic may compute in it)."""
 
     def __init__(self, model: nn.Module, modules: set[str], *, observer: str = "max",
                  observer_params: dict | None = None, kv: bool = False,
                  statistics: Mapping[str, Mapping[str, Any]] | None = None, groups: Mapping[str, str] | None = None,
                  all_experts: bool = False, moe_min_tokens: int = 16, world=LOCAL,
-                 owner: Mapping[str, int] | None = None):
+                 owner: Mapping[str, int] | None = None, compute_dtype: torch.dtype = torch.float32):
         self.modules, self.world = set(modules), world
         self.moe_min_tokens = moe_min_tokens
         names = NameMap(model)
@@ -72,7 +73,8 @@ class Recorders:
         keys = sorted(set((groups or {}).values()))
         owner = {k: (owner or {}).get(k, i % world.size) for i, k in enumerate(keys)}
         for name in sorted(statistics or {}):
-            setup = Setup(model, names, dict(groups or {}), self.replay, dict(statistics[name] or {}), owner)
+            setup = Setup(model, names, dict(groups or {}), self.replay, dict(statistics[name] or {}), owner,
+                          compute_dtype)
             self.recorders[name] = STATISTICS[name].factory(setup)
         self.taken: dict[str, set[str]] = {}  # per-group statistic -> keys handed out by take() (spilled)
         self.moe = MoERecorder(model, self._expert_input, all_experts=all_experts)

@@ -110,7 +110,7 @@ def observe_sequential(model_dir: Path, ckpt, modules: set[str], *, data: str, s
                            device=device)
     rec = Recorders(model, modules, observer=observer, observer_params=observer_params, kv=kv,
                     statistics=statistics, groups=groups, all_experts=all_experts, moe_min_tokens=moe_min_tokens,
-                    world=world, owner=owner)
+                    world=world, owner=owner, compute_dtype=dtype)
     rec.begin(ids)
     spill = _Spill()
     # learned rounding (a solver with needs_block): the unquantized model's activations, kept beside

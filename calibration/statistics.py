@@ -54,6 +54,7 @@ class Setup:
     replay: OrderedReplay
     options: Mapping[str, Any] = field(default_factory=dict)  # the statistic's own options (calibrate pass)
     owner: Mapping[str, int] = field(default_factory=dict)  # per_group: group key -> the rank folding it
+    compute_dtype: torch.dtype = torch.float32  # what the forwards compute in (calibrate.dtype resolved)
 
     @property
     def world(self):
@@ -65,6 +66,13 @@ class Setup:
         for m, key in self.groups.items():
             first.setdefault(key, m)
         return {m: k for k, m in first.items()}
+
+
+def local_setup(model: nn.Module, groups: Mapping[str, str], options: Mapping[str, Any] | None = None,
+                compute_dtype: torch.dtype = torch.float32) -> Setup:
+    """A one-process `Setup` on `model` (tests and benches build one recorder with it)."""
+    return Setup(model, NameMap(model), dict(groups), OrderedReplay(LOCAL, {}), dict(options or {}),
+                 compute_dtype=compute_dtype)
 
 
 class Recorder:

@@ -12,7 +12,8 @@ import pytest
 import torch
 from torch import nn
 
-from tfcompile.calibration.recorders import HessianRecorder
+from tfcompile.calibration.hessian import HessianRecorder
+from tfcompile.calibration.statistics import local_setup
 from tfcompile.errors import RecipeError
 from tfcompile.passes.calibrate import CalibrateConfig
 from tfcompile.recipe import PassEntry, Recipe
@@ -20,7 +21,8 @@ from tfcompile.recipe import PassEntry, Recipe
 
 def _record(dtype: torch.dtype, batches: list[torch.Tensor]) -> torch.Tensor:
     model = nn.Sequential(nn.Linear(48, 8, bias=False)).to(torch.bfloat16)
-    rec = HessianRecorder(model, {"0": "g"}, dtype=dtype)
+    option = "float32" if dtype == torch.float32 else "compute"  # calibrate.hessian_dtype, forwards in `dtype`
+    rec = HessianRecorder(local_setup(model, {"0": "g"}, {"dtype": option}, compute_dtype=dtype))
     with torch.inference_mode():
         for x in batches:
             model(x)
