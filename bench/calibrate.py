@@ -162,7 +162,7 @@ def bench_gptq(wait: float) -> dict:
     shutil.rmtree(WORK / "out-gptq", ignore_errors=True)
     cal, pack = doc["passes"]["calibrate"], doc["passes"]["pack"]
     return {"wall": t.wall_s, "calibrate": cal["seconds"], "pack": pack["seconds"],
-            "hessian": cal.get("hessian_seconds_per_layer", {}), "solve": pack.get("gptq_solve_seconds_per_layer", {}),
+            "hessian": cal.get("hessian_seconds_per_layer", {}), "solve": pack.get("solve_seconds_per_layer", {}),
             "layer": cal.get("layer_seconds", []), "loop": cal.get("loop"), "rss": t.max_rss_bytes}
 
 

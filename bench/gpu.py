@@ -48,6 +48,7 @@ DEV = "cuda"  # --dry-run: "cpu", to check this script's own code without a GPU
 def _calibrate(model: Path, device: str) -> tuple[object, float]:
     import torch
 
+    from tfcompile.calibration.hessian import NAME as HESSIAN
     from tfcompile.calibration.sequential import observe_sequential
     from tfcompile.io.checkpoint import open_checkpoint
 
@@ -56,7 +57,8 @@ def _calibrate(model: Path, device: str) -> tuple[object, float]:
     groups = {m: m for m in mods if m.endswith(("q_proj", "o_proj", "gate_proj", "down_proj"))}
     t0 = time.perf_counter()
     stats = observe_sequential(model, ckpt, mods, data="random", samples=8, seq_len=256, seed=0,
-                               dtype=torch.bfloat16, hessian_groups=groups, batch=4, device=device)
+                               dtype=torch.bfloat16, statistics={HESSIAN: {}}, groups=groups, batch=4,
+                               device=device)
     if device != "cpu":
         torch.cuda.synchronize(device)
     return stats, time.perf_counter() - t0
@@ -68,8 +70,11 @@ def check_calibration(model: Path) -> dict:
     cpu, t_cpu = _calibrate(model, "cpu")
     gpu, t_gpu = _calibrate(model, DEV)
     amax_err = max(abs(gpu.input_amax[m] - v) / v for m, v in cpu.input_amax.items())
-    h_err = max(float(torch.linalg.norm(gpu.hessians[k].float() - cpu.hessians[k].float())
-                      / torch.linalg.norm(cpu.hessians[k].float())) for k in cpu.hessians)
+    from tfcompile.calibration.hessian import hessians
+
+    hc, hg = hessians(cpu), hessians(gpu)
+    h_err = max(float(torch.linalg.norm(hg[k].float() - hc[k].float()) / torch.linalg.norm(hc[k].float()))
+                for k in hc)
     return {"cpu_s": round(t_cpu, 2), "gpu_s": round(t_gpu, 2), "amax_max_rel_err": amax_err,
             "hessian_max_rel_err": h_err, "ok": amax_err <= 1e-2 and h_err <= 1e-2}
 
@@ -111,7 +116,7 @@ def gptq_on_gpu(gpu_kind: str, shape: dict, layers: int) -> dict:
                                      f"1x{gpu_kind}", "--json"], capture_output=True, text=True, check=True).stdout)
     return {"wall_s": round(wall, 2), "calibrate_s": doc["passes"]["calibrate"]["seconds"],
             "pack_s": doc["passes"]["pack"]["seconds"],
-            "solve_s_per_layer": doc["passes"]["pack"].get("gptq_solve_seconds_per_layer"),
+            "solve_s_per_layer": doc["passes"]["pack"].get("solve_seconds_per_layer"),
             "estimate": {"calibrate_s": est["passes"]["calibrate"]["seconds"], "pack_s": est["passes"]["pack"]["seconds"]}}
 
 
@@ -126,7 +131,8 @@ def awq_search(k: int = 2048, rows: int = 1024) -> dict:
     """Item 5 of the module docstring."""
     import torch
 
-    from tfcompile.ir import AWQInput, Program, QuantTarget
+    from tfcompile.calibration.awq_stats import AWQInput
+    from tfcompile.ir import Program, QuantTarget
     from tfcompile.passes.quantize import awq
     from tfcompile.schemes import get_scheme
 

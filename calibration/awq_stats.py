@@ -37,17 +37,43 @@ from __future__ import annotations
 
 import re
 import weakref
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
+from tfcompile.calibration.statistics import Recorder, Setup, register_statistic, result_of
 from tfcompile.dist import LOCAL
 from tfcompile.dist.collect import share_tensors
-from tfcompile.ir import AWQInput
+
+NAME = "awq"
 
 MAX_ROWS = 2048  # sampled input rows per group (the AWQ search's calibration set)
 CHECK_TOKENS = 64  # tokens of the first calibration sequence used to verify the folds
 _EXPERT = re.compile(r"\.experts\.\d+\.")
+
+
+@dataclass(frozen=True)
+class AWQInput:
+    """What AWQ needs of one norm-fed fusion group's input."""
+    norm: str  # module whose output is the group's input, e.g. model.layers.0.input_layernorm
+    mean_abs: torch.Tensor  # float32 [K]: mean |x| per input channel, every calibration token
+    max_abs: torch.Tensor  # float32 [K]: max |x| per input channel
+    rows: torch.Tensor  # float32 [n, K]: uniform sample of input rows
+    tokens: int  # calibration tokens the statistics cover
+
+
+@dataclass(frozen=True)
+class AWQStatistics:
+    """The statistic's result: per norm-fed group its input, and why the other groups have none."""
+    inputs: Mapping[str, AWQInput] = field(default_factory=dict)  # group key -> its input statistics
+    skipped: Mapping[str, str] = field(default_factory=dict)  # group key -> why it has no AWQ statistics
+
+
+def awq_statistics(calib) -> AWQStatistics:
+    """The AWQ statistics of a `CalibStats` (empty when none were recorded)."""
+    return result_of(calib, NAME, AWQStatistics())
 
 
 class _Acc:
@@ -81,7 +107,7 @@ def is_norm(mod: nn.Module) -> bool:
     return isinstance(w, torch.Tensor) and w.ndim == 1 and "norm" in type(mod).__name__.lower()
 
 
-class AWQRecorder:
+class AWQRecorder(Recorder):
     """Per fusion group fed by a norm: the norm's name and statistics of its output.
 
     `groups`: quantized Linear module -> its fusion-group key (every member of
@@ -91,13 +117,13 @@ class AWQRecorder:
 
     def __init__(self, model: nn.Module, groups: dict[str, str], *, max_rows: int = MAX_ROWS,
                  seed: int = 0, replay=None):
+        super().__init__()
         self.model, self.groups, self.world = model, dict(groups), replay.world if replay is not None else LOCAL
         self.max_rows, self.seed = max_rows, seed
         self._outs: dict[str, tuple] = {}  # norm -> (weakref to its last output, storage address)
         self._seen: dict[str, set] = {}  # Linear -> {norm name | "view:"+norm | None} per call
         self._acc: dict[str, _Acc] = {}  # group key -> statistics (first member's hook)
         self._ids: torch.Tensor | None = None  # first calibration sequence (for the fold check)
-        self.hooks = []
         if not self.groups:
             return
         first = {}
@@ -113,7 +139,7 @@ class AWQRecorder:
                 self.hooks.append(mod.register_forward_pre_hook(self._linear_hook(name)))
         self.hooks.append(model.register_forward_pre_hook(self._model_hook, with_kwargs=True))
 
-    def first_sequence(self, ids: torch.Tensor) -> None:
+    def begin(self, ids: torch.Tensor) -> None:
         """The fold check's tokens: the first calibration sequence, whichever rank runs it."""
         self._ids = ids[:1, :CHECK_TOKENS].clone()
 
@@ -160,8 +186,8 @@ class AWQRecorder:
                 return "view:" + norm
         return None
 
-    def result(self) -> tuple[dict[str, AWQInput], dict[str, str]]:
-        """(group key -> AWQInput, group key -> why it has none); runs the fold check."""
+    def result(self) -> AWQStatistics:
+        """Group key -> AWQInput, and group key -> why it has none; runs the fold check."""
         self._gather()
         cands, skipped = self._candidates()
         folds = {k: (norm, [m for m, g in self.groups.items() if g == k]) for k, norm in cands.items()}
@@ -172,7 +198,7 @@ class AWQRecorder:
         for key, norm in sorted(cands.items()):
             acc = self._acc[key]
             out[key] = AWQInput(norm, (acc.sum / acc.n).float(), acc.max.clone(), acc.rows, acc.n)
-        return out, dict(sorted(skipped.items()))
+        return AWQStatistics(out, dict(sorted(skipped.items())))
 
     def _gather(self) -> None:
         """Under torchrun: every rank's view of which norm fed which Linear, and each group's
@@ -274,3 +300,19 @@ def _run(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
     except TypeError:  # a forward without use_cache
         out = model(input_ids=ids)
     return out if isinstance(out, torch.Tensor) else out[0]
+
+
+def _recorder(setup: Setup) -> AWQRecorder:
+    """Every group's statistics, each folded on one rank (round robin over the keys, like observers)."""
+    keys = sorted(set(setup.groups.values()))
+    setup.replay.owners.update({f"{NAME}/{k}": i % setup.world.size for i, k in enumerate(keys)})
+    return AWQRecorder(setup.model, dict(setup.groups), replay=setup.replay)
+
+
+def _summary(calib) -> dict:
+    stats = awq_statistics(calib)
+    return {"awq_groups": len(stats.inputs), "awq_skipped_groups": len(stats.skipped)}
+
+
+# the fold check runs the whole model (`verify_folds`): not in the layer loop
+register_statistic(NAME, _recorder, whole_model=True, summary=_summary)

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from tfcompile.calibration.datasets import calibration_tokens, effective_source, tokens_sha256
-from tfcompile.calibration.recorders import HessianSpec, Recorders
+from tfcompile.calibration.recorders import Recorders
 from tfcompile.dist import LOCAL
 from tfcompile.dist.collect import broadcast
 from tfcompile.dist.partition import rounds
@@ -99,15 +101,15 @@ def calibration_ids(model_dir: Path, model, *, data: str, samples: int, seq_len:
 def observe_input_amax(model_dir: Path, modules: set[str], *, data: str, samples: int, seq_len: int,
                        seed: int, dtype: torch.dtype, kv: bool = False, observer: str = "max",
                        observer_params: dict | None = None,
-                       hessian_groups: dict[str, str] | None = None,
-                       awq_groups: dict[str, str] | None = None, all_experts: bool = False,
+                       statistics: Mapping[str, Mapping[str, Any]] | None = None,
+                       groups: Mapping[str, str] | None = None, all_experts: bool = False,
                        moe_min_tokens: int = 16, world=LOCAL, device: torch.device | str = "cpu",
-                       hessian_owner: dict[str, int] | None = None, progress=None,
-                       hessian: HessianSpec = HessianSpec()) -> CalibStats:
+                       owner: Mapping[str, int] | None = None, progress=None) -> CalibStats:
     """Statistics of every module in `modules` (see `Recorders`) over `samples` x `seq_len`
     calibration tokens, running the whole model at once (the model must fit in RAM, and on
-    `device`). `awq_groups` (member Linear -> group key) adds AWQ statistics
-    (calibration.awq_stats). Under torchrun (`world`) sequence i runs on rank i mod N."""
+    `device`). `statistics` (name -> options) adds registered statistics of the fusion `groups`
+    (member Linear -> group key; calibration/statistics.py). Under torchrun (`world`) sequence i
+    runs on rank i mod N."""
     model = load_hf_model(model_dir, dtype)
     data, tokenizer = resolve_data(model_dir, model, data, samples, seq_len)  # auto, self -> the real source
     # Tokens first: sampling them from the model (`self`) runs it, and no hook may see that.
@@ -116,11 +118,10 @@ def observe_input_amax(model_dir: Path, modules: set[str], *, data: str, samples
                           tokenizer=tokenizer, progress=progress) if world.is_root else None
     ids = broadcast(world, ids)
     model.to(device)
-    rec = Recorders(model, modules, observer=observer, observer_params=observer_params,
-                    hessian_groups=hessian_groups, kv=kv, awq_groups=awq_groups,
-                    all_experts=all_experts, moe_min_tokens=moe_min_tokens, world=world,
-                    hessian_owner=hessian_owner, hessian=hessian)
-    rec.awq.first_sequence(ids)  # the fold check's tokens, on every rank
+    rec = Recorders(model, modules, observer=observer, observer_params=observer_params, kv=kv,
+                    statistics=statistics, groups=groups, all_experts=all_experts,
+                    moe_min_tokens=moe_min_tokens, world=world, owner=owner, compute_dtype=dtype)
+    rec.begin(ids)  # every rank sees every token id (a statistic may run the model on some at the end)
     n_rounds = rounds(len(ids), world.size)
     progress.task(f"calibrate {len(ids)} sequences (whole model)", n_rounds)
     try:

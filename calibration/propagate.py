@@ -1,37 +1,38 @@
-"""GPTQ with error propagation in the layer-by-layer loop (`calibrate.propagate`; default off).
+"""Error propagation in the layer-by-layer loop: an algorithm's layer solver quantizes each decoder
+layer as soon as its statistics are in, and the next layer is calibrated on its quantized outputs
+(`calibrate.propagate`, default off; or always, for a solver registered with loop="always").
 
-One pass of the unquantized model gives every layer a Hessian of the *original* activations.
-GPTQ's paper, and llm-compressor's sequential pipeline (`propagate_error`), instead feed layer
-i+1 what layer i computes once quantized, so each layer's solve also compensates the error of
-the layers before it. The layer loop (calibration/sequential.py), per decoder layer i:
+One pass of the unquantized model gives every layer statistics of the *original* activations, so
+a solve cannot compensate the error of the layers before it. The solver's paper and
+llm-compressor's sequential pipeline (`propagate_error`) instead feed layer i+1 what layer i
+computes once quantized. The layer loop (calibration/sequential.py), per decoder layer i:
 
-1. runs layer i on every batch with the hooks recording (Hessians, amax, KV), as without;
-2. `LayerPropagation.solve`: layer i's groups are quantized by the `LayerSolver` the pass hands
-   in (passes/quantize/gptq_layer.py: GPTQ with the group's Hessian, RTN without one), each on
-   the rank that owns its Hessian (tfcompile/dist/partition.py `hessian_owners`, as pack would
-   solve it), and the dequantized weights (model dtype) are shared with every rank;
+1. runs layer i on every batch with the hooks recording (registered statistics, amax, KV), as without;
+2. `LayerPropagation.solve`: layer i's groups are quantized by the `LayerSolver` the calibrate
+   pass hands in (the scheduled algorithm's, `tfcompile.ir.register_layer_solver`; it gets the
+   layer's per-group statistics by name, calibration/statistics.py), each on the rank that owns
+   the group's statistics (as pack would compute it), and the dequantized weights (model dtype)
+   are shared with every rank;
 3. rebinds layer i to those weights (`Overrides` over the checkpoint) and runs it again on every
    batch with the hooks paused (`Recorders.paused`): its outputs are layer i+1's inputs.
 
 Static activation scales (W4A4 nvfp4, fp8-static): in step 3 each of layer i's quantized Linears
 also sees its input fake-quantized with the static scale its observed amax gives (the solver's
 `input_quantizers`: the fused group's max, stored as pack stores it), as the engine runs the
-layer; so every later layer's amax, Hessians and solve see what the artifact computes, as in
+layer; so every later layer's amax, statistics and solve see what the artifact computes, as in
 llm-compressor's sequential pipeline, which calibrates with quantization enabled. Dynamic kinds
 (mxfp4, fp8-token) are fake-quantized too. Step 1 still runs layer i with its original weights
 and inputs (the solve needs them): its own later Linears (o_proj, down_proj) observe inputs the
 quantized earlier Linears of the same layer did not make. A Linear with no module of its own
 (fused experts) or no observed token is left unquantized in step 3.
 
-RTN (`--algorithm rtn`, passes/quantize/gptq_layer.py `RTNLayerSolver`) solves in the loop too
-when propagating: its codes are not kept (pack's RTN gives the same), only its effect on the
-statistics of the layers after it (their static input scales).
-
-What a solve produced is kept, not its Hessian: the packed
-element codes of each group's members (`QTensor.data`, concatenated along the rows), spilled
-per layer like the Hessians; pack re-derives the same RTN scales and writes those codes
-(passes/quantize/gptq.py), so the artifact holds exactly the values layer i+1 was calibrated on.
-Cost: a second forward of each layer, and the solves move from pack into this loop.
+A solver may keep no codes (round to nearest: pack's gives the same), only its effect on the
+statistics of the layers after it (their static input scales). What a solve produced is kept,
+not the statistics it consumed: the packed element codes of each group's members
+(`QTensor.data`, concatenated along the rows), spilled per layer (`CalibStats.solved`); pack
+re-derives the same scales and writes those codes, so the artifact holds exactly the values
+layer i+1 was calibrated on. Cost: a second forward of each layer, and the solves move from
+pack into this loop. docs/design.md "Calibration" gives the algorithms that register one.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ import torch
 
 from tfcompile.dist import LOCAL
 from tfcompile.dist.collect import share_tensors
-from tfcompile.calibration.recorders import Recorders, enough_tokens
+from tfcompile.calibration.recorders import Recorders
 from tfcompile.families.names import NameMap, RenamedView
 from tfcompile.ir import QuantTarget
 
@@ -55,10 +56,11 @@ class LayerSolver(Protocol):
 
     targets: Mapping[str, QuantTarget]  # quantized module (checkpoint name) -> its target
 
-    def __call__(self, modules: set[str], hessians: Mapping[str, torch.Tensor],
+    def __call__(self, modules: set[str], statistics: Mapping[str, Mapping[str, torch.Tensor]],
                  owned: Callable[[str], bool]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        """For the groups whose first member is in `modules` and `owned(key)`: (group key -> packed
-        codes of its GPTQ-solved members, concatenated on dim 0, for the groups with a Hessian;
+        """For the groups whose first member is in `modules` and `owned(key)`, given the layer's
+        per-group statistics (name -> group key -> tensor, calibration/statistics.py): (group key ->
+        packed codes of its solved members, concatenated on dim 0, for the groups it solved;
         module -> its dequantized weight [N, K] in the model dtype, for every group)."""
         ...
 
@@ -144,18 +146,12 @@ class LayerPropagation:
     def solve(self, i: int, rec: Recorders, block: Block | None = None) -> dict[str, torch.Tensor]:
         """Layer i's statistics are complete: quantize its groups, share the weights, and point
         the checkpoint view at them. Returns the codes to keep (this rank's solves)."""
-        rows = rec.hessians.rows()
-        tokens = {}
-        for key, n in rows.items():  # a routed expert's rows are its tokens (calibration/recorders.py)
-            m = re.match(r"(.*\.experts\.\d+)\.", key)
-            if m:
-                tokens[m.group(1)] = n
-        hessians = {k: h for k, h in rec.hessians.take().items() if enough_tokens(k, tokens, self.min_tokens)}
+        statistics = rec.take(self.min_tokens)  # routed experts below min_tokens: none (their groups: RTN)
         modules = {m for m, layer in self.layer_of.items() if layer == i}
         rank = self.world.rank
         owned = lambda key: self.owner.get(key, rank) == rank  # noqa: E731
-        codes, weights = (self.solver(modules, hessians, owned) if block is None
-                          else self.solver(modules, hessians, owned, block=block))
+        codes, weights = (self.solver(modules, statistics, owned) if block is None
+                          else self.solver(modules, statistics, owned, block=block))
         self.solved += sorted(codes)
         weights = share_tensors(self.world, weights, f"propagate/{i}")
         self.view.tensors = rebuilt(weights, self.solver.targets, self.view, self.dtype)

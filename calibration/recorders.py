@@ -6,71 +6,60 @@ name, so both produce the same `CalibStats` for the same tokens. Names are the
 checkpoint's (the plan's); `NameMap` finds the module transformers gives each
 in memory (Qwen2.5-VL: `model.language_model.layers...`). Fused MoE experts have
 no Linear per expert: calibration/moe.py runs them expert by expert and feeds
-the same observers and Hessians under the per-expert names.
+the same observers and statistics under the per-expert names.
 
 Under torchrun (`world` of several ranks, each running its own batches): `max` observers and
 the KV observer update locally and are reduced by an all-reduce MAX at the end (exact), routed
-token counts by a sum; the Hessians and the other observers, whose floating-point result
-depends on the order of updates, are folded on an owner rank in batch order
+token counts by a sum; the other observers and the registered statistics, whose floating-point
+result depends on the order of updates, are folded on an owner rank in batch order
 (tfcompile/dist/collect.py), after each round of batches (`flush`). Either way the statistics
 are bit-identical to one process's.
+
+The statistics an algorithm needs are not named here: each is registered by its own module
+(calibration/statistics.py `register_statistic`) and recorded when the run asks for it by name.
 """
 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
-import re
-import time
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch import nn
 
-from tfcompile.calibration.awq_stats import AWQRecorder
 from tfcompile.calibration.kv import KVObserver, install
 from tfcompile.calibration.moe import MoERecorder
 from tfcompile.calibration.moe_policy import resolve_amax
 from tfcompile.calibration.observers import make_observer
+from tfcompile.calibration.statistics import STATISTICS, Setup, enough_tokens, expert_rows, held
 from tfcompile.dist import LOCAL
 from tfcompile.dist.collect import OrderedReplay, max_tensors, max_values
 from tfcompile.ir import CalibStats
 from tfcompile.errors import CheckpointError
-from tfcompile.families.experts import is_expert_group
 from tfcompile.families.names import NameMap
 
 
-@dataclass(frozen=True)
-class HessianSpec:
-    """How X^T X is recorded (calibrate.hessian_dtype, calibrate.hessian_blocks). `dtype`: what each
-    batch's product and the running sum are computed in: float32 (the default, as llm-compressor's
-    GPTQ), or the forwards' dtype (bf16: rounded to 8 bits of mantissa). `blocks` > 0: only the
-    diagonal blocks x blocks sub-matrices, [K / blocks, blocks, blocks]: what a scale search scores
-    with (passes/quantize/output_scales.py), K / blocks times less memory and time than the whole
-    [K, K] GPTQ needs (a DeepSeek-V3 expert's down_proj: 0.9 MB instead of 217 MB)."""
-    dtype: torch.dtype = torch.float32
-    blocks: int = 0
-
-
 class Recorders:
-    """Every hook of one calibration run; `remove()` them, then `stats()`."""
+    """Every hook of one calibration run; `remove()` them, then `stats()`.
+
+    `statistics`: name -> options of the registered statistics to record (calibration/statistics.py);
+    `groups`: every quantized Linear (checkpoint name) -> its fusion-group key; `owner`: group key ->
+    the rank that folds a per-group statistic's tensor under torchrun (default: round robin);
+    `compute_dtype`: what the forwards compute in (a statistic may compute in it)."""
 
     def __init__(self, model: nn.Module, modules: set[str], *, observer: str = "max",
-                 observer_params: dict | None = None,
-                 hessian_groups: dict[str, str] | None = None, kv: bool = False,
-                 awq_groups: dict[str, str] | None = None, all_experts: bool = False,
-                 moe_min_tokens: int = 16, world=LOCAL, hessian_owner: dict[str, int] | None = None,
-                 hessian: HessianSpec = HessianSpec()):
+                 observer_params: dict | None = None, kv: bool = False,
+                 statistics: Mapping[str, Mapping[str, Any]] | None = None, groups: Mapping[str, str] | None = None,
+                 all_experts: bool = False, moe_min_tokens: int = 16, world=LOCAL,
+                 owner: Mapping[str, int] | None = None, compute_dtype: torch.dtype = torch.float32):
         self.modules, self.world = set(modules), world
         self.moe_min_tokens = moe_min_tokens
         names = NameMap(model)
         self.observers = {m: make_observer(observer, **(observer_params or {})) for m in sorted(self.modules)}
         # order-sensitive observers are replayed on an owner (round robin); max reduces exactly
         self.replayed = set() if observer == "max" else set(self.observers)
-        owners = {f"obs/{n}": i % world.size for i, n in enumerate(sorted(self.replayed))}
-        owners.update({f"hess/{k}": r for k, r in (hessian_owner or {}).items()})
-        awq_keys = sorted(set((awq_groups or {}).values()))  # AWQ statistics: round robin, like observers
-        owners.update({f"awq/{k}": i % world.size for i, k in enumerate(awq_keys)})
-        self.replay = OrderedReplay(world, owners)
+        self.replay = OrderedReplay(world, {f"obs/{n}": i % world.size for i, n in enumerate(sorted(self.replayed))})
         self._update = {m: self.replay.wrap(f"obs/{m}", o.update) if m in self.replayed else o.update
                         for m, o in self.observers.items()}
         in_memory = {names.to_model(m): m for m in self.modules}  # model module name -> checkpoint name
@@ -80,11 +69,15 @@ class Recorders:
         for name, mod in model.named_modules():
             if name in in_memory:
                 self.hooks.append(mod.register_forward_pre_hook(_observe(self._update[in_memory[name]], self)))
-        self.hessians = HessianRecorder(model, hessian_groups or {}, names, self.replay, spec=hessian)
-        self.hooks += self.hessians.hooks
+        self.recorders = {}  # statistic name -> its recorder, in name order (collectives follow it)
+        keys = sorted(set((groups or {}).values()))
+        owner = {k: (owner or {}).get(k, i % world.size) for i, k in enumerate(keys)}
+        for name in sorted(statistics or {}):
+            setup = Setup(model, names, dict(groups or {}), self.replay, dict(statistics[name] or {}), owner,
+                          compute_dtype)
+            self.recorders[name] = STATISTICS[name].factory(setup)
+        self.taken: dict[str, set[str]] = {}  # per-group statistic -> keys handed out by take() (spilled)
         self.moe = MoERecorder(model, self._expert_input, all_experts=all_experts)
-        self.awq = AWQRecorder(model, awq_groups or {}, replay=self.replay)  # member -> group key; {}: no hooks
-        self.hooks += self.awq.hooks
         self.kv = None
         if kv:
             self.kv = KVObserver(model)
@@ -92,16 +85,25 @@ class Recorders:
 
     @contextlib.contextmanager
     def paused(self):
-        """Run the model without recording anything: no observer, Hessian, KV or routed-token
+        """Run the model without recording anything: no observer, statistic, KV or routed-token
         update (the layer loop re-runs a layer with its quantized weights: calibration/propagate.py)."""
-        parts = [self, self.hessians, self.moe] + ([self.kv] if self.kv is not None else [])
+        parts = [self, self.moe] + ([self.kv] if self.kv is not None else [])
         for p in parts:
             p._paused = True
+        for r in self.recorders.values():
+            r.paused = True
         try:
             yield
         finally:
             for p in parts:
                 p._paused = False
+            for r in self.recorders.values():
+                r.paused = False
+
+    def begin(self, ids: torch.Tensor) -> None:
+        """The calibration token ids [samples, seq_len], before the first batch (every rank)."""
+        for r in self.recorders.values():
+            r.begin(ids)
 
     def _expert_input(self, name: str, x: torch.Tensor) -> None:
         """One expert's Linear input (calibration/moe.py), under the artifact's per-expert name."""
@@ -110,7 +112,8 @@ class Recorders:
         name = self._ckpt_name.get(name, name)
         if name in self._update:
             self._update[name](x)
-        self.hessians.add(name, x)
+        for r in self.recorders.values():
+            r.add(name, x)
 
     def _ckpt_prefixes(self, tokens: dict[str, int]) -> dict[str, int]:
         """Per-expert token counts keyed "{model parent}.{e}" -> the checkpoint's "{parent}.{e}"."""
@@ -121,6 +124,8 @@ class Recorders:
         for h in self.hooks:
             h.remove()
         self.hooks = []
+        for r in self.recorders.values():
+            r.remove()
         self.moe.remove()
         if self.kv is not None:
             self.kv.remove()
@@ -128,6 +133,21 @@ class Recorders:
     def flush(self) -> None:
         """End of a round of batches (one per rank): replay the order-sensitive updates."""
         self.replay.flush()
+
+    def per_group(self) -> list[str]:
+        return [n for n in self.recorders if STATISTICS[n].per_group]
+
+    def take(self, min_tokens: int | None = None) -> dict[str, dict[str, torch.Tensor]]:
+        """A finished layer: per-group statistic -> its tensors so far, forgotten by the recorders;
+        with `min_tokens`, less the routed experts' that saw fewer tokens (their groups stay RTN)."""
+        out = {}
+        for name in self.per_group():
+            r = self.recorders[name]
+            tokens = expert_rows(r.rows())  # a routed expert's rows are its tokens
+            out[name] = {k: t for k, t in r.take().items()
+                         if min_tokens is None or enough_tokens(k, tokens, min_tokens)}
+            self.taken.setdefault(name, set()).update(out[name])
+        return out
 
     def amax_now(self, modules, tag: str) -> dict[str, float]:
         """Module -> its input amax so far, for the `modules` that have an observer and saw a token;
@@ -144,8 +164,8 @@ class Recorders:
 
     def stats(self, tokens: int, source: str, model_dir=None) -> CalibStats:
         """The statistics; with `kv`, raises if no attention call reached the KV observer.
-        Under torchrun every rank gets the same amax and token counts; `hessians` holds the
-        groups this rank owns (CalibStats.hessian_owner says which rank holds each)."""
+        Under torchrun every rank gets the same amax and token counts; a per-group statistic holds
+        the groups this rank owns, in a mapping that says which rank holds each (statistics.held)."""
         world = self.world
         kv_k = max_tensors(world, self.kv.k) if self.kv is not None else {}
         if self.kv is not None and not kv_k:
@@ -155,111 +175,41 @@ class Recorders:
         kv_v = max_tensors(world, self.kv.v) if self.kv is not None else {}
         amax = max_values(world, {n: o.amax() for n, o in self.observers.items() if n not in self.replayed})
         mine = {n: self.observers[n].amax() for n in self.replayed}
-        seconds, routed, seen, inline, spilled = {}, {}, {}, {}, {}
-        parts = world.all_objects("calib/stats", (mine, sorted(self.hessians.result()), sorted(self.hessians.taken),
-                                                  self.hessians.seconds, self.moe.tokens, self.moe.seen))
-        for r, (part, kept, taken, secs, tok, sn) in enumerate(parts):
+        per_group = self.per_group()
+        own = {n: self.recorders[n].result() for n in per_group}  # this rank's, inline (not taken)
+        kept = {n: sorted(own[n]) for n in per_group}
+        taken = {n: sorted(self.taken.get(n, ())) for n in per_group}
+        seconds = {n: r.seconds() for n, r in self.recorders.items()}
+        parts = world.all_objects("calib/stats", (mine, kept, taken, seconds, self.moe.tokens, self.moe.seen))
+        inline, spilled = {n: {} for n in per_group}, {n: {} for n in per_group}
+        total_seconds, routed, seen = {n: {} for n in self.recorders}, {}, {}
+        for r, (part, kp, tk, secs, tok, sn) in enumerate(parts):
             amax.update({n: v for n, v in part.items() if self.replay.owners[f"obs/{n}"] == r})
-            inline.update(dict.fromkeys(kept, r))
-            spilled.update(dict.fromkeys(taken, r))
-            for total, add in ((seconds, secs), (routed, tok), (seen, sn)):  # X^T X seconds, tokens: sums
-                for k, v in add.items():
+            for n in per_group:
+                inline[n].update(dict.fromkeys(kp[n], r))
+                spilled[n].update(dict.fromkeys(tk[n], r))
+            for total, add in [(total_seconds[n], s) for n, s in secs.items()] + [(routed, tok), (seen, sn)]:
+                for k, v in add.items():  # seconds, tokens: sums
                     total[k] = total.get(k, 0) + v
         amax = {n: v for n, v in sorted(amax.items()) if v is not None}
         routed, seen = self._ckpt_prefixes(routed), self._ckpt_prefixes(seen)
         resolved, fallback = resolve_amax(self.modules, amax, seen, self.moe_min_tokens, model_dir)
         kv_amax = {n: (kv_k[n], kv_v[n]) for n in sorted(kv_k)}
-        awq, awq_skipped = self.awq.result()  # after kv_amax: its fold check runs the model
-        hessians = {k: h for k, h in self.hessians.result().items()
-                    if enough_tokens(k, seen, self.moe_min_tokens)}  # too few tokens: RTN (quantize warns)
-        # who holds which Hessian: the layer loop's spilled ones as they are (its per-layer take() is not
-        # filtered), the whole-model loop's with the same moe_min_tokens filter as `hessians`
-        owner = {**spilled, **{k: r for k, r in inline.items() if enough_tokens(k, seen, self.moe_min_tokens)}}
-        return CalibStats(resolved, tokens, source, tuple(fallback), kv_amax, hessians=hessians,
-                          hessian_seconds=dict(sorted(seconds.items())),
-                          awq=awq, awq_skipped=awq_skipped, expert_tokens=dict(sorted(routed.items())),
-                          moe_all_experts=self.moe.all_experts, moe_min_tokens=self.moe_min_tokens,
-                          hessian_owner=owner if world.distributed else {})
-
-
-class HessianRecorder:
-    """H = X^T X / n of each fusion group's input, recorded on one member (they share X).
-
-    Memory: one float32 [K, K] per group observed so far (under torchrun: per group this rank
-    owns). A routed expert's batch (T_e rows, a few hundred) is much smaller than its K x K
-    partial, so under torchrun an expert group's rows X_b travel to the owner, which computes
-    X_b^T X_b there; other groups send the partial (module docstring of tfcompile/dist/collect.py).
-    One process computes and adds the same products in the same order either way.
-    `spec` (HessianSpec): what X^T X is computed and summed in, and whether only its diagonal blocks
-    are; `result()` hands float32 to the solve either way."""
-
-    def __init__(self, model: nn.Module, groups: dict[str, str], names: NameMap | None = None, replay=None,
-                 spec: HessianSpec = HessianSpec()):
-        self.spec = spec
-        self._h: dict[str, torch.Tensor] = {}
-        self._n: dict[str, int] = {}
-        self._paused = False  # Recorders.paused()
-        self.groups = dict(groups)  # member Linear (checkpoint name) -> group key
-        self.taken: set[str] = set()  # keys handed out by take() (spilled by the layer loop)
-        self.seconds: dict[str, float] = {}  # group key -> seconds spent computing X^T X
-        route = replay.wrap if replay is not None else (lambda key, fold, prep: lambda x: fold(*prep(x)))
-        # x -> H += X^T X: under torchrun X_b^T X_b on the batch's rank, the sum on the owner
-        self._route = {k: route(f"hess/{k}", self._fold(k), self._prepare(k)) for k in sorted(set(groups.values()))}
-        in_memory = {(names.to_model(m) if names is not None else m): k for m, k in groups.items()}
-        self.hooks = [mod.register_forward_pre_hook(_first_arg(self._route[in_memory[name]], self))
-                      for name, mod in model.named_modules() if name in in_memory]
-
-    def add(self, member: str, x: torch.Tensor) -> None:
-        """Input x of group member `member` (fused experts: calibration/moe.py)."""
-        key = self.groups.get(member)
-        if key is not None and not self._paused:
-            self._route[key](x)
-
-    def _prepare(self, key: str):
-        """One batch's X^T X (in `dtype`, on x's device) and its row count: the expensive part, on the
-        batch's rank; a routed expert's rows X_b [T_e, K] as they are (the owner multiplies)."""
-        def prepare(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            x = x.detach().reshape(-1, x.shape[-1])
-            if is_expert_group(key):
-                return x, torch.tensor([x.shape[0]])
-            return self._product(key, x), torch.tensor([x.shape[0]])
-
-        return prepare
-
-    def _product(self, key: str, x: torch.Tensor) -> torch.Tensor:
-        t0 = time.perf_counter()
-        x = x.to(self.spec.dtype)
-        if self.spec.blocks:  # [T, K] -> [K / b, T, b]: each block's own b x b product
-            xb = x.reshape(x.shape[0], -1, self.spec.blocks).transpose(0, 1)
-            h = xb.transpose(1, 2) @ xb  # [K / b, b, b]
-        else:
-            h = x.T @ x
-        self.seconds[key] = self.seconds.get(key, 0.0) + time.perf_counter() - t0
-        return h
-
-    def _fold(self, key: str):
-        """H = H + X_b^T X_b in batch order (on the group's owner rank under torchrun)."""
-        def fold(h: torch.Tensor, rows: torch.Tensor) -> None:
-            h = self._product(key, h) if is_expert_group(key) else h  # an expert's rows X_b
-            self._h[key] = h if key not in self._h else self._h[key] + h
-            self._n[key] = self._n.get(key, 0) + int(rows)
-
-        return fold
-
-    def result(self) -> dict[str, torch.Tensor]:
-        return {k: self._h[k].float() / self._n[k] for k in sorted(self._h)}
-
-    def rows(self) -> dict[str, int]:
-        """Input rows (tokens) behind each Hessian so far: a routed expert's are its tokens."""
-        return dict(sorted(self._n.items()))
-
-    def take(self) -> dict[str, torch.Tensor]:
-        """The finished Hessians so far, forgotten here (the layer loop spills them)."""
-        out = self.result()
-        self.taken.update(out)
-        self._h.clear()
-        self._n.clear()
-        return out
+        results = {}
+        for n in sorted(self.recorders):  # after kv_amax: a statistic's result may run the model
+            if n not in per_group:
+                results[n] = self.recorders[n].result()
+                continue
+            enough = lambda k: enough_tokens(k, seen, self.moe_min_tokens)  # noqa: E731 - too few tokens: RTN
+            result = {k: t for k, t in own[n].items() if enough(k)}
+            # who holds which key: the layer loop's spilled ones as they are (its per-layer take() is not
+            # filtered), the whole-model loop's with the same moe_min_tokens filter as the result
+            owner = {**spilled[n], **{k: r for k, r in inline[n].items() if enough(k)}}
+            results[n] = held(result, owner, world)
+        return CalibStats(resolved, tokens, source, tuple(fallback), kv_amax, statistics=results,
+                          seconds={n: dict(sorted(s.items())) for n, s in total_seconds.items() if s},
+                          expert_tokens=dict(sorted(routed.items())),
+                          moe_all_experts=self.moe.all_experts, moe_min_tokens=self.moe_min_tokens)
 
 
 def _observe(update, owner):
@@ -269,13 +219,3 @@ def _observe(update, owner):
             update(x)
 
     return hook
-
-
-def _first_arg(update, owner):
-    return lambda mod, args: None if owner._paused else update(args[0])
-
-
-def enough_tokens(key: str, tokens: dict[str, int], min_tokens: int) -> bool:
-    """A fused expert's group keeps its Hessian only when min_tokens were routed to the expert."""
-    m = re.match(r"(.*\.experts\.\d+)\.", key)
-    return m is None or m.group(1) not in tokens or tokens[m.group(1)] >= min_tokens

@@ -19,11 +19,12 @@ for a 1B model), never the whole model, so a model larger than RAM calibrates.
 
 Without a `solver`, each layer runs once per batch and its outputs, from the
 unquantized layer, feed the next (statistics of the original model, as the
-whole-model loop gives). With one (GPTQ, `calibrate.propagate`), layer i is
+whole-model loop gives). With one (an algorithm's layer solver), layer i is
 quantized once its statistics are in and run again with its quantized weights,
-hooks paused, to make layer i+1's inputs (calibration/propagate.py). Recorded
-Hessians (or, propagating, the solved codes) of finished layers are spilled to
-a temporary directory (a 1B model's down_proj Hessians alone are 4 GB of float32).
+hooks paused, to make layer i+1's inputs (calibration/propagate.py). The per-group
+statistics (calibration/statistics.py) of finished layers (or, propagating, the
+solved codes) are spilled to a temporary directory (a 1B model's [K, K] down_proj
+second moments alone are 4 GB of float32).
 """
 
 from __future__ import annotations
@@ -34,9 +35,9 @@ import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
@@ -45,7 +46,8 @@ from tfcompile.calibration.binding import (  # noqa: F401 - Unsupported: raised 
 from tfcompile.calibration.datasets import tokens_sha256
 from tfcompile.calibration.forward import Silent, calibration_ids, resolve_data
 from tfcompile.calibration.propagate import LayerPropagation, LayerSolver
-from tfcompile.calibration.recorders import HessianSpec, Recorders
+from tfcompile.calibration.recorders import Recorders
+from tfcompile.calibration.statistics import SOLVED, STATISTICS, HeldTensors, held
 from tfcompile.dist import LOCAL
 from tfcompile.dist.collect import broadcast
 from tfcompile.dist.partition import mine, rounds
@@ -54,17 +56,19 @@ from tfcompile.families.names import RenamedView
 from tfcompile.io.locks import sweep_stale_in, work_dir
 from tfcompile.io.oserrors import as_os_error, write_error
 
+# allow-listed name (tests/test_algorithm_names.py): the spill directory's prefix, as released versions
+# wrote it and tfcompile/io/locks.py sweeps it
 SPILL_PREFIX = "tfcompile-hessians-"
 
 
 def observe_sequential(model_dir: Path, ckpt, modules: set[str], *, data: str, samples: int,
                        seq_len: int, seed: int, dtype: torch.dtype, kv: bool = False,
                        observer: str = "max", observer_params: dict | None = None,
-                       hessian_groups: dict[str, str] | None = None,
+                       statistics: Mapping[str, Mapping[str, Any]] | None = None,
+                       groups: Mapping[str, str] | None = None,
                        batch: int = 4, on_layer=None, all_experts: bool = False,
                        moe_min_tokens: int = 16, world=LOCAL, device: torch.device | str = "cpu",
-                       hessian_owner: dict[str, int] | None = None, progress=None,
-                       hessian: HessianSpec = HessianSpec(),
+                       owner: Mapping[str, int] | None = None, progress=None,
                        solver: LayerSolver | None = None) -> CalibStats:
     """Same statistics as `forward.observe_input_amax`, computed one decoder layer at a time.
 
@@ -74,17 +78,22 @@ def observe_sequential(model_dir: Path, ckpt, modules: set[str], *, data: str, s
     `device`: where the layer and the activations live (one layer's weights are copied there
     at a time; on the CPU they are the mapped pages themselves). Under torchrun (`world`),
     batch b runs on rank b mod N and the statistics are reduced exactly (calibration.recorders).
+    `statistics`, `groups`, `owner`: as `forward.observe_input_amax` (none may need the whole model).
     `solver`: quantize each layer once its statistics are in and feed the next layer its quantized
-    outputs (calibration/propagate.py); the stats then hold the solved codes, not Hessians. A
+    outputs (calibration/propagate.py); the stats then hold the solved codes, and no per-group
+    statistic (the solver consumed them). A
     solver with `needs_block` (learned rounding) is also handed the layer, its quantized-stream
     inputs and the original model's outputs of the layer (`Block`), which the loop keeps."""
+    whole = sorted(n for n in statistics or {} if STATISTICS[n].whole_model)
+    if whole:
+        raise Unsupported(f"statistic {whole[0]} needs the whole model")
     fixed_mmap_threshold()
     model = skeleton(model_dir)
     model.config.use_cache = False  # layers run one at a time: no KV cache to build
     data, tokenizer = resolve_data(model_dir, model, data, samples, seq_len)  # auto, self -> the real source
     path, layers = find_layers(model)
     propagation = None if solver is None else LayerPropagation(
-        solver, model, ckpt, path, dtype, world=world, owner=hessian_owner, moe_min_tokens=moe_min_tokens)
+        solver, model, ckpt, path, dtype, world=world, owner=owner, moe_min_tokens=moe_min_tokens)
     ckpt = RenamedView(ckpt, model)  # the checkpoint under the model's names (Qwen2.5-VL: language_model.)
     _check_layers(model, ckpt, path)
     progress = progress or Silent()
@@ -99,9 +108,10 @@ def observe_sequential(model_dir: Path, ckpt, modules: set[str], *, data: str, s
     inputs = _catch_inputs(model, layers, ids, batch, starts=[starts[b] for b in mine(len(starts), world.rank,
                                                                                           world.size)],
                            device=device)
-    rec = Recorders(model, modules, observer=observer, observer_params=observer_params,
-                    hessian_groups=hessian_groups, kv=kv, all_experts=all_experts, moe_min_tokens=moe_min_tokens,
-                    world=world, hessian_owner=hessian_owner, hessian=hessian)
+    rec = Recorders(model, modules, observer=observer, observer_params=observer_params, kv=kv,
+                    statistics=statistics, groups=groups, all_experts=all_experts, moe_min_tokens=moe_min_tokens,
+                    world=world, owner=owner, compute_dtype=dtype)
+    rec.begin(ids)
     spill = _Spill()
     # learned rounding (a solver with needs_block): the unquantized model's activations, kept beside
     # the quantized stream as each block's target (one more copy of the activations)
@@ -132,29 +142,33 @@ def observe_sequential(model_dir: Path, ckpt, modules: set[str], *, data: str, s
                 if propagation is None:
                     unbind(layer)
                     ckpt.release()
-                    spill.put(i, rec.hessians.take())
+                    for name, tensors in rec.take().items():
+                        spill.put(i, tensors, name)
                 else:
                     codes = propagation.solve(i, rec, block)  # a block solver tunes the still-bound layer
                     unbind(layer)
                     ckpt.release()
-                    spill.put(i, codes)
+                    spill.put(i, codes, SOLVED)
                     _rerun(i, layer, inputs, propagation, rec, prefix=f"{path}.{i}.", dtype=dtype, device=device,
                            progress=lambda: progress.advance(n_rounds, f"layer {i + 1}/{len(layers)}, quantized"))
                 if on_layer:
                     on_layer(i, len(layers), time.perf_counter() - t0)
-    except BaseException:  # Ctrl-C, SIGTERM, a failed layer: no Hessian spill outlives the run
+    except BaseException:  # Ctrl-C, SIGTERM, a failed layer: no spill outlives the run
         spill.cleanup()
         raise
     finally:
         rec.remove()
     stats = rec.stats(int(ids.numel()), f"{data}(seed={seed})", model_dir)
     stats = dataclasses.replace(stats, tokens_sha256=tokens_sha256(ids))
-    if propagation is not None:  # the spill holds codes: no Hessian is left to hand on
+    if propagation is not None:  # the spill holds codes: the solver consumed the per-group statistics
         owners = propagation.owners()
-        stats = dataclasses.replace(stats, hessians={}, hessian_owner={})
-        return dataclasses.replace(stats, gptq_codes=SpilledHessians(spill, {}, owners if world.distributed
-                                                                     else None, world.rank))
-    return _with_hessians(stats, spill, world.rank)
+        kept = {n: {} if STATISTICS[n].per_group else v for n, v in stats.statistics.items()}
+        solved = HeldTensors(spill.files.get(SOLVED, {}), {}, owners if world.distributed else None, world.rank,
+                             keep=spill)
+        return dataclasses.replace(stats, statistics=kept, solved=solved)
+    return dataclasses.replace(stats, statistics={
+        n: held(v, {}, world, spill.files.get(n), keep=spill) if STATISTICS[n].per_group else v
+        for n, v in stats.statistics.items()})
 
 
 def _rerun(i: int, layer: nn.Module, inputs: list, propagation: LayerPropagation, rec: Recorders, *, prefix: str,
@@ -275,76 +289,33 @@ def _first(out):
 
 
 class _Spill:
-    """Hessians of finished layers, in a temporary safetensors file per layer."""
+    """Per-group tensors of finished layers, in a temporary safetensors file per statistic and layer."""
 
     def __init__(self):
         self.dir: tempfile.TemporaryDirectory | None = None
-        self.files: dict[str, Path] = {}
+        self.files: dict[str, dict[str, Path]] = {}  # statistic (or SOLVED) -> group key -> its file
 
-    def put(self, layer: int, hessians: dict[str, torch.Tensor]) -> None:
-        if not hessians:
+    def put(self, layer: int, tensors: dict[str, torch.Tensor], name: str) -> None:
+        if not tensors:
             return
         if self.dir is None:
             # the owner token in the name lets a later run delete the spill of a killed one (io/locks.py)
             sweep_stale_in(Path(tempfile.gettempdir()), SPILL_PREFIX)
             self.dir = work_dir(SPILL_PREFIX)
-        f = Path(self.dir.name) / f"layer{layer}.safetensors"
+        f = Path(self.dir.name) / f"{name}-layer{layer}.safetensors"
+        label = STATISTICS[name].label if name in STATISTICS else "solved codes"
         try:
-            save_file({k: v.cpu().contiguous() for k, v in hessians.items()}, f)
+            save_file({k: v.cpu().contiguous() for k, v in tensors.items()}, f)
         except Exception as e:  # noqa: BLE001 - an I/O failure (TMPDIR full) is the machine's: exit 1
             cause = as_os_error(e, f)
             if cause is None:
                 raise
-            raise write_error(f, cause, "spill GPTQ Hessians to", f"GPTQ spills each finished layer's Hessians to "
-                              f"TMPDIR ({tempfile.gettempdir()}): point TMPDIR at a file system with room (tfcompile "
-                              "plan --estimate gives hessian_spill_gb_per_rank)") from None
-        self.files.update({k: f for k in hessians})
+            raise write_error(f, cause, f"spill {label} to", f"the layer loop spills each finished layer's {label} "
+                              f"to TMPDIR ({tempfile.gettempdir()}): point TMPDIR at a file system with room "
+                              "(tfcompile plan --estimate gives the spill size per rank)") from None
+        self.files.setdefault(name, {}).update({k: f for k in tensors})
 
     def cleanup(self) -> None:
         if self.dir is not None:
             self.dir.cleanup()
             self.dir, self.files = None, {}
-
-
-class SpilledHessians(Mapping):
-    """Group key -> Hessian (or, propagating, the group's solved codes), each read from its spill
-    file only when asked for.
-
-    Under torchrun the keys are every group's; this rank holds those `owners` maps to it, and
-    `owner(key)` tells pack which rank runs each group's GPTQ solve (or holds its codes)."""
-
-    def __init__(self, spill: _Spill, inline: dict, owners: Mapping[str, int] | None = None, rank: int = 0):
-        self._spill, self._inline = spill, inline
-        self._owners, self._rank = dict(owners or {}), rank
-        self._keys = sorted(set(spill.files) | set(inline) | set(self._owners))
-
-    def owner(self, key: str) -> int | None:
-        return self._owners.get(key, self._rank if key in self._keys else None)
-
-    def __getitem__(self, key: str) -> torch.Tensor:
-        if key in self._inline:
-            return self._inline[key]
-        if key in self._owners and self._owners[key] != self._rank:
-            raise RuntimeError(f"the Hessian of {key} is held by rank {self._owners[key]}, not {self._rank}")
-        with safe_open(self._spill.files[key], framework="pt") as f:  # KeyError if unknown
-            return f.get_tensor(key)
-
-    def __iter__(self):
-        return iter(self._keys)
-
-    def __len__(self) -> int:
-        return len(self._keys)
-
-
-def _with_hessians(stats: CalibStats, spill: _Spill, rank: int = 0) -> CalibStats:
-    if not spill.files and not stats.hessian_owner:
-        return stats
-    return dataclasses.replace(stats, hessians=SpilledHessians(spill, dict(stats.hessians),
-                                                               stats.hessian_owner, rank))
-
-
-def with_owners(stats: CalibStats, rank: int) -> CalibStats:
-    """Under torchrun: the Hessians as a mapping of every group that says which rank holds each."""
-    if not stats.hessian_owner or isinstance(stats.hessians, SpilledHessians):
-        return stats
-    return _with_hessians(stats, _Spill(), rank)

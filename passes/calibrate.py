@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from tfcompile.calibration.observers import OBSERVERS
+from tfcompile.calibration.statistics import STATISTICS
 from tfcompile.dist import LOCAL
 from tfcompile.dist.devices import check_device, resolve_device
 from tfcompile.dist.partition import hessian_owners
@@ -39,20 +40,25 @@ class CalibrateConfig:
     # "" (keep the engine's default KV dtype) | "fp8" | "nvfp4": calibrate k_scale/v_scale (amax / 448)
     kv_cache: str = ""
     kv_per_head: bool = False  # one KV scale per KV head instead of per tensor
-    hessian: bool = False  # record H = X^T X / n per fusion group (for quantize.algorithm=gptq)
-    # what X^T X is computed and summed in: "float32" (default) | "compute" (the forwards' dtype,
-    # calibrate.dtype's choice: bf16 where the CPU has it; docs/accuracy.md "Defaults across models");
-    # recorded only when set, so artifacts made before the option keep their bytes
+    # The registered statistics to record (calibration/statistics.py), asked for by the scheduled
+    # algorithm (`register_algorithm(calibrate={"statistics": (...)})`: quantize's `implies`). A
+    # statistic's options are the fields named `{statistic}_{option}`. `hessian` and `awq` are the
+    # switches of the two statistics older recipes name (recorded as they were).
+    statistics: tuple[str, ...] = field(default=(), metadata={"omit_default": True})
+    hessian: bool = False  # record the "hessian" statistic (calibration/hessian.py; quantize.algorithm=gptq)
+    # its option `dtype`: what X^T X is computed and summed in: "float32" (default) | "compute" (the
+    # forwards' dtype, calibrate.dtype's choice: bf16 where the CPU has it; docs/accuracy.md "Defaults
+    # across models"); recorded only when set, so artifacts made before the option keep their bytes
     hessian_dtype: str = field(default="float32", metadata={"omit_default": True})
-    # 0: the whole H [K, K]; b > 0: only its diagonal b x b blocks (a scale search's statistic, implied
-    # by quantize.scale_search=output when no algorithm needs the whole H: calibration/recorders.py HessianSpec)
+    # its option `blocks`: 0, the whole H [K, K]; b > 0, only its diagonal b x b blocks [K / b, b, b] (a
+    # scale search's statistic, implied by quantize.scale_search=output when no algorithm needs the whole H)
     hessian_blocks: int = field(default=0, metadata={"omit_default": True})
     # GPTQ and RTN: solve each layer in the layer loop and calibrate the next on its quantized outputs
     # (weights, and inputs where the scheme quantizes them: calibration/propagate.py); false (the
     # default): every statistic from one pass of the unquantized model (on SmolLM2 propagation's
     # gain is inside the spread over calibration draws: docs/accuracy.md "Defaults across models")
     propagate: bool = False
-    awq: bool = False  # record AWQ statistics per norm-fed fusion group (quantize.algorithm=awq)
+    awq: bool = False  # record the "awq" statistic (calibration/awq_stats.py; quantize.algorithm=awq)
     # "auto": layer by layer from the mapped checkpoint when its tensors map onto the model's
     # parameters, else the whole model; "sequential" insists; "whole" loads the whole model
     mode: str = "auto"
@@ -79,13 +85,13 @@ class CalibrateConfig:
         if self.dtype not in COMPUTE_DTYPES:
             raise RecipeError(f"calibrate.dtype {self.dtype!r} is not one of {', '.join(COMPUTE_DTYPES)}",
                               hint="--set calibrate.dtype=auto (default: float32 where the CPU emulates bf16)")
+        if self.hessian_blocks < 0:
+            raise RecipeError(f"calibrate.hessian_blocks {self.hessian_blocks} is negative",
+                              hint="0 (the whole Hessian, default) or the format's block size (16 NVFP4, 32 MXFP4)")
         if self.hessian_dtype not in HESSIAN_DTYPES:
             raise RecipeError(f"calibrate.hessian_dtype {self.hessian_dtype!r} is not one of "
                               f"{', '.join(HESSIAN_DTYPES)}",
                               hint="--set calibrate.hessian_dtype=float32 (default) or compute (the forwards' dtype)")
-        if self.hessian_blocks < 0:
-            raise RecipeError(f"calibrate.hessian_blocks {self.hessian_blocks} is negative",
-                              hint="0 (the whole Hessian, default) or the format's block size (16 NVFP4, 32 MXFP4)")
         if self.observer not in OBSERVERS:
             raise RecipeError(f"calibrate.observer {self.observer!r} is unknown",
                               hint="--observer " + "|".join(sorted(OBSERVERS)) + " (default max)")
@@ -123,8 +129,18 @@ def _when(sel: Selection) -> bool:
     return bool((sel.scheme is not None and sel.scheme.act_static) or sel.value("calibrate", "kv_cache"))
 
 
+def _unscheduled(scheme: Scheme) -> tuple[str, str]:
+    """Why a format's pipeline has no calibrate pass, for calibration options given anyway."""
+    why = ("its activations stay in bf16 (weight-only)" if scheme.act is None else
+           "its activation scales are computed at run time (dynamic)" if not scheme.act_static else
+           "this pipeline leaves the calibrate pass out")
+    return (f"needs no calibration data: {why}, and nothing else in this run calibrates",
+            "drop the --calib* options; they apply to nvfp4 / fp8 (static activation scales), --kv-cache fp8, "
+            "--algorithm gptq / awq / signround and --set quantize.scale_search=output")
+
+
 @register_pass("calibrate", config=CalibrateConfig, requires=("source", "model", "plan"),
-               produces=("calib",), when=_when,
+               produces=("calib",), when=_when, unscheduled=_unscheduled,
                intents=lambda c: (RunsTheModel("calibrate"),
                                   *((KVCacheScales(c.kv_cache, bool(c.kv_per_head)),) if c.kv_cache else ())))
 def calibrate(ctx, cfg: CalibrateConfig, reporter) -> PassResult:
@@ -133,8 +149,6 @@ def calibrate(ctx, cfg: CalibrateConfig, reporter) -> PassResult:
     # lazy: the calibration loops load when the pass runs (docs/design.md "Pass modules")
     from tfcompile.calibration.forward import observe_input_amax
     from tfcompile.calibration.moe_policy import summarize
-    from tfcompile.calibration.recorders import HessianSpec
-    from tfcompile.calibration.sequential import with_owners
     if cfg.mode not in MODES:
         raise RecipeError(f"calibrate.mode {cfg.mode!r} is not one of {', '.join(MODES)}",
                           hint="auto (default) calibrates layer by layer when it can")
@@ -151,31 +165,23 @@ def calibrate(ctx, cfg: CalibrateConfig, reporter) -> PassResult:
     if world.distributed:  # nodes with other CPUs: every rank computes in rank 0's choice (one artifact)
         dtype, why = world.all_objects("calibrate/dtype", (dtype, why))[0]
     common = dict(data=data, samples=cfg.samples, seq_len=cfg.seq_len, seed=cfg.seed,
-                  dtype=getattr(torch, dtype), kv=bool(cfg.kv_cache),
-                  hessian_groups={g.members[0].module: g.key for g in ctx.plan.groups}
-                  if cfg.hessian else None,
-                  hessian=HessianSpec(getattr(torch, dtype if cfg.hessian_dtype == "compute" else "float32"),
-                                      cfg.hessian_blocks))
+                  dtype=getattr(torch, dtype), kv=bool(cfg.kv_cache), **_statistics(ctx, cfg, world))
     common.update(observer=cfg.observer, observer_params=observer_params(cfg, ctx.plan.scheme),
                   all_experts=cfg.all_experts, moe_min_tokens=cfg.moe_min_tokens, progress=reporter,
                   world=world, device=device)
-    if cfg.hessian and world.distributed:  # the rank that accumulates a group's H also solves its GPTQ
-        solve = recipe_intent(ctx.recipe, LayerSolve)
-        batch = solve.expert_batch if solve is not None else 8
-        common["hessian_owner"] = hessian_owners(ctx.plan.groups, world.size, batch)
-    if cfg.awq:  # AWQ statistics and their fold check run the whole model (calibration/awq_stats.py)
+    whole = [n for n in common["statistics"] if STATISTICS[n].whole_model]
+    if whole:  # e.g. AWQ's fold check runs the whole model (calibration/awq_stats.py)
         if cfg.mode == "sequential":
-            raise RecipeError("calibrate.awq needs the whole-model loop, not calibrate.mode sequential",
-                              hint="use --set calibrate.mode=auto (or whole) with --algorithm awq")
-        awq_groups = {t.module: g.key for g in ctx.plan.groups for t in g.members}
-        stats, loop = observe_input_amax(Path(ctx.source.path), modules, awq_groups=awq_groups, **common), "whole"
+            raise RecipeError(f"calibrate.{whole[0]} needs the whole-model loop, not calibrate.mode sequential",
+                              hint="use --set calibrate.mode=auto (or whole) with this --algorithm")
+        stats, loop = observe_input_amax(Path(ctx.source.path), modules, **common), "whole"
         extra = {}
     else:
         stats, loop, extra = _observe(ctx, cfg, modules, reporter, common)
     if propagating(ctx, cfg) and loop != "sequential":
         reporter.warn("calibrate: error propagation needs the layer-by-layer loop; the statistics come "
                       "from the unquantized model (calibrate.propagate has no effect)")
-    stats = dataclasses.replace(with_owners(stats, world.rank), data_fallback=fallback, compute_dtype=dtype)
+    stats = dataclasses.replace(stats, data_fallback=fallback, compute_dtype=dtype)
     if cfg.kv_cache:
         stats = dataclasses.replace(stats, kv_strategy="attn_head" if cfg.kv_per_head else "tensor",
                                     kv_format=cfg.kv_cache)
@@ -186,11 +192,8 @@ def calibrate(ctx, cfg: CalibrateConfig, reporter) -> PassResult:
     return PassResult(ctx.with_(calib=stats), {"tokens": stats.tokens, "source": stats.source, "loop": loop,
                                                "fallback_modules": list(stats.fallback),
                                                "kv_attention_modules": len(stats.kv_amax),
-                                               # recorded: kept for pack, or already solved (propagate)
-                                               "hessians": len(stats.hessians) + len(stats.gptq_codes),
-                                               "gptq_solved_in_loop": len(stats.gptq_codes),
-                                               "awq_groups": len(stats.awq),
-                                               "awq_skipped_groups": len(stats.awq_skipped),
+                                               "solved_in_loop": len(stats.solved),  # by the layer solver
+                                               **_summaries(stats),
                                                "compute_dtype": dtype, "compute_dtype_why": why,
                                                **extra, **_timings(stats)})
 
@@ -305,10 +308,47 @@ def _solver(ctx, cfg: CalibrateConfig):
 
 
 def _timings(stats: CalibStats) -> dict:
-    """Wall seconds per decoder layer (layer loop) and spent on Hessians per layer (not in the manifest)."""
+    """Wall seconds per decoder layer (layer loop) and spent on each statistic per layer (not in the
+    manifest)."""
     out = {}
     if stats.layer_seconds:
         out["layer_seconds"] = list(stats.layer_seconds)
-    if stats.hessian_seconds:
-        out["hessian_seconds_per_layer"] = per_decoder_layer(dict(stats.hessian_seconds))
+    for name, seconds in sorted(stats.seconds.items()):
+        out[f"{name}_seconds_per_layer"] = per_decoder_layer(dict(seconds))
+    return out
+
+
+def _summaries(stats: CalibStats) -> dict:
+    """Each recorded statistic's own figures for the pass statistics (e.g. how many groups it covers)."""
+    out = {}
+    for name in sorted(stats.statistics):
+        summary = STATISTICS[name].summary
+        out.update(summary(stats) if summary is not None else {})
+    return out
+
+
+def requested(cfg: CalibrateConfig) -> list[str]:
+    """The statistics the recipe asks for: `statistics`, and the statistics whose switch is on (a
+    boolean field of the statistic's name); each must be registered (calibration/statistics.py)."""
+    names = set(cfg.statistics) | {f.name for f in dataclasses.fields(cfg)
+                                   if f.name in STATISTICS and getattr(cfg, f.name) is True}
+    unknown = sorted(names - set(STATISTICS))
+    if unknown:
+        raise RecipeError(f"calibrate.statistics: {unknown[0]!r} is not a registered statistic",
+                          hint="registered: " + ", ".join(sorted(STATISTICS)))
+    return sorted(names)
+
+
+def _statistics(ctx, cfg: CalibrateConfig, world) -> dict:
+    """The loops' statistics (name -> its options: the `{name}_{option}` fields), the fusion groups they
+    are recorded for, and under torchrun the rank that folds each group's (the rank that then
+    computes with it in pack, as tfcompile/dist/partition.py assigns solves)."""
+    names = requested(cfg)
+    fields = [f.name for f in dataclasses.fields(cfg)]
+    statistics = {n: {f[len(n) + 1:]: getattr(cfg, f) for f in fields if f.startswith(n + "_")} for n in names}
+    out = {"statistics": statistics,
+           "groups": {t.module: g.key for g in ctx.plan.groups for t in g.members} if names else None}
+    if names and world.distributed:
+        solve = recipe_intent(ctx.recipe, LayerSolve)
+        out["owner"] = hessian_owners(ctx.plan.groups, world.size, solve.expert_batch if solve is not None else 8)
     return out

@@ -110,7 +110,7 @@ def pack(ctx, cfg: PackConfig, reporter) -> PassResult:
     stats = {"files": len(files), "bytes_in": bytes_in, "bytes_out": info.bytes_out, "ratio": round(ratio, 3)}
     solve = per_decoder_layer({x["module"]: x["timing"]["solve_s"] for x in layers if "timing" in x})
     if solve:
-        stats["gptq_solve_seconds_per_layer"] = solve
+        stats["solve_seconds_per_layer"] = solve
     return PassResult(ctx.with_(artifact=info), stats)
 
 
@@ -118,8 +118,8 @@ def _torch_threads(program: Program):
     """One torch intra-op thread while RTN streams: its torch work is small
     (group amax, 16 SQNR rows, scale rounding), and an OpenMP team spinning
     beside the writer thread on a busy core cost ~0.3 s per 4.5 GB model
-    (measured: `layer_stats` 0.3-0.5 s -> 0.07 s). GPTQ and MSE do their
-    heavy work in torch and keep every thread."""
+    (measured: `layer_stats` 0.3-0.5 s -> 0.07 s). The solving and searching
+    algorithms do their heavy work in torch and keep every thread."""
     return one_torch_thread(program.algorithm == "rtn")
 
 
@@ -161,8 +161,8 @@ def _put(sinks, job, program, tensors, view=None, source=None) -> None:
 
 
 def _stream_ranks(ctx, program, sinks, reporter, view=None) -> tuple[dict, int]:
-    """_stream over the ranks: job i computed on one rank (the writer, or for GPTQ the owner of
-    its Hessian), its tensors delivered in order to the ranks owning its shards.
+    """_stream over the ranks: job i computed on one rank (the writer, or the rank holding what the
+    group is computed from), its tensors delivered in order to the ranks owning its shards.
     Returns ({job: per-layer stats} of the jobs computed here, source bytes of every job)."""
     world, jobs = ctx.world, program.jobs
     where = {key: {s.name: shard_owner(i, world.size) for i, p in enumerate(sink.plans) for s in p.specs}
@@ -170,8 +170,8 @@ def _stream_ranks(ctx, program, sinks, reporter, view=None) -> tuple[dict, int]:
     writers = [frozenset({where[""][o.name] for o in job.outputs}
                          | ({where["modelopt"][o.name] for o in _modelopt_job_specs(job, program)}
                             if "modelopt" in sinks else set())) for job in jobs]
-    # the rank holding the group's Hessian (GPTQ, or RTN's scale search) or solved codes, if any
-    compute = [program.gptq_owner(job.group.key) if job.group is not None else None for job in jobs]
+    # a group whose statistic or solved codes one rank holds is computed there (Program.owner)
+    compute = [program.owner(job.group.key) if job.group is not None else None for job in jobs]
     compute = tuple(min(w) if c is None else c for c, w in zip(compute, writers))
     specs = tuple(tuple((o.name, o.dtype, tuple(o.shape)) for o in job.outputs) for job in jobs)
 

@@ -12,8 +12,8 @@ imports a pass to learn a type. The flow:
 `Program`, an ordered tuple of jobs, each naming its source tensors and the exact output
 tensors (name, dtype, shape) it yields. `pack` plans shards from the specs, then `execute`s
 one job at a time, so peak memory follows the largest fusion group, not the model. How a
-group's tensors are computed is the program's algorithm (`ALGORITHMS`: rtn, mse, gptq, awq,
-smoothquant, signround, registered by the quantize passes).
+group's tensors are computed is the program's algorithm (`ALGORITHMS`, each registered by its
+module under passes/quantize/); the IR names none.
 """
 
 from __future__ import annotations
@@ -123,16 +123,6 @@ class QuantPlan:
 
 # -- calibrate -----------------------------------------------------------------------------
 @dataclass(frozen=True)
-class AWQInput:
-    """What AWQ needs of one norm-fed fusion group's input (calibration/awq_stats.py)."""
-    norm: str  # module whose output is the group's input, e.g. model.layers.0.input_layernorm
-    mean_abs: torch.Tensor  # float32 [K]: mean |x| per input channel, every calibration token
-    max_abs: torch.Tensor  # float32 [K]: max |x| per input channel
-    rows: torch.Tensor  # float32 [n, K]: uniform sample of input rows
-    tokens: int  # calibration tokens the statistics cover
-
-
-@dataclass(frozen=True)
 class CalibStats:
     input_amax: Mapping[str, float]  # Linear module name -> max |x| of its input, over all tokens
     tokens: int  # calibration tokens seen
@@ -142,27 +132,24 @@ class CalibStats:
     kv_amax: Mapping[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     kv_strategy: str | None = None  # None (no KV quantization) | "tensor" | "attn_head"
     kv_format: str = "fp8"  # the KV cache's format: "fp8" (E4M3) | "nvfp4" (E2M1, E4M3 scales per 16)
-    # GPTQ: fusion-group key -> H = X^T X / n over that group's (shared) input, float32 [K, K]
-    # (a lazy mapping: Hessians of finished layers may be spilled to disk)
-    hessians: Mapping[str, torch.Tensor] = field(default_factory=dict)
-    hessian_seconds: Mapping[str, float] = field(default_factory=dict)  # group key -> seconds computing H
-    # AWQ: fusion-group key -> its input statistics, for groups fed by a norm output
-    awq: Mapping[str, AWQInput] = field(default_factory=dict)
-    awq_skipped: Mapping[str, str] = field(default_factory=dict)  # group key -> why it has no AWQ stats
+    # the registered statistics recorded (calibration/statistics.py): name -> its result, read back
+    # through the accessor of the statistic's module (a per-group one: group key -> tensor, lazy
+    # when the layer loop spilled it, `owner(key)` under torchrun)
+    statistics: Mapping[str, Any] = field(default_factory=dict)
+    seconds: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # statistic -> group key -> s
     layer_seconds: tuple[float, ...] = ()  # layer-by-layer loop: wall seconds per decoder layer
     # MoE (calibration/moe.py): routed tokens per expert "{experts module}.{e}"; whether every token
     # also went through every expert for the statistics; experts below moe_min_tokens take the
-    # layer's max over experts (calibration/moe_policy.py) and lose their Hessian (GPTQ -> RTN)
+    # layer's max over experts (calibration/moe_policy.py) and lose their per-group statistics (-> RTN)
     expert_tokens: Mapping[str, int] = field(default_factory=dict)
     moe_all_experts: bool = False
     moe_min_tokens: int = 0
-    # under torchrun: group key -> the rank holding its Hessian (which solves its GPTQ); {} = this process
-    hessian_owner: Mapping[str, int] = field(default_factory=dict)
-    # GPTQ solved in the layer loop (calibrate.propagate: calibration/propagate.py): group key -> the
-    # packed codes (QTensor.data) of its members, concatenated on dim 0 (signround: codes then block
-    # scales per row, passes/quantize/signround.py `codes_of`) (lazy: spilled; under torchrun
-    # every group's key, `owner(key)` the rank holding it). `hessians` is then empty.
-    gptq_codes: Mapping[str, torch.Tensor] = field(default_factory=dict)
+    # solved in the layer loop by the algorithm's layer solver (calibrate.propagate, learned rounding:
+    # calibration/propagate.py): group key -> the packed codes (QTensor.data) of its members,
+    # concatenated on dim 0 (signround: codes then block scales per row, passes/quantize/signround.py
+    # `codes_of`) (lazy: spilled; under torchrun every group's key, `owner(key)` the rank holding
+    # it). The per-group statistics the solver consumed are then empty.
+    solved: Mapping[str, torch.Tensor] = field(default_factory=dict)
     # why `--calib auto` passed over the first text source (calibration.datasets.fallback_message); ""
     # when it did not. The manifest and the report record it: the statistics depend on it
     data_fallback: str = ""
@@ -192,23 +179,13 @@ class Job:
     @property
     def kind(self) -> str:
         """"group": quantize a fusion group; "copy": a source tensor verbatim; "override": a
-        source tensor replaced by `const` (same name, dtype, shape; e.g. an AWQ-folded norm
-        weight); "const": a tensor of the pass's own (e.g. a KV-cache scale)."""
+        source tensor replaced by `const` (same name, dtype, shape; e.g. a norm weight with a scale
+        folded in); "const": a tensor of the pass's own (e.g. a KV-cache scale)."""
         if self.group is not None:
             return "group"
         if self.source is None:
             return "const"
         return "copy" if self.const is None else "override"
-
-
-@dataclass(frozen=True)
-class AWQFold:
-    """One group's AWQ fold (passes/quantize/awq.py)."""
-    norm: str  # norm module whose weight (and bias) is divided by s
-    s: torch.Tensor  # float32 [K]: member weight columns are multiplied by it
-    alpha: float
-    loss: float  # output squared error on the recorded rows at `alpha`
-    rtn_loss: float  # the same at alpha = 0 (plain RTN)
 
 
 @dataclass(frozen=True)
@@ -221,27 +198,30 @@ class Program:
     sqnr_rows: int  # rows sampled per Linear for the weight-SQNR figure
     kv_strategy: str | None = None  # KV-cache scales: None | "tensor" | "attn_head"
     kv_modules: tuple[str, ...] = ()  # attention modules that got k_scale / v_scale
-    hessians: Mapping[str, torch.Tensor] = field(default_factory=dict)  # group key -> H [K, K] (gptq)
-    gptq_act_order: bool = True
-    gptq_damp: float = 0.01
-    awq: Mapping[str, AWQFold] = field(default_factory=dict)  # group key -> its fold
-    awq_skipped: Mapping[str, str] = field(default_factory=dict)  # group key -> why it stays RTN
-    gptq_expert_batch: int = 8  # gptq: routed experts of one shape solved together (gptq_moe.py)
-    # per-run working memory of an algorithm (gptq_moe.py: a batch of solved experts until written)
+    # the calibration statistics (CalibStats.statistics), read by the algorithm through each
+    # statistic's accessor (calibration/statistics.py); a per-group one may be lazy (spilled)
+    statistics: Mapping[str, Any] = field(default_factory=dict)
+    # the algorithm's own settings: the quantize fields named `{algorithm}_{option}`, by option
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    # what the algorithm's `prepare` decided per group key (e.g. a fold), and why a group stays RTN
+    prepared: Mapping[str, Any] = field(default_factory=dict)
+    skipped: Mapping[str, str] = field(default_factory=dict)
+    # per-run working memory of an algorithm (e.g. a batch of solved experts until written)
     scratch: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
-    device: Any = "cpu"  # torch.device of the GPTQ solves and the AWQ search (quantize.device)
+    device: Any = "cpu"  # torch.device of the algorithm's solves and searches (quantize.device)
     # NVFP4 weights under the recipe's block-scale rule when it is not the scheme's own
     # (quantize.nvfp4_scales=four_over_six: passes/quantize/four_over_six.py); None: Scheme.weights
     nvfp4_weights: WeightQuantizer | None = None
     kv_format: str = "fp8"  # "fp8" | "nvfp4" (calibrate.kv_cache): same k_scale/v_scale, another cache
-    gptq_codes: Mapping[str, torch.Tensor] = field(default_factory=dict)  # CalibStats.gptq_codes (gptq)
+    solved: Mapping[str, torch.Tensor] = field(default_factory=dict)  # CalibStats.solved: the layer loop's codes
     # "none" | "output": NVFP4/MXFP4 scales chosen by the layer's output error under the group's
-    # Hessian (quantize.scale_search: passes/quantize/output_scales.py; rtn and gptq)
+    # input second moment (quantize.scale_search: passes/quantize/output_scales.py)
     scale_search: str = "none"
 
-    def gptq_owner(self, key: str) -> int | None:
-        """Under torchrun: the rank that holds group `key`'s Hessian or solved codes (None: any)."""
-        for held in (self.gptq_codes, self.hessians):
+    def owner(self, key: str) -> int | None:
+        """Under torchrun: the rank that holds what group `key` is computed from, its solved codes or
+        a per-group statistic's tensor (None: any rank)."""
+        for held in (self.solved, *self.statistics.values()):
             owner = getattr(held, "owner", None)
             if owner is not None and (rank := owner(key)) is not None:
                 return rank
@@ -283,7 +263,7 @@ RunFn = Callable[[Job, Program, Checkpoint], tuple[dict[str, torch.Tensor], list
 
 class PrepareFn(Protocol):
     """Work an algorithm does once, when the quantize pass plans, before pack streams the jobs
-    (AWQ's scale search and norm folds): returns the program to run and pass statistics."""
+    (e.g. a scale search and norm folds): returns the program to run and pass statistics."""
 
     def __call__(self, plan: QuantPlan, calib: Optional[CalibStats], source: Checkpoint, program: Program,
                  reporter: Reporter) -> tuple[Program, JsonDict]: ...
@@ -297,8 +277,9 @@ class Algorithm:
     # why the algorithm cannot quantize a scheme (None: it can)
     supports: Callable[[Scheme], "str | None"] | None = None
     hint: str = ""  # what to do instead, when `supports` says no
-    # the calibrate settings that record the statistics it reads (GPTQ: {"hessian": True}); the
-    # quantize pass implies them, so choosing the algorithm schedules its calibration
+    # the calibrate settings that record the statistics it reads (e.g. {"statistics": ("name",)}:
+    # calibration/statistics.py); the quantize pass implies them, so choosing the algorithm
+    # schedules its calibration
     calibrate: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -310,8 +291,8 @@ class LayerSolverSpec:
     """An algorithm's solver for the calibrate pass's layer loop (calibration/propagate.py
     `LayerSolver`), built with (plan, quantize config, source, model dtype, device)."""
     cls: type
-    # "always": the loop runs it on every block (learned rounding); "propagate": only with
-    # calibrate.propagate (GPTQ: its Hessians are otherwise the unquantized model's, solved in pack)
+    # "always": the loop runs it on every block (e.g. learned rounding); "propagate": only with
+    # calibrate.propagate (its statistics are otherwise the unquantized model's, solved in pack)
     loop: str
 
 

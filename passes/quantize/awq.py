@@ -38,16 +38,28 @@ Formats: NVFP4, MXFP4, MXFP8 and FP8 weights (every --format today); others are 
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 
 import torch
 
 from tfcompile.errors import RecipeError
 from tfcompile.io.checkpoint import Checkpoint
-from tfcompile.ir import AWQFold, AWQInput, CalibStats, Program, QuantPlan, load_target, register_algorithm
+from tfcompile.calibration.awq_stats import AWQInput, awq_statistics
+from tfcompile.ir import CalibStats, Program, QuantPlan, load_target, register_algorithm
 from tfcompile.kernels import formats as F
 from tfcompile.passes.quantize.rtn import quantize_weight, run_rtn
 from tfcompile.reporter import Reporter
 from tfcompile.schemes import Scheme
+
+@dataclass(frozen=True)
+class AWQFold:
+    """One group's fold (Program.prepared): what `prepare_awq` decided, what `run_awq` applies."""
+    norm: str  # norm module whose weight (and bias) is divided by s
+    s: torch.Tensor  # float32 [K]: member weight columns are multiplied by it
+    alpha: float
+    loss: float  # output squared error on the recorded rows at `alpha`
+    rtn_loss: float  # the same at alpha = 0 (plain RTN)
+
 
 GRID = tuple(round(0.05 * i, 2) for i in range(21))  # alpha values; 0 = RTN
 S_RANGE = (1e-4, 1e4)  # s is clamped to this range before normalisation (dead channels)
@@ -163,13 +175,14 @@ def prepare_awq(plan: QuantPlan, calib: CalibStats | None, source: Checkpoint, p
     the scale rule (AWQ's by default; smoothquant.py passes SmoothQuant's)."""
     check_scheme(program.scheme)
     algo = program.algorithm
-    if calib is None or not (calib.awq or calib.awq_skipped):
+    recorded = awq_statistics(calib)
+    if not (recorded.inputs or recorded.skipped):
         raise RecipeError(f"quantize.algorithm {algo} needs activation statistics from the calibrate pass",
                           hint=f"use --algorithm {algo} (it schedules calibrate with awq=true)")
-    folds, skipped, overrides, act = {}, dict(calib.awq_skipped), {}, dict(program.act_amax)
-    reporter.task(f"{algo} search", len(calib.awq))
+    folds, skipped, overrides, act = {}, dict(recorded.skipped), {}, dict(program.act_amax)
+    reporter.task(f"{algo} search", len(recorded.inputs))
     for g in plan.groups:
-        st = calib.awq.get(g.key)
+        st = recorded.inputs.get(g.key)
         if st is None:
             skipped.setdefault(g.key, "no AWQ statistics")
             continue
@@ -184,7 +197,7 @@ def prepare_awq(plan: QuantPlan, calib: CalibStats | None, source: Checkpoint, p
             act.update({t.module: folded_amax(act[t.module], st, fold.s) for t in g.members})
         source.release()
         reporter.advance(1, g.key)
-    program = dataclasses.replace(program, act_amax=act, awq=folds, awq_skipped=skipped)
+    program = dataclasses.replace(program, act_amax=act, prepared=folds, skipped=skipped)
     stats = {"awq_groups": len(folds), "awq_rtn_groups": len(skipped),
              "awq_alpha": {k: f.alpha for k, f in folds.items()}}
     return program.with_overrides(overrides), stats
@@ -223,10 +236,10 @@ def fold_group(group, st, names, source, program, candidates=awq_candidates) -> 
 @register_algorithm("awq", prepare=prepare_awq, supports=unsupported, hint=HINT, calibrate={"awq": True})
 def run_awq(job, program, source):
     """RTN of W * s for groups with a fold (the same quantization the search scored)."""
-    fold = program.awq.get(job.group.key)
+    fold = program.prepared.get(job.group.key)
     if fold is None:
         out, stats = run_rtn(job, program, source)
-        why = program.awq_skipped.get(job.group.key, "no AWQ statistics")
+        why = program.skipped.get(job.group.key, "no AWQ statistics")
         return out, [dict(x, algorithm="rtn", awq_skipped=why) for x in stats]
     weights = [load_target(source, t).float() * fold.s for t in job.group.members]
     out, stats = run_rtn(job, program, source, weights=weights)

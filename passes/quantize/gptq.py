@@ -21,6 +21,8 @@ import time
 import torch
 
 from tfcompile.calibration.moe_policy import summarize
+from tfcompile.calibration.hessian import NAME as HESSIAN
+from tfcompile.calibration.hessian import hessians
 from tfcompile.dist.devices import one_torch_thread
 from tfcompile.errors import RecipeError
 from tfcompile.families.experts import is_expert_group
@@ -28,7 +30,7 @@ from tfcompile.io.checkpoint import Checkpoint
 from tfcompile.io.jsonfile import JsonDict
 from tfcompile.ir import CalibStats, Job, LayerStats, Program, QuantPlan, load_target, register_algorithm
 from tfcompile.kernels import formats as F
-from tfcompile.passes.quantize.gptq_moe import run_gptq_experts, solved_expert_values
+from tfcompile.passes.quantize.gptq_moe import run_gptq_experts, setting, solved_expert_values
 from tfcompile.passes.quantize.output_scales import global_candidates, output_error, search_group
 from tfcompile.passes.quantize.rtn import quantize_weight, run_rtn, searched_scales
 from tfcompile.reporter import Reporter
@@ -165,8 +167,8 @@ def solved_search(weights: list[torch.Tensor], names: list[str], program: Progra
     c, ns = len(cands), [w.shape[0] for w in weights]
     w_cat = torch.cat([w.float() for w in weights])  # [sum N, K]
     m = torch.stack([torch.cat([wq.multipliers(q) for q in qs]) for _, qs in cands])  # [C, sum N, K]
-    vals = gptq_values(w_cat.repeat(c, 1, 1), hf.repeat(c, 1, 1), m, wq, act_order=program.gptq_act_order,
-                       damp=program.gptq_damp, device=program.device)  # [C, sum N, K]
+    vals = gptq_values(w_cat.repeat(c, 1, 1), hf.repeat(c, 1, 1), m, wq, act_order=setting(program, "act_order"),
+                       damp=setting(program, "damp"), device=program.device)  # [C, sum N, K]
     errs = [output_error(w_cat, v, hf) for v in vals]
     i = min(range(c), key=lambda j: (errs[j], j))  # ties keep the earlier (plain GPTQ first)
     qs = [encode(q, v) for q, v in zip(cands[i][1], vals[i].split(ns))]
@@ -178,7 +180,7 @@ def _warn_rtn(plan: QuantPlan, calib: CalibStats | None, source: Checkpoint, pro
               reporter: Reporter) -> tuple[Program, JsonDict]:
     """Before pack runs: name the groups that stay RTN for want of a Hessian (experts routed fewer
     than calibrate.moe_min_tokens tokens, or modules no token reached)."""
-    have = set(program.hessians) | set(program.gptq_codes)  # keys only: never read a spilled tensor here
+    have = set(hessians(program)) | set(program.solved)  # keys only: never read a spilled tensor here
     missing = [t.module for j in program.jobs if j.group is not None and j.group.key not in have
                for t in j.group.members]
     if missing:
@@ -189,15 +191,15 @@ def _warn_rtn(plan: QuantPlan, calib: CalibStats | None, source: Checkpoint, pro
     return program, {"rtn_no_hessian": len(missing)}
 
 
-@register_algorithm("gptq", prepare=_warn_rtn, calibrate={"hessian": True})
+@register_algorithm("gptq", prepare=_warn_rtn, calibrate={HESSIAN: True})  # the statistic's switch
 def run_gptq(job: Job, program: Program, source: Checkpoint) -> tuple[dict[str, torch.Tensor], list[LayerStats]]:
     """GPTQ with the group's shared Hessian (q/k/v and gate/up share one input); routed experts
     with their own Hessians, solved in batches (gptq_moe.py). A group the calibrate pass already
     solved (calibrate.propagate) is written from its codes."""
-    codes = program.gptq_codes.get(job.group.key)
+    codes = program.solved.get(job.group.key)
     if codes is not None:
         return _run_solved(job, program, source, codes)
-    h = _whole(program.hessians.get(job.group.key), job.group.key)
+    h = _whole(hessians(program).get(job.group.key), job.group.key)
     if h is None:  # too few calibration tokens reached it: RTN, and say so (warned by _warn_rtn)
         out, stats = run_rtn(job, program, source)
         return out, [dict(x, algorithm="rtn (no Hessian)") for x in stats]
@@ -222,7 +224,8 @@ def run_gptq(job: Job, program: Program, source: Checkpoint) -> tuple[dict[str, 
         t0 = time.perf_counter()
         q = searched.pop(0) if searched else quantize_weight(w, prog, gscale, name, model_dtype)
         try:
-            q = gptq_quantize(w, h, q, act_order=prog.gptq_act_order, damp=prog.gptq_damp, device=prog.device)
+            q = gptq_quantize(w, h, q, act_order=setting(prog, "act_order"), damp=setting(prog, "damp"),
+                              device=prog.device)
         except NotPositiveDefinite as e:
             raise NotPositiveDefinite(f"{name}: {e.message}") from None
         solve.append(time.perf_counter() - t0)
@@ -249,14 +252,14 @@ def _run_solved(job: Job, program: Program, source: Checkpoint,
 
 
 def group_qtensors(job: Job, program: Program, source: Checkpoint) -> list[F.QTensor]:
-    """The group's members quantized as `run_gptq` quantizes them from `program.hessians`: GPTQ
+    """The group's members quantized as `run_gptq` quantizes them from the program's Hessians: GPTQ
     with its Hessian (routed experts solved with their batch), RTN without one."""
     members, key = job.group.members, job.group.key
     if job.scheme is not None:  # a mixed-precision group (tfcompile/ir.py `execute`)
         program = dataclasses.replace(program, scheme=job.scheme)
     weights = [load_target(source, t) for t in members]
     gscale = program.weights.group_global_scale(weights, [t.source for t in members])
-    h = _whole(program.hessians.get(key), key)
+    h = _whole(hessians(program).get(key), key)
     vals = None
     if h is not None and is_expert_group(key):
         vals = list(solved_expert_values(key, program, source, gptq_values)[0])
@@ -269,7 +272,7 @@ def group_qtensors(job: Job, program: Program, source: Checkpoint) -> list[F.QTe
         if vals is not None:
             q = encode(q, vals.pop(0))
         elif h is not None:
-            q = gptq_quantize(w, h, q, act_order=program.gptq_act_order, damp=program.gptq_damp,
+            q = gptq_quantize(w, h, q, act_order=setting(program, "act_order"), damp=setting(program, "damp"),
                               device=program.device)
         out.append(q)
     return out

@@ -22,8 +22,9 @@ from tfcompile.errors import RecipeError
 from tfcompile.io.checkpoint import Checkpoint
 from tfcompile.ir import Program, QuantPlan, register_layer_solver
 from tfcompile.kernels.formats import dequantize
+from tfcompile.calibration.hessian import NAME as HESSIAN
 from tfcompile.passes.quantize.gptq import group_qtensors
-from tfcompile.passes.quantize.quantize import QuantizeConfig, group_job, mx_rule, nvfp4_weights
+from tfcompile.passes.quantize.quantize import QuantizeConfig, algorithm_settings, group_job, mx_rule, nvfp4_weights
 
 
 @register_layer_solver("gptq", loop="propagate")
@@ -38,17 +39,18 @@ class GPTQLayerSolver:
         self.jobs = {g.key: group_job(g, plan, model_dtype) for g in plan.groups}
         self.targets = {t.module: t for g in plan.groups for t in g.members}
         self.program = Program(plan.scheme, "gptq", (), {}, mx_rule(cfg, plan.scheme), 0,
-                               gptq_act_order=cfg.gptq_act_order, gptq_damp=cfg.gptq_damp,
-                               gptq_expert_batch=cfg.gptq_expert_batch, device=device,
+                               settings=algorithm_settings(cfg, "gptq"), device=device,
                                nvfp4_weights=nvfp4_weights(cfg))
         self.source, self.dtype = source, model_dtype
         self.seconds: dict[str, float] = {}  # group key -> wall seconds of its quantization here
 
-    def __call__(self, modules: set[str], hessians: Mapping[str, torch.Tensor],
+    def __call__(self, modules: set[str], statistics: Mapping[str, Mapping[str, torch.Tensor]],
                  owned: Callable[[str], bool]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        hessians = statistics.get(HESSIAN, {})
         jobs = [j for k, j in self.jobs.items() if j.group.members[0].module in modules and owned(k)]
         # this layer's jobs and Hessians only: routed experts find their batch peers among them
-        program = dataclasses.replace(self.program, jobs=tuple(jobs), hessians=dict(hessians), scratch={})
+        program = dataclasses.replace(self.program, jobs=tuple(jobs), statistics={HESSIAN: dict(hessians)},
+                                      scratch={})
         codes, weights = {}, {}
         for job in jobs:
             t0 = time.perf_counter()
@@ -84,6 +86,6 @@ class GPTQLayerSolver:
 class RTNLayerSolver(GPTQLayerSolver):
     """Round to nearest in the layer loop (module docstring): GPTQ's solver handed no Hessian."""
 
-    def __call__(self, modules: set[str], hessians: Mapping[str, torch.Tensor],
+    def __call__(self, modules: set[str], statistics: Mapping[str, Mapping[str, torch.Tensor]],
                  owned: Callable[[str], bool]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         return {}, super().__call__(modules, {}, owned)[1]

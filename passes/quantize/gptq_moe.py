@@ -23,10 +23,12 @@ from typing import Callable
 
 import torch
 
+from tfcompile.calibration.hessian import hessians
 from tfcompile.families.experts import EXPERT_GROUP as _EXPERT_GROUP
 from tfcompile.io.checkpoint import Checkpoint
 from tfcompile.ir import Job, LayerStats, Program, QuantGroup, load_target
 from tfcompile.kernels.formats import QTensor, quantizer_of
+from tfcompile.passes.quantize.quantize import QuantizeConfig
 from tfcompile.passes.quantize.rtn import quantize_weight, run_rtn
 
 # gptq.py's solver: (w, h, multipliers, grid quantizer, damp=, act_order=, device=) -> values, batched [B, N, K]
@@ -58,6 +60,13 @@ def solved_expert_values(key: str, program: Program, source: Checkpoint,
     return program.scratch.pop(key), program.scratch.pop(key + "#seconds")
 
 
+def setting(program: Program, option: str):
+    """GPTQ's option `option` in the program (quantize.gptq_{option}), else its default there."""
+    if option in program.settings:
+        return program.settings[option]
+    return getattr(QuantizeConfig(), f"gptq_{option}")
+
+
 def _batch_of(key: str, program: Program) -> list[QuantGroup]:
     """The groups solved together with `key`: same experts module, role and shapes, with Hessians,
     and expert indices in the same block of gptq_expert_batch (e // batch: the unit one rank owns
@@ -66,7 +75,7 @@ def _batch_of(key: str, program: Program) -> list[QuantGroup]:
     me = _EXPERT_GROUP.match(key)
     index = program.scratch.get("#peers")
     if index is None:
-        solved = set(program.hessians)  # keys only: membership on spilled Hessians would read them from disk
+        solved = set(hessians(program))  # keys only: membership on spilled Hessians would read them from disk
         index = {}
         for j in program.jobs:
             m = _EXPERT_GROUP.match(j.group.key) if j.group is not None else None
@@ -75,7 +84,7 @@ def _batch_of(key: str, program: Program) -> list[QuantGroup]:
         for peers in index.values():
             peers.sort(key=lambda g: int(_EXPERT_GROUP.match(g.key)["e"]))
         program.scratch["#peers"] = index
-    size = max(1, program.gptq_expert_batch)
+    size = max(1, setting(program, "expert_batch"))
     block = int(me["e"]) // size
     return [g for g in index[(me["parent"], me["role"])] if int(_EXPERT_GROUP.match(g.key)["e"]) // size == block]
 
@@ -89,7 +98,7 @@ def _solve_batch(key: str, program: Program, source: Checkpoint, solve: SolveFn)
     for g in groups:
         weights = [load_target(source, t) for t in g.members]
         gscale = weights_q.group_global_scale(weights, [t.source for t in g.members])
-        h = program.hessians[g.key]
+        h = hessians(program)[g.key]
         for t, w in zip(g.members, weights):
             q = quantize_weight(w, program, gscale, t.source, w.dtype)
             grid = quantizer_of(q)
@@ -101,7 +110,7 @@ def _solve_batch(key: str, program: Program, source: Checkpoint, solve: SolveFn)
     if len(shapes) > 1:  # a batch is one shape by construction (same module, role)
         raise RuntimeError(f"gptq: expert batch of {key} mixes shapes {sorted(shapes)}")
     vals = solve(torch.stack(ws), torch.stack(hs), torch.stack(ms), grid,
-                 damp=program.gptq_damp, act_order=program.gptq_act_order, device=program.device)
+                 damp=setting(program, "damp"), act_order=setting(program, "act_order"), device=program.device)
     seconds = (time.perf_counter() - t0) / max(len(ws), 1)
     at = 0
     for g, n in zip(groups, counts):

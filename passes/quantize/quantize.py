@@ -10,12 +10,13 @@ An algorithm with plan-time work (AWQ's search) does it here, before pack stream
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Mapping
 
 import torch
 
 from tfcompile.artifact.naming import ct_outputs
+from tfcompile.calibration.hessian import hessians as calib_hessians
 from tfcompile.dist.devices import check_device, resolve_device
 from tfcompile.errors import RecipeError
 from tfcompile.io.checkpoint import Checkpoint
@@ -116,7 +117,7 @@ def _implies(sel: Selection) -> dict:
     extra = dict(algo.calibrate) if algo is not None and algo.calibrate else None
     own = {"scale_search": "output"} if "scale_search" not in table and _searched_by_default(sel, table) else {}
     if table.get("scale_search", own.get("scale_search")) == "output" and not (extra or {}).get("hessian"):
-        # the search scores with H's diagonal blocks alone: record just those (HessianSpec)
+        # the search scores with H's diagonal blocks alone: record just those (calibration/hessian.py `blocks`)
         blocks = sel.scheme.weights.block[0] if sel.scheme is not None and output_scales.searchable(
             sel.scheme.weights) else 0
         extra = {**(extra or {}), "hessian": True, **({"hessian_blocks": blocks} if blocks else {})}
@@ -173,8 +174,8 @@ def quantize(ctx, cfg: QuantizeConfig, reporter) -> PassResult:
     if algo is None:
         raise RecipeError(f"quantize.algorithm {cfg.algorithm!r} is unknown",
                           hint="choose one of: " + ", ".join(sorted(ALGORITHMS)))
-    hessians = ctx.calib.hessians if ctx.calib is not None else {}  # lazy: may be spilled to disk
-    codes = ctx.calib.gptq_codes if ctx.calib is not None else {}  # solved by calibrate (propagate)
+    hessians = calib_hessians(ctx.calib)  # lazy: may be spilled to disk
+    codes = ctx.calib.solved if ctx.calib is not None else {}  # solved by calibrate's layer loop
     if cfg.algorithm == "gptq" and not hessians and not codes:
         raise RecipeError("quantize.algorithm gptq needs Hessians from the calibrate pass",
                           hint="use --algorithm gptq (it schedules calibrate with hessian=true)")
@@ -184,15 +185,21 @@ def quantize(ctx, cfg: QuantizeConfig, reporter) -> PassResult:
                                                     "mode=sequential); the model must load layer by layer")
     device = resolve_device(cfg.device, ctx.world) if cfg.algorithm != "rtn" else "cpu"
     program = Program(scheme, cfg.algorithm, tuple(jobs + kv_jobs), act, rule, cfg.sqnr_rows,
-                      kv_strategy, kv_modules, hessians, cfg.gptq_act_order, cfg.gptq_damp,
-                      gptq_expert_batch=cfg.gptq_expert_batch, device=device,
+                      kv_strategy, kv_modules, statistics=dict(ctx.calib.statistics) if ctx.calib is not None else {},
+                      settings=algorithm_settings(cfg, cfg.algorithm), device=device,
                       nvfp4_weights=nvfp4_weights(cfg), kv_format=ctx.calib.kv_format if kv_jobs else "fp8",
-                      gptq_codes=codes, scale_search=cfg.scale_search)
+                      solved=codes, scale_search=cfg.scale_search)
     extra = {}
     if algo.prepare is not None:  # plan-time work of the algorithm (AWQ: search and fold)
         program, extra = algo.prepare(plan, ctx.calib, ctx.source, program, reporter)
     return PassResult(ctx.with_(program=program),
                       {"jobs": len(jobs), "outputs": len(program.specs()), "mx_rule": rule, **extra})
+
+
+def algorithm_settings(cfg: QuantizeConfig, algorithm: str) -> dict:
+    """The algorithm's own settings, Program.settings: the fields named `{algorithm}_{option}`, by option."""
+    prefix = f"{algorithm}_"
+    return {f.name[len(prefix):]: getattr(cfg, f.name) for f in fields(cfg) if f.name.startswith(prefix)}
 
 
 def mx_rule(cfg: QuantizeConfig, scheme) -> str:

@@ -16,6 +16,7 @@ from typing import Callable, Sequence
 import torch
 
 from tfcompile.artifact.naming import ct_tensors
+from tfcompile.calibration.hessian import hessians
 from tfcompile.io.checkpoint import Checkpoint
 from tfcompile.ir import Job, LayerStats, Program, QuantTarget, load_target, register_algorithm
 from tfcompile.kernels.formats import QTensor, dequantize_rows
@@ -71,7 +72,7 @@ def searched_scales(job: Job, program: Program, weights: list[torch.Tensor],
                     model_dtype: torch.dtype) -> tuple[list[QTensor] | None, dict]:
     """The group's RTN QTensors under scales chosen by output error (quantize.scale_search=output,
     output_scales.py), or (None, {}) when not asked for or the group has no Hessian."""
-    h = program.hessians.get(job.group.key) if program.scale_search == "output" else None
+    h = hessians(program).get(job.group.key) if program.scale_search == "output" else None
     if h is None:
         return None, {}
     qs, rec = search_group(weights, [t.source for t in job.group.members], program, h, model_dtype)

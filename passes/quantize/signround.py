@@ -146,7 +146,7 @@ class SignRoundLayerSolver:
         self.seconds: dict[str, float] = {}  # layer -> wall seconds of its tuning
         self.losses: dict[str, JsonDict] = {}  # layer -> block loss at the start and as kept
 
-    def __call__(self, modules, hessians, owned, block=None):
+    def __call__(self, modules, statistics, owned, block=None):
         with torch.inference_mode(False):  # the layer loop's mode: its tensors cannot be tuned
             return self._solve(modules, owned, block)
 
@@ -192,7 +192,7 @@ class SignRoundLayerSolver:
 def _warn_unsolved(plan: QuantPlan, calib: CalibStats | None, source: Checkpoint, program: Program,
                    reporter: Reporter) -> tuple[Program, JsonDict]:
     """Before pack runs: name the groups the layer loop did not tune (they stay RTN)."""
-    have = set(program.gptq_codes)
+    have = set(program.solved)
     missing = [j.group.key for j in program.jobs if j.group is not None and j.group.key not in have]
     if missing:
         reporter.warn(f"signround: {len(missing)} group(s) were not tuned in the layer loop; they are "
@@ -206,7 +206,7 @@ def _warn_unsolved(plan: QuantPlan, calib: CalibStats | None, source: Checkpoint
 def run_signround(job: Job, program: Program, source: Checkpoint) -> tuple[dict[str, torch.Tensor],
                                                                            list[LayerStats]]:
     """Write a group from the codes and scales the layer loop tuned (RTN when it has none)."""
-    codes = program.gptq_codes.get(job.group.key)
+    codes = program.solved.get(job.group.key)
     if codes is None:
         out, stats = run_rtn(job, program, source)
         return out, [dict(x, algorithm="rtn (not tuned)") for x in stats]

@@ -13,7 +13,8 @@ import pytest
 import torch
 from torch import nn
 
-from tfcompile.calibration.recorders import HessianRecorder, HessianSpec
+from tfcompile.calibration.hessian import HessianRecorder
+from tfcompile.calibration.statistics import local_setup
 from tfcompile.errors import RecipeError
 from tfcompile.passes.calibrate import CalibrateConfig
 from tfcompile.recipe import PassEntry, Recipe
@@ -21,7 +22,8 @@ from tfcompile.recipe import PassEntry, Recipe
 
 def _record(dtype: torch.dtype, batches: list[torch.Tensor], blocks: int = 0) -> torch.Tensor:
     model = nn.Sequential(nn.Linear(48, 8, bias=False)).to(torch.bfloat16)
-    rec = HessianRecorder(model, {"0": "g"}, spec=HessianSpec(dtype, blocks))
+    option = "float32" if dtype == torch.float32 else "compute"  # calibrate.hessian_dtype, forwards in `dtype`
+    rec = HessianRecorder(local_setup(model, {"0": "g"}, {"dtype": option, "blocks": blocks}, compute_dtype=dtype))
     with torch.inference_mode():
         for x in batches:
             model(x)

@@ -15,6 +15,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from tfcompile.calibration.forward import observe_input_amax
+from tfcompile.calibration.hessian import NAME as HESSIAN
+from tfcompile.calibration.hessian import hessians as hessians_of
 from tfcompile.calibration.propagate import rebuilt
 from tfcompile.calibration.sequential import observe_sequential
 from tfcompile.families.experts import take
@@ -39,8 +41,8 @@ class _Solver:
                         for m in modules}
         self.calls: list[tuple[set[str], dict]] = []
 
-    def __call__(self, modules, hessians, owned):
-        self.calls.append((set(modules), dict(hessians)))
+    def __call__(self, modules, statistics, owned):
+        self.calls.append((set(modules), dict(statistics.get(HESSIAN, {}))))
         return {}, {m: _coarse(self.ckpt.get(f"{m}.weight")) for m in sorted(modules) if owned(m)}
 
 
@@ -65,23 +67,23 @@ def test_layer_one_is_calibrated_on_layer_zero_as_quantized(tiny_llama, tmp_path
         modules = {n[: -len(".weight")] for n in ckpt.names() if n.endswith("proj.weight")}
         groups = _groups(modules)
         solver = _Solver(ckpt, modules)
-        seq = observe_sequential(tiny_llama, ckpt, modules, batch=4, hessian_groups=groups, solver=solver,
+        seq = observe_sequential(tiny_llama, ckpt, modules, batch=4, statistics={HESSIAN: {}}, groups=groups, solver=solver,
                                  **CALIB)
     # the oracle checkpoint: layer 0's Linears replaced by the solver's weights
     edited = _layer0_coarse(tiny_llama, tmp_path, modules)
-    original = observe_input_amax(tiny_llama, modules, hessian_groups=groups, **CALIB)
-    quantized0 = observe_input_amax(edited, modules, hessian_groups=groups, **CALIB)
+    original = observe_input_amax(tiny_llama, modules, statistics={HESSIAN: {}}, groups=groups, **CALIB)
+    quantized0 = observe_input_amax(edited, modules, statistics={HESSIAN: {}}, groups=groups, **CALIB)
 
     assert [sorted(m) for m, _ in solver.calls] == [sorted(m for m in modules if f".layers.{i}." in m)
                                                     for i in (0, 1)]
     hessians = {k: h for _, hs in solver.calls for k, h in hs.items()}
-    assert set(hessians) == set(groups) and not seq.hessians  # solved: none left for pack
+    assert set(hessians) == set(groups) and not hessians_of(seq)  # solved: none left for pack
     for key, h in hessians.items():
         want, other = (original, quantized0) if ".layers.0." in key else (quantized0, original)
-        scale = float(want.hessians[key].abs().max())
-        assert float((h - want.hessians[key]).abs().max()) <= 1e-5 * scale, key  # measured <= 4e-7
+        scale = float(hessians_of(want)[key].abs().max())
+        assert float((h - hessians_of(want)[key]).abs().max()) <= 1e-5 * scale, key  # measured <= 4e-7
         if ".layers.1." in key:  # the check can fail: layer 0's quantization moved layer 1's inputs
-            assert float((other.hessians[key] - want.hessians[key]).abs().max()) > 1e-3 * scale, key
+            assert float((hessians_of(other)[key] - hessians_of(want)[key]).abs().max()) > 1e-3 * scale, key
     for m in modules:  # the amax of layer 1's inputs too; no re-run was recorded (layer 0 = original)
         want = original if ".layers.0." in m else quantized0
         assert seq.input_amax[m] == pytest.approx(want.input_amax[m], rel=1e-3), m

@@ -12,6 +12,8 @@ import pytest
 import torch
 
 from tfcompile.calibration.forward import observe_input_amax
+from tfcompile.calibration.hessian import NAME as HESSIAN
+from tfcompile.calibration.hessian import hessians
 from tfcompile.calibration.sequential import Unsupported, find_layers, observe_sequential
 from tfcompile.io.checkpoint import open_checkpoint
 
@@ -45,14 +47,14 @@ def _both(model_dir, data="random", **kw):
 def test_llama_amax_hessians_kv_match_whole_model(tiny_llama):
     with open_checkpoint(tiny_llama) as ckpt:
         groups = _groups(_targets(ckpt))
-    modules, whole, seq, seen = _both(tiny_llama, kv=True, hessian_groups=groups)
+    modules, whole, seq, seen = _both(tiny_llama, kv=True, statistics={HESSIAN: {}}, groups=groups)
     assert seen == [(0, 2), (1, 2)]  # every layer once, in order
     assert set(seq.input_amax) == modules and not seq.fallback and seq.tokens == whole.tokens
     for m in modules:  # measured: equal; batching 4 sequences could reorder bf16 sums
         assert seq.input_amax[m] == pytest.approx(whole.input_amax[m], rel=1e-3), m
-    assert set(seq.hessians) == set(whole.hessians) == set(groups.values())
+    assert set(hessians(seq)) == set(hessians(whole)) == set(groups.values())
     for k in groups.values():
-        a, b = seq.hessians[k], whole.hessians[k]
+        a, b = hessians(seq)[k], hessians(whole)[k]
         assert a.shape == b.shape and a.dtype == torch.float32
         assert float((a - b).abs().max()) <= 1e-5 * float(b.abs().max()), k  # measured <= 4e-7
     assert set(seq.kv_amax) == set(whole.kv_amax)

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from tfcompile.calibration.awq_stats import verify_folds
+from tfcompile.calibration.awq_stats import AWQInput, awq_statistics, verify_folds
 from tfcompile.errors import RecipeError
-from tfcompile.ir import AWQInput, Job, OutSpec, Program, QuantTarget
+from tfcompile.ir import Job, OutSpec, Program, QuantTarget
 from tfcompile.kernels import formats as F
 from tfcompile.passes.quantize.awq import (GRID, awq_scales, check_scheme, fake_act, fold_norm,
                                            folded_amax, search)
@@ -318,9 +318,9 @@ def test_static_input_scale_is_the_folded_amax_and_reruns_are_identical(tiny_lla
                            "calibrate": {"data": "random", "samples": 4, "seq_len": 32}})
     ctx = quantize(tiny_llama_src, tmp_path / "a", "nvfp4", **opts)
     t = read_tensors(tmp_path / "a")
-    assert ctx.program.awq  # some group was folded
-    for key, fold in ctx.program.awq.items():
-        st = ctx.calib.awq[key]
+    assert ctx.program.prepared  # some group was folded
+    for key, fold in ctx.program.prepared.items():
+        st = awq_statistics(ctx.calib).inputs[key]
         want = F.nvfp4_global_scale(torch.tensor([float((st.max_abs / fold.s).max())]))
         for m in (x.module for g in ctx.plan.groups if g.key == key for x in g.members):
             assert torch.equal(t[f"{m}.input_global_scale"], want), m

@@ -127,7 +127,7 @@ def test_error_propagation_changes_only_the_layers_after_the_first(tiny_llama, t
                       "--set", f"calibrate.propagate={prop}")
         assert res.code == 0, res.err
         cal = res.json()["passes"]["calibrate"]
-        assert cal["hessians"] == 8 and cal["gptq_solved_in_loop"] == (8 if prop == "true" else 0)
+        assert cal["hessians"] == 8 and cal["solved_in_loop"] == (8 if prop == "true" else 0)
         assert {x["algorithm"] for x in res.json()["layers"]} == {"gptq"}
         assert run_cli("verify", out).code == 0
         outs[prop] = load_file(out / "model.safetensors")

@@ -150,9 +150,9 @@ class RichReporter:
 
 
 def _breakdown(stats: Mapping[str, Any]) -> str:
-    """What a pass's time went to when it hides a slow step (pack runs GPTQ's solves lazily), or what
-    calibrate's forwards computed in."""
-    solve, dtype = (stats or {}).get("gptq_solve_seconds_per_layer"), (stats or {}).get("compute_dtype")
+    """What a pass's time went to when it hides a slow step (pack runs an algorithm's solves lazily), or
+    what calibrate's forwards computed in."""
+    solve, dtype = (stats or {}).get("solve_seconds_per_layer"), (stats or {}).get("compute_dtype")
     if dtype:  # calibrate: what its forwards computed in, and why (tfcompile/machine.py compute_dtype)
         return f" (forwards in {dtype}: {stats.get('compute_dtype_why', '')})"
     return f" (GPTQ solves {sum(solve.values()):.2f}s of it, {len(solve)} layers)" if solve else ""

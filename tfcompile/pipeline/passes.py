@@ -93,6 +93,11 @@ class PassSpec:
     # read the finished artifact; pipeline/ranks.py)
     ranks: str = "all"
     intents: IntentsFn | None = None  # what other passes may know of it before it runs
+    # unscheduled(scheme) -> (why, hint): why a format's standard pipeline leaves the pass out, for
+    # settings given to it anyway (recipe/build.py); those that only state a run-wide policy (its
+    # `runtime` fields, e.g. calibrate.strict) or come from --preset are moot there. None: an error
+    # "not in this pipeline" like any pass outside the pipeline
+    unscheduled: Callable[[Any], tuple[str, str]] | None = None
 
 
 REGISTRY: dict[str, PassSpec] = {}
@@ -110,7 +115,8 @@ def set_schedule(names) -> None:
 
 def register_pass(name: str, *, config: type, requires=(), produces=(), supports: SupportsFn | None = None,
                   when: WhenFn | None = None, implies: ImpliesFn | None = None, finish: FinishFn | None = None,
-                  ranks: str = "all", intents: IntentsFn | None = None):
+                  ranks: str = "all", intents: IntentsFn | None = None,
+                  unscheduled: Callable[[Any], tuple[str, str]] | None = None):
     """Decorator: register `run` as pass `name`. Field names are checked here."""
     req, prod = frozenset(requires), frozenset(produces)
     if ranks not in ("all", "root"):
@@ -126,7 +132,7 @@ def register_pass(name: str, *, config: type, requires=(), produces=(), supports
             raise ValueError(f"pass {name!r} registered twice")
         doc = (fn.__doc__ or "").strip().splitlines()[0] if fn.__doc__ else ""
         REGISTRY[name] = PassSpec(name, config, req, prod, fn, doc, supports, when, implies, finish, ranks,
-                                  intents)
+                                  intents, unscheduled)
         return fn
 
     return wrap

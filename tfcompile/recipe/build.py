@@ -124,7 +124,7 @@ def build_recipe(
     for item in sets:
         name, key, raw = _parse_set(item)
         edits.append((name, {key: _parse_value(raw)}, f"--set {item}"))
-    edits = _route_onnx_export(edits)
+    edits = _route_exports(edits)
     # The preset's shape follows the settings, wherever they came from (the passes declare how)
     settings = _given(edits)
     pipeline = list(data.get("pipeline") or (preset_pipeline(fmt, settings) if fmt else []))
@@ -136,19 +136,20 @@ def build_recipe(
         at = next((i for i, (_, _, w) in enumerate(edits) if w.startswith("--set")), len(edits))
         edits[at:at] = [(n, {"device": device}, "--device") for n in pipeline
                         if "device" in {f.name for f in dataclasses.fields(get_pass(n).config)}]
-    if fmt and "select" in values:
-        values["select"]["format"] = fmt
+    for name in _format_passes(values) if fmt else ():  # the pass that chooses what is quantized
+        values[name]["format"] = fmt
     for name, implied in implied_settings(Selection(get_scheme(fmt) if fmt else None, settings)).items():
         # under the user's own settings
         if name in values:
             values[name].update(implied)
     for name, table, where in edits:
-        if name == "calibrate" and name not in values and fmt:
-            if isinstance(table, Mapping) and set(table) <= POLICIES:  # moot where nothing calibrates
+        spec = REGISTRY.get(name)
+        if name not in values and fmt and spec is not None and spec.unscheduled is not None:
+            if isinstance(table, Mapping) and set(table) <= _runtime_fields(spec.config):
+                continue  # a run-wide policy (e.g. calibrate.strict): moot where the pass does not run
+            if where.startswith("--preset"):  # e.g. the preset's calibration, for an algorithm the user replaced
                 continue
-            if where.startswith("--preset"):  # the preset's calibration, for an algorithm the user replaced
-                continue
-            raise _needs_no_calibration(fmt, where, values)
+            raise _unscheduled(spec, fmt, where, values)
         _merge(values, name, table, where)
     _check_format_agrees(fmt, values)
     pipeline = _cut(pipeline, skip, until)
@@ -169,30 +170,31 @@ def _preset_edits(preset: str, fmt: str | None) -> list[tuple[str, dict, str]]:
     return edits
 
 
+def _format_passes(values: dict) -> list[str]:
+    """The passes of the pipeline whose config has a `format` field: the one that chooses what is
+    quantized (`Recipe.quant_format` reads it back; the core names no pass)."""
+    return [n for n in values if any(f.name == "format" for f in dataclasses.fields(get_pass(n).config))]
+
+
 def _check_format_agrees(fmt: str | None, values: dict) -> None:
-    """select.format must be the format the pipeline was built for (its passes follow the format)."""
-    chosen = (values.get("select") or {}).get("format")
-    if fmt and chosen is not None and chosen != fmt:
-        raise RecipeError(f"select.format={chosen!r} contradicts --format / recipe format {fmt!r}",
-                          hint=f"give the format once: --format {chosen}")
+    """The pass's `format` must be the format the pipeline was built for (its passes follow the format)."""
+    for name in _format_passes(values):
+        chosen = values[name].get("format")
+        if fmt and chosen is not None and chosen != fmt:
+            raise RecipeError(f"{name}.format={chosen!r} contradicts --format / recipe format {fmt!r}",
+                              hint=f"give the format once: --format {chosen}")
 
 
-# calibrate settings that state a run-wide policy rather than what to calibrate: a release pipeline
-# passes them (--calib-strict, TFCOMPILE_CALIB_STRICT) to every run, data-free formats included
-POLICIES = {"strict"}
+def _runtime_fields(config: type) -> set[str]:
+    """A pass's fields that state a run-wide policy rather than what the pass does (metadata `runtime`:
+    e.g. calibrate.strict, which a release pipeline passes to every run, data-free formats included)."""
+    return {f.name for f in dataclasses.fields(config) if f.metadata.get("runtime")}
 
 
-def _needs_no_calibration(fmt: str, where: str, values: dict) -> RecipeError:
-    """A calibration option on a pipeline without the calibrate pass: say why it has none."""
-    scheme = get_scheme(fmt)
-    why = ("its activations stay in bf16 (weight-only)" if scheme.act is None else
-           "its activation scales are computed at run time (dynamic)" if not scheme.act_static else
-           "this pipeline leaves the calibrate pass out")
-    return RecipeError(f"{where}: --format {fmt} needs no calibration data: {why}, and nothing else in "
-                       f"this run calibrates (pipeline: {', '.join(values)})",
-                       hint="drop the --calib* options; they apply to nvfp4 / fp8 (static activation "
-                            "scales), --kv-cache fp8, --algorithm gptq / awq / signround and "
-                            "--set quantize.scale_search=output")
+def _unscheduled(spec, fmt: str, where: str, values: dict) -> RecipeError:
+    """Settings of a pass the format's pipeline leaves out: the pass says why (`unscheduled`)."""
+    why, hint = spec.unscheduled(get_scheme(fmt))
+    return RecipeError(f"{where}: --format {fmt} {why} (pipeline: {', '.join(values)})", hint=hint)
 
 
 def _given(edits: list) -> dict[str, dict[str, Any]]:
@@ -203,16 +205,17 @@ def _given(edits: list) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _route_onnx_export(edits: list) -> list:
-    """`export = ["onnx"]` (pack's list of views: --export onnx, or a recipe) names the `onnx` pass
-    (passes/onnx.py): drop it from pack's table and schedule that pass instead, so pack keeps only
-    the views it writes itself."""
+def _route_exports(edits: list) -> list:
+    """A view in an `export` list (pack's views: --export onnx, or a recipe) that is the name of a
+    registered pass (the `onnx` pass, passes/onnx.py) is that pass: drop it from the table and
+    schedule the pass instead, so the exporting pass keeps only the views it writes itself."""
     out = []
     for name, table, where in edits:
-        views = table.get("export") if name == "pack" and isinstance(table, Mapping) else None
-        if isinstance(views, (list, tuple)) and "onnx" in views:
-            table = {**table, "export": [v for v in views if v != "onnx"]}
-            out.append(("onnx", {}, where))
+        views = table.get("export") if isinstance(table, Mapping) else None
+        routed = [v for v in views if v in REGISTRY] if isinstance(views, (list, tuple)) else []
+        if routed:
+            table = {**table, "export": [v for v in views if v not in REGISTRY]}
+            out += [(v, {}, where) for v in routed]
         out.append((name, table, where))
     return out
 
