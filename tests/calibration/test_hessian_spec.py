@@ -68,7 +68,8 @@ def test_compute_dtype_rounds_each_product_and_the_running_sum():
 
 @pytest.mark.parametrize("blocks", [16, 8])
 def test_diagonal_blocks_are_those_of_the_whole_mean(blocks):
-    """HessianSpec(blocks=b): [K / b, b, b], each the b x b diagonal block of X^T X / n (float64 oracle)."""
+    """Option blocks=b (calibrate.hessian_blocks): [K / b, b, b], each the b x b diagonal block of X^T X / n
+    (float64 oracle)."""
     xs = _batches()
     hb = _record(torch.float32, xs, blocks)
     rows = torch.cat([x.reshape(-1, 48).double() for x in xs])
