@@ -23,7 +23,8 @@ Candidates, per fusion group:
 Each block is chosen by its own share of the output error, d_b H_bb d_b^T; then the group takes,
 by those shares summed over its blocks and members, the best of these searched candidates and
 plain RTN, so by that objective no group ends worse than RTN (tests/passes/test_output_scales.py).
-It is the default of W4A4 NVFP4 RTN (passes/quantize/quantize.py `_searched_by_default`).
+On W4A4 NVFP4 RTN it beat max-based scales on three models; not a default yet (docs/accuracy.md
+"Defaults across models: the decision").
 GPTQ (gptq.py) solves under the scales chosen here instead of RTN's.
 """
 
