@@ -42,7 +42,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 from common import cpu_busy  # noqa: E402
-from heldout import HeldOut, Results  # noqa: E402
+from heldout import HeldOut, Results, cache_root  # noqa: E402
 from peers import calib_ids, timed  # noqa: E402
 
 SAMPLES, SEQ = 16, 128  # the issue's calibration: 16 x 128 tokens
@@ -172,7 +172,7 @@ def saved(model: str, tokens: int) -> dict:
     """Every saved row of one model scored on `tokens` held-out tokens, over all format lists and
     tags (keys "format/variant/seed" are the same run wherever they were saved)."""
     out: dict = {}
-    for f in sorted(Results("x").path.parent.glob(f"defaults-{model}-*-{tokens}*.json")):
+    for f in sorted((cache_root() / "bench").glob(f"defaults-{model}-*-{tokens}*.json")):
         out.update(json.loads(f.read_text()))
     return out
 
