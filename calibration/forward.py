@@ -98,18 +98,31 @@ def calibration_ids(model_dir: Path, model, *, data: str, samples: int, seq_len:
                               model=model, vocab=model_vocab(model), progress=progress)
 
 
+def final_norm(model) -> torch.nn.Module:
+    """The decoder's final norm: its output is what vLLM hands an MTP proposer (draft/mtp.py)."""
+    return model.get_decoder().norm
+
+
+def final_states(model, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(ids [B, T], last decoder layer's output [B, T, H]) -> (ids, the final norm's output), on the
+    states' device (the layer loop binds what precedes and follows the layers on the CPU)."""
+    norm = final_norm(model)
+    dev = next(norm.parameters()).device
+    return [(i, norm(h.to(dev)).to(h.device)) for i, h in batches]
+
+
 def observe_input_amax(model_dir: Path, modules: set[str], *, data: str, samples: int, seq_len: int,
                        seed: int, dtype: torch.dtype, kv: bool = False, observer: str = "max",
                        observer_params: dict | None = None,
                        statistics: Mapping[str, Mapping[str, Any]] | None = None,
                        groups: Mapping[str, str] | None = None, all_experts: bool = False,
                        moe_min_tokens: int = 16, world=LOCAL, device: torch.device | str = "cpu",
-                       owner: Mapping[str, int] | None = None, progress=None) -> CalibStats:
+                       owner: Mapping[str, int] | None = None, progress=None, on_final=None) -> CalibStats:
     """Statistics of every module in `modules` (see `Recorders`) over `samples` x `seq_len`
     calibration tokens, running the whole model at once (the model must fit in RAM, and on
     `device`). `statistics` (name -> options) adds registered statistics of the fusion `groups`
     (member Linear -> group key; calibration/statistics.py). Under torchrun (`world`) sequence i
-    runs on rank i mod N."""
+    runs on rank i mod N. `on_final`: as `sequential.observe_sequential`'s (one sequence a batch)."""
     model = load_hf_model(model_dir, dtype)
     data, tokenizer = resolve_data(model_dir, model, data, samples, seq_len)  # auto, self -> the real source
     # Tokens first: sampling them from the model (`self`) runs it, and no hook may see that.
@@ -124,6 +137,9 @@ def observe_input_amax(model_dir: Path, modules: set[str], *, data: str, samples
     rec.begin(ids)  # every rank sees every token id (a statistic may run the model on some at the end)
     n_rounds = rounds(len(ids), world.size)
     progress.task(f"calibrate {len(ids)} sequences (whole model)", n_rounds)
+    finals: list[tuple[torch.Tensor, torch.Tensor]] = []  # (ids [1, T], final normed states [1, T, H])
+    keep = None if on_final is None else final_norm(model).register_forward_hook(
+        lambda mod, args, out: finals.append((ids[len(finals) * world.size + world.rank][None], out)))
     try:
         with torch.inference_mode():
             for r in range(n_rounds):  # round r: sequences r*N .. r*N+N-1
@@ -132,6 +148,9 @@ def observe_input_amax(model_dir: Path, modules: set[str], *, data: str, samples
                     model(input_ids=ids[i][None].to(device))
                 rec.flush()
                 progress.advance(1)
+            if keep is not None:
+                keep.remove()
+                on_final(model, finals, n_rounds, f"{data}(seed={seed})")
     finally:
         rec.remove()
     stats = rec.stats(int(ids.numel()), f"{data}(seed={seed})", model_dir)

@@ -22,6 +22,7 @@ The statistics an algorithm needs are not named here: each is registered by its 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -32,7 +33,7 @@ from tfcompile.calibration.kv import KVObserver, install
 from tfcompile.calibration.moe import MoERecorder
 from tfcompile.calibration.moe_policy import resolve_amax
 from tfcompile.calibration.observers import make_observer
-from tfcompile.calibration.statistics import STATISTICS, Setup, enough_tokens, expert_rows, held
+from tfcompile.calibration.statistics import STATISTICS, Setup, enough_tokens, expert_rows, held, joined
 from tfcompile.dist import LOCAL
 from tfcompile.dist.collect import OrderedReplay, max_tensors, max_values
 from tfcompile.ir import CalibStats
@@ -210,6 +211,21 @@ class Recorders:
                           seconds={n: dict(sorted(s.items())) for n, s in total_seconds.items() if s},
                           expert_tokens=dict(sorted(routed.items())),
                           moe_all_experts=self.moe.all_experts, moe_min_tokens=self.moe_min_tokens)
+
+
+def merge_stats(main: CalibStats, extra: CalibStats) -> CalibStats:
+    """`main` with what another run over the same tokens recorded for other modules (`extra`: the
+    MTP layers', tfcompile/draft/mtp_calibrate.py): amax, fallbacks, per-group statistics, seconds,
+    routed tokens. A statistic that is not per group stays `main`'s."""
+    stats = dict(main.statistics)
+    for n, r in extra.statistics.items():
+        if STATISTICS[n].per_group:
+            stats[n] = joined(stats.get(n), r)
+    seconds = {n: {**main.seconds.get(n, {}), **extra.seconds.get(n, {})} for n in {*main.seconds, *extra.seconds}}
+    return dataclasses.replace(main, input_amax=dict(sorted({**main.input_amax, **extra.input_amax}.items())),
+                               fallback=main.fallback + extra.fallback, statistics=stats,
+                               seconds=dict(sorted(seconds.items())),
+                               expert_tokens=dict(sorted({**main.expert_tokens, **extra.expert_tokens}.items())))
 
 
 def _observe(update, owner):

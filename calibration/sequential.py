@@ -44,7 +44,7 @@ from torch import nn
 from tfcompile.calibration.binding import (  # noqa: F401 - Unsupported: raised here, caught by passes/calibrate.py
     Unsupported, bind, fixed_mmap_threshold, skeleton, unbind)
 from tfcompile.calibration.datasets import tokens_sha256
-from tfcompile.calibration.forward import Silent, calibration_ids, resolve_data
+from tfcompile.calibration.forward import Silent, calibration_ids, final_states, resolve_data
 from tfcompile.calibration.propagate import LayerPropagation, LayerSolver
 from tfcompile.calibration.recorders import Recorders
 from tfcompile.calibration.statistics import SOLVED, STATISTICS, HeldTensors, held
@@ -69,7 +69,7 @@ def observe_sequential(model_dir: Path, ckpt, modules: set[str], *, data: str, s
                        batch: int = 4, on_layer=None, all_experts: bool = False,
                        moe_min_tokens: int = 16, world=LOCAL, device: torch.device | str = "cpu",
                        owner: Mapping[str, int] | None = None, progress=None,
-                       solver: LayerSolver | None = None) -> CalibStats:
+                       solver: LayerSolver | None = None, on_final=None) -> CalibStats:
     """Same statistics as `forward.observe_input_amax`, computed one decoder layer at a time.
 
     `ckpt` is the open `Checkpoint`; `on_layer(i, n, seconds)` reports each layer's time and
@@ -83,7 +83,10 @@ def observe_sequential(model_dir: Path, ckpt, modules: set[str], *, data: str, s
     outputs (calibration/propagate.py); the stats then hold the solved codes, and no per-group
     statistic (the solver consumed them). A
     solver with `needs_block` (learned rounding) is also handed the layer, its quantized-stream
-    inputs and the original model's outputs of the layer (`Block`), which the loop keeps."""
+    inputs and the original model's outputs of the layer (`Block`), which the loop keeps.
+    `on_final(model, batches, n_rounds, source)`: called after the last layer with this rank's
+    (ids [B, T], the final normed hidden states [B, T, H]) per batch (`final_states`), e.g. to
+    calibrate the MTP layers on them (tfcompile/draft/mtp_calibrate.py)."""
     whole = sorted(n for n in statistics or {} if STATISTICS[n].whole_model)
     if whole:
         raise Unsupported(f"statistic {whole[0]} needs the whole model")
@@ -105,9 +108,8 @@ def observe_sequential(model_dir: Path, ckpt, modules: set[str], *, data: str, s
         ids = None
     ids = broadcast(world, ids)
     starts = range(0, ids.shape[0], batch)  # batch b: sequences [b*batch, (b+1)*batch)
-    inputs = _catch_inputs(model, layers, ids, batch, starts=[starts[b] for b in mine(len(starts), world.rank,
-                                                                                          world.size)],
-                           device=device)
+    my_starts = [starts[b] for b in mine(len(starts), world.rank, world.size)]
+    inputs = _catch_inputs(model, layers, ids, batch, starts=my_starts, device=device)
     rec = Recorders(model, modules, observer=observer, observer_params=observer_params, kv=kv,
                     statistics=statistics, groups=groups, all_experts=all_experts, moe_min_tokens=moe_min_tokens,
                     world=world, owner=owner, compute_dtype=dtype)
@@ -153,6 +155,9 @@ def observe_sequential(model_dir: Path, ckpt, modules: set[str], *, data: str, s
                            progress=lambda: progress.advance(n_rounds, f"layer {i + 1}/{len(layers)}, quantized"))
                 if on_layer:
                     on_layer(i, len(layers), time.perf_counter() - t0)
+            if on_final is not None:
+                on_final(model, final_states(model, [(ids[s: s + batch], h) for s, (h, _) in zip(my_starts, inputs)]),
+                         n_rounds, f"{data}(seed={seed})")
     except BaseException:  # Ctrl-C, SIGTERM, a failed layer: no spill outlives the run
         spill.cleanup()
         raise

@@ -189,6 +189,20 @@ class HeldTensors(Mapping):
         return len(self._keys)
 
 
+def joined(a: Mapping | None, b: Mapping | None) -> Mapping | None:
+    """Two per-group results over disjoint group keys as one (e.g. the layer loop's and the MTP
+    layers': tfcompile/draft/mtp_calibrate.py), lazy and owned as each was."""
+    if a is None or b is None:
+        return b if a is None else a
+    if not isinstance(a, HeldTensors) and not isinstance(b, HeldTensors):
+        return {**a, **b}
+    parts = [x if isinstance(x, HeldTensors) else HeldTensors({}, x) for x in (a, b)]
+    files = {k: f for p in parts for k, f in p._files.items()}
+    inline = {k: t for p in parts for k, t in p._inline.items()}
+    owners = {k: r for p in parts for k, r in p._owners.items()}
+    return HeldTensors(files, inline, owners, parts[0]._rank, keep=tuple(p._keep for p in parts))
+
+
 def held(result: Mapping, owners: Mapping[str, int], world=LOCAL, files: Mapping[str, Path] | None = None,
          keep: Any = None) -> Mapping:
     """A per-group result as handed on: under torchrun a `HeldTensors` of every rank's keys; with

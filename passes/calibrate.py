@@ -13,6 +13,7 @@ from tfcompile.calibration.statistics import STATISTICS
 from tfcompile.dist import LOCAL
 from tfcompile.dist.devices import check_device, resolve_device
 from tfcompile.dist.partition import hessian_owners
+from tfcompile.families.mtp import is_mtp, mtp_prefixes
 from tfcompile.families.names import per_decoder_layer
 from tfcompile.errors import RecipeError
 from tfcompile.ir import LAYER_SOLVERS, CalibStats, LayerSolverSpec, torch_dtype
@@ -169,6 +170,9 @@ def calibrate(ctx, cfg: CalibrateConfig, reporter) -> PassResult:
     common.update(observer=cfg.observer, observer_params=observer_params(cfg, ctx.plan.scheme),
                   all_experts=cfg.all_experts, moe_min_tokens=cfg.moe_min_tokens, progress=reporter,
                   world=world, device=device)
+    mtp = _mtp_calibration(ctx, modules, common)  # the MTP layers, on the target's final states
+    if mtp is not None:
+        modules, common["on_final"] = modules - mtp.modules, mtp
     whole = [n for n in common["statistics"] if STATISTICS[n].whole_model]
     if whole:  # e.g. AWQ's fold check runs the whole model (calibration/awq_stats.py)
         if cfg.mode == "sequential":
@@ -181,6 +185,9 @@ def calibrate(ctx, cfg: CalibrateConfig, reporter) -> PassResult:
     if propagating(ctx, cfg) and loop != "sequential":
         reporter.warn("calibrate: error propagation needs the layer-by-layer loop; the statistics come "
                       "from the unquantized model (calibrate.propagate has no effect)")
+    if mtp is not None and mtp.stats is not None:
+        from tfcompile.calibration.recorders import merge_stats  # lazy: the calibration loops
+        stats = merge_stats(stats, mtp.stats)
     stats = dataclasses.replace(stats, data_fallback=fallback, compute_dtype=dtype)
     if cfg.kv_cache:
         stats = dataclasses.replace(stats, kv_strategy="attn_head" if cfg.kv_per_head else "tensor",
@@ -193,6 +200,7 @@ def calibrate(ctx, cfg: CalibrateConfig, reporter) -> PassResult:
                                                "fallback_modules": list(stats.fallback),
                                                "kv_attention_modules": len(stats.kv_amax),
                                                "solved_in_loop": len(stats.solved),  # by the layer solver
+                                               **({"mtp_modules": len(mtp.modules)} if mtp is not None else {}),
                                                **_summaries(stats),
                                                "compute_dtype": dtype, "compute_dtype_why": why,
                                                **extra, **_timings(stats)})
@@ -280,6 +288,22 @@ def _observe(ctx, cfg: CalibrateConfig, modules: set[str], reporter, common: dic
                                   hint="use --set calibrate.mode=whole (the model must fit in RAM)") from None
             reporter.warn(f"calibrate: layer-by-layer loop not possible ({e}); running the whole model")
     return observe_input_amax(Path(ctx.source.path), modules, **common), "whole", {}
+
+
+def _mtp_calibration(ctx, modules: set[str], common: dict):
+    """The loops' `on_final` callback that calibrates the MTP layers config.json declares on the
+    target's final hidden states, with the loop's observer and statistics (not the whole-model
+    ones), or None when no quantized module is in an MTP layer (tfcompile/draft/mtp_calibrate.py)."""
+    prefixes = mtp_prefixes(ctx.source.config)
+    mine = {m for m in modules if is_mtp(m, prefixes)}
+    if not mine:
+        return None
+    from tfcompile.draft.mtp_calibrate import MTPCalibration  # lazy: MTP models only
+    kwargs = {k: common[k] for k in ("observer", "observer_params", "groups", "all_experts", "moe_min_tokens",
+                                     "world", "owner") if k in common}
+    kwargs["statistics"] = {n: o for n, o in common["statistics"].items() if not STATISTICS[n].whole_model}
+    return MTPCalibration(Path(ctx.source.path), ctx.source, mine, common["dtype"], common["device"],
+                          compute_dtype=common["dtype"], **kwargs)
 
 
 def _layer_solver(ctx) -> LayerSolverSpec | None:
