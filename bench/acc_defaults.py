@@ -10,8 +10,8 @@ decompressed; W4A4 inputs fake-quantized by compressed-tensors), and scored by b
 against the bf16 model on the first `--max-tokens` held-out tokens.
 
 Variants (VARIANTS): RTN with max-based scales (data-free for nvfp4a16: one run, no draw; W4A4 with
-`quantize.scale_search=none` pinned), scales by output error
-(`quantize.scale_search=output`), calibrated RTN with its static input scales observed through the
+`quantize.scale_search=none`, since its default searches them), scales by output error
+(`quantize.scale_search=output`: W4A4 RTN's default), calibrated RTN with its static input scales observed through the
 quantized layers (`calibrate.propagate=true`: W4A4 only; weight-only RTN calibrates nothing), GPTQ with tfcompile's defaults (act-order, dampening 0.01,
 Hessians from the unquantized model), with propagation (`calibrate.propagate=true`), dampening
 0.001, without act-order, with scales by RTN's output error, with scales scored after the GPTQ solve
@@ -93,7 +93,7 @@ def quantize(model: Path, out: Path, fmt: str, variant: str, seed: int, ids: Pat
     if not data_free(fmt, variant):
         argv += ["--calib", "python-doc", "--calib-samples", str(SAMPLES), "--calib-seq-len", str(SEQ),
                  "--calib-seed", str(seed)]
-    if variant == "rtn" and not data_free(fmt, variant):  # max-based scales, whatever the default
+    if variant == "rtn" and not data_free(fmt, variant):  # max-based scales (W4A4 RTN's default searches)
         argv += ["--set", "quantize.scale_search=none"]
     for s in sets:
         argv += ["--set", s]

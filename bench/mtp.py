@@ -8,7 +8,10 @@ the figures show what `tfcompile eval ART --reference SRC --draft mtp` reports a
 moves it, not what a real MTP head does. Formats: fp8-dynamic, nvfp4a16 (weight-only) and nvfp4
 (W4A4, calibrated on python-doc). Each run: `--draft-k 1,2,3`, python-doc held-out prompts.
 
-    python bench/mtp.py [--family deepseek_v3] [--work DIR] [--prompts 8] [--write-docs]
+    python bench/mtp.py [--family deepseek_v3] [--work DIR] [--prompts 8] [--set PASS.FIELD=VALUE ...] [--write-docs]
+
+`--set` adds settings to the nvfp4 (W4A4) quantize, e.g. `quantize.scale_search=none` for max-based
+scales (the default searches them by output error, the MTP layer's included).
 
 writes the family's "## Tiny ...: MTP-head acceptance after quantization" section of docs/accuracy.md.
 """
@@ -59,9 +62,10 @@ def _oracle(work: Path, family: str) -> Path:
     return build(src, glm=True) if family == "glm_moe_dsa" else build(src)
 
 
-def measure(work: Path, family: str, prompts: int, new_tokens: int) -> list[dict]:
+def measure(work: Path, family: str, prompts: int, new_tokens: int, sets: list[str] = ()) -> list[dict]:
     src, rows = _oracle(work, family), []
     for fmt, extra in FORMATS.items():
+        extra = extra + [a for s in sets for a in ("--set", s)] if fmt == "nvfp4" else extra
         art = work / fmt
         if not art.exists():
             q = _tfcompile("quantize", src, "-o", art, "--format", fmt, "-q", *extra)
@@ -112,11 +116,15 @@ def main() -> None:
     ap.add_argument("--work", type=Path)
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--set", dest="sets", action="append", default=[], metavar="PASS.FIELD=VALUE",
+                    help="a setting of the nvfp4 quantize (repeatable)")
     ap.add_argument("--write-docs", action="store_true")
     args = ap.parse_args()
+    if args.sets and args.write_docs:
+        ap.error("--write-docs records the defaults; run --set variants without it")
     work = args.work or Path(tempfile.mkdtemp(prefix="tfc-mtp-"))
     work.mkdir(parents=True, exist_ok=True)
-    body = render(measure(work, args.family, args.prompts, args.new_tokens), args.family, args.prompts,
+    body = render(measure(work, args.family, args.prompts, args.new_tokens, args.sets), args.family, args.prompts,
                   args.new_tokens)
     print(body)
     if args.write_docs:

@@ -23,8 +23,7 @@ Candidates, per fusion group:
 Each block is chosen by its own share of the output error, d_b H_bb d_b^T; then the group takes,
 by those shares summed over its blocks and members, the best of these searched candidates and
 plain RTN, so by that objective no group ends worse than RTN (tests/passes/test_output_scales.py).
-On W4A4 NVFP4 RTN it beat max-based scales on three models; not a default yet (docs/accuracy.md
-"Defaults across models: the decision").
+It is the default of W4A4 NVFP4 RTN (passes/quantize/quantize.py `_searched_by_default`).
 GPTQ (gptq.py) solves under the scales chosen here instead of RTN's.
 """
 
@@ -34,6 +33,7 @@ from typing import Sequence
 
 import torch
 
+from tfcompile.dist.devices import one_torch_thread
 from tfcompile.ir import Program
 from tfcompile.kernels import formats as F
 from tfcompile.machine import heap_allocations
@@ -146,7 +146,11 @@ def search_group(weights: Sequence[torch.Tensor], names: Sequence[str], program:
     the candidate with the least summed output error, RTN included. Returns them and a record
     (errors of RTN and of the choice, which candidate). Every choice is scored by the block-diagonal
     part of H alone (`block_error`), so `h` may be just those blocks: [K / blk, blk, blk]."""
-    with heap_allocations():  # the same few MB of temporaries per candidate: reuse them (machine.py)
+    # the same few MB of temporaries per candidate: reuse them (machine.py); one torch thread: the work
+    # is elementwise ops on ~0.6 MB chunks, where a second OpenMP thread on a loaded 2-core machine
+    # made one SmolLM2 gate/up group's search 4.2x slower (6.67 s against 1.59 s, load 6.7: a GPTQ run
+    # with scale_search=output, which keeps every thread, spent ~25 min there against ~75 s idle)
+    with heap_allocations(), one_torch_thread():
         return _search(weights, names, program, h, model_dtype)
 
 

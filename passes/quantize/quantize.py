@@ -108,21 +108,34 @@ def _scale_search_unsupported(cfg: QuantizeConfig, fmt: str) -> list[Unsupported
 def _implies(sel: Selection) -> dict:
     """A calibrated algorithm schedules calibration and asks it for its statistics (the settings it
     registered: `register_algorithm(calibrate=...)`); so does quantize.scale_search=output (the
-    Hessians it scores scales with: only their diagonal blocks when no algorithm needs the whole H).
-    (Making it W4A4 NVFP4 RTN's default won on SmolLM2, the demo LM and demo-gemma, but is held back
-    until the quantized MTP heads' acceptance drop it caused is understood: docs/accuracy.md
-    "Defaults across models: the decision".)"""
+    Hessians it scores scales with), which is also RTN's default where the format calibrates
+    anyway (`_searched_by_default`)."""
     table = sel.settings.get("quantize")
     table = table if isinstance(table, dict) else {}  # another type is reported by QuantizeConfig
     algorithm = table.get("algorithm", QuantizeConfig.algorithm)
     algo = ALGORITHMS.get(algorithm) if isinstance(algorithm, str) else None
     extra = dict(algo.calibrate) if algo is not None and algo.calibrate else None
-    if table.get("scale_search") == "output" and not (extra or {}).get("hessian"):
+    own = {"scale_search": "output"} if "scale_search" not in table and _searched_by_default(sel, table) else {}
+    if table.get("scale_search", own.get("scale_search")) == "output" and not (extra or {}).get("hessian"):
         # the search scores with H's diagonal blocks alone: record just those (calibration/hessian.py `blocks`)
         blocks = sel.scheme.weights.block[0] if sel.scheme is not None and output_scales.searchable(
             sel.scheme.weights) else 0
         extra = {**(extra or {}), "hessian": True, **({"hessian_blocks": blocks} if blocks else {})}
-    return {"calibrate": extra} if extra else {}
+    return {**({"calibrate": extra} if extra else {}), **({"quantize": own} if own else {})}
+
+
+def _searched_by_default(sel: Selection, table: dict) -> bool:
+    """RTN of W4A4 NVFP4 (static input scales: the run calibrates anyway) chooses its scales by output
+    error unless told otherwise: on SmolLM2, the demo LM and demo-gemma it lowered held-out KL against
+    max-based scales on every calibration draw (docs/accuracy.md "Defaults across models"). Weight-only
+    RTN stays data-free; GPTQ keeps RTN's scales (scale search did not help it there); distillation
+    trains against max-based scales, so it keeps them."""
+    scheme = sel.scheme
+    return (scheme is not None and scheme.act_static and not sel.given("distill")
+            and not sel.value("calibrate", "propagate")  # the layer loop's RTN keeps RTN's scales
+            and output_scales.searchable(scheme.weights)
+            and table.get("algorithm", QuantizeConfig.algorithm) == "rtn"
+            and table.get("nvfp4_scales", QuantizeConfig.nvfp4_scales) == "max")
 
 
 def _intents(cfg: QuantizeConfig) -> tuple:

@@ -15,11 +15,9 @@ Qwen3.5 (`mtp.` layout), on tiny models built in code (tests/fixtures/families.p
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
-import torch.nn.functional as F
+from mtp_oracle import ByHand
 
 from tfcompile.draft.spec import Stats, Target, greedy, speculative
 
@@ -37,96 +35,30 @@ def _target(path):
     return load_candidate(path, torch.float32).model.eval()
 
 
-@pytest.fixture(scope="module")
-def random_mtp(family_factory, tmp_path_factory):
-    """{family: checkpoint with a random MTP layer}, built on first use."""
-    made = {}
-
-    def get(family):
-        if family not in made:
-            out = tmp_path_factory.mktemp("mtpfam") / family
-            if family == "qwen3_5":
-                made[family] = family_factory.add_qwen3_5_mtp(family_factory.make_tiny_qwen3_5(out, layers=4))
-            else:
-                build = family_factory.FAMILIES[family].build
-                made[family] = family_factory.add_mtp_layer(build(out, layers=2, dense=1))
-        return made[family]
-    return get
-
-
-def _block(src, cfg: dict, raw: dict, qwen: bool):
-    """The MTP decoder layer as transformers builds it, with its tensors, and the rotary embedding."""
-    from transformers import AutoModelForCausalLM
-
-    n = cfg["num_hidden_layers"]
-    if qwen:
-        from transformers import Qwen3_5TextConfig
-        from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5DecoderLayer, Qwen3_5TextRotaryEmbedding
-
-        c = Qwen3_5TextConfig(**{**cfg, "layer_types": cfg["layer_types"] + ["full_attention"],
-                                 "num_hidden_layers": n + 1})
-        block = Qwen3_5DecoderLayer(c, n)
-        block.load_state_dict({k[len("mtp.layers.0."):]: v for k, v in raw.items() if k.startswith("mtp.layers.0.")},
-                              strict=True)
-        return block.eval(), Qwen3_5TextRotaryEmbedding(c)
-    extra = {"mlp_layer_types": cfg["mlp_layer_types"] + ["sparse"]}
-    if "indexer_types" in cfg:
-        extra["indexer_types"] = cfg["indexer_types"] + ["full"]
-    wide = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32, num_hidden_layers=n + 1, **extra).eval()
-    return wide.model.layers[n], wide.model.rotary_emb
-
-
 def _by_hand(src, seq: list[int]):
     """Step-0 logits [n-1, V] over seq and the chained step's logits [V] after the last argmax."""
-    from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    cfg = json.loads((src / "config.json").read_text())
-    qwen = "mtp_num_hidden_layers" in cfg
-    n, eps, hid = cfg["num_hidden_layers"], cfg["rms_norm_eps"], cfg["hidden_size"]
-    raw = {k: v.float() for k, v in load_file(str(src / "model.safetensors")).items()}
-    pre = "mtp." if qwen else f"model.layers.{n}."
-    w = {k[len(pre):]: v for k, v in raw.items() if k.startswith(pre)}
-    block, rotary = _block(src, cfg, raw, qwen)
+    m = ByHand(src)
     target = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
     x = torch.tensor(seq)
 
-    def rms(h, name):  # Qwen3.5's RMSNorm scales by 1 + weight
-        return F.rms_norm(h, (hid,), w[name] + (1.0 if qwen else 0.0), eps)
-
-    def fuse(tokens, hidden, zero_first):
-        e = raw["model.embed_tokens.weight"][tokens].clone()  # the target's: vLLM's EagleProposer shares it
-        if qwen:
-            return torch.cat([rms(e, "pre_fc_norm_embedding.weight"), rms(hidden, "pre_fc_norm_hidden.weight")],
-                             -1) @ w["fc.weight"].T
-        if zero_first:
-            e[0] = 0.0  # deepseek_mtp.py: position 0 masked
-        return torch.cat([rms(e, "enorm.weight"), rms(hidden, "hnorm.weight")], -1) @ w["eh_proj.weight"].T
-
-    def run(z):  # the decoder layer over positions 0..T-1, causal, no cache
-        t = z.shape[0]
-        mask = torch.full((t, t), float("-inf")).triu(1)[None, None]
-        pos = torch.arange(t)[None]
-        out = block(z[None], attention_mask=mask, position_ids=pos, position_embeddings=rotary(z[None], pos))
-        out = (out[0] if isinstance(out, tuple) else out)[0]
-        return rms(out, "norm.weight") if qwen else out
-
     def head(h):
-        if qwen:
-            return h @ raw["lm_head.weight"].T
-        return rms(h, "shared_head.norm.weight") @ w["shared_head.head.weight"].T
+        if m.qwen:
+            return h @ m.raw["lm_head.weight"].T
+        return m.rms(h, "shared_head.norm.weight") @ m.w["shared_head.head.weight"].T
 
     def recycle(h):
-        return h if qwen else rms(h, "shared_head.norm.weight")
+        return h if m.qwen else m.rms(h, "shared_head.norm.weight")
 
     with torch.no_grad():
         g = target(input_ids=x[None, :-1], output_hidden_states=True).hidden_states[-1][0]  # [n-1, H], final norm
-        z = fuse(x[1:], g, True)  # index i: token x[i+1], hidden g[i], position i
-        out = run(z)
+        z = m.fuse(x[1:], g, True)  # index i: token x[i+1], hidden g[i], position i
+        out = m.run(z)
         step0 = head(out)
         d1 = step0[-1].argmax()
-        z2 = fuse(d1[None], recycle(out[-1:]), False)  # chained: the draft at the next position
-        chain = head(run(torch.cat([z, z2]))[-1])
+        z2 = m.fuse(d1[None], recycle(out[-1:]), False)  # chained: the draft at the next position
+        chain = head(m.run(torch.cat([z, z2]))[-1])
     return step0, chain
 
 
@@ -158,7 +90,10 @@ def quantized(src, out, fmt: str):
     """`tfcompile quantize SRC -o OUT --format FMT` in-process (random calibration for nvfp4)."""
     from tfcompile.cli.main import main
 
-    calib = ["--calib", "random", "--calib-samples", "2", "--calib-seq-len", "32"] if fmt == "nvfp4" else []
+    # 16 x 32 random tokens: W4A4 RTN chooses each group's scales by its output error on them, the target's
+    # and the MTP layer's each on its own inputs (tfcompile/draft/mtp_calibrate.py); on 2 x 32 the two
+    # copies of the oracle's layer got visibly different choices (docs/accuracy.md "MTP layers calibrated")
+    calib = ["--calib", "random", "--calib-samples", "16", "--calib-seq-len", "32"] if fmt == "nvfp4" else []
     assert main(["quantize", str(src), "-o", str(out), "--format", fmt, "-q", *calib]) == 0
     return out
 

@@ -45,15 +45,13 @@ def test_deepseek_v3_on_one_and_four_nodes_of_eight_h200(run_cli):
     assert a["output_gb"] == b["output_gb"] and 370 < a["output_gb"] < 390  # ~4.5 bits per weight
     for doc in (a, b):  # one layer (an MoE layer: 22.5 GB bf16) + activations fits an H200
         assert 22.5 < doc["memory"]["device_gb_per_rank"] < 60 and doc["memory"]["fits"]["device"]
-        assert set(doc["passes"]) == {"calibrate", "pack"} and doc["disk"]["hessian_spill_gb_per_rank"] == 0
-    # with its scales searched by output error (quantize.scale_search=output) W4A4 RTN records each
-    # group's 16 x 16 diagonal blocks of H, K x 16 floats (passes/quantize/output_scales.py): 58 MoE
-    # layers x 256 experts x (7168 + 2048) x 16 x 4 B = 8.8 GB (the whole H: 56.9 GB a layer) over 8
-    # ranks, plus the attention and dense groups' blocks
-    c = run_cli("plan", CONFIGS / "deepseek-v3", "--format", "nvfp4", *DSV3, "--nodes", "1",
-                "--set", "quantize.scale_search=output")
-    assert c.code == 0, c.err
-    assert 8.8 / 8 < c.json()["disk"]["hessian_spill_gb_per_rank"] < 1.3, c.json()["disk"]
+        assert set(doc["passes"]) == {"calibrate", "pack"}
+    # W4A4 RTN searches its scales by output error (quantize.scale_search=output, the default): the
+    # spill holds each group's 16 x 16 diagonal blocks of H, K x 16 floats (passes/quantize/output_scales.py):
+    # 58 MoE layers x 256 experts x (7168 + 2048) x 16 x 4 B = 8.8 GB (the whole H would be 56.9 GB
+    # a layer), over 8 or 32 ranks, plus the attention and dense groups' blocks
+    spill = [doc["disk"]["hessian_spill_gb_per_rank"] for doc in (a, b)]
+    assert 8.8 / 8 < spill[0] < 1.3 and 8.8 / 32 < spill[1] < 0.33, spill
     assert b["passes"]["pack"]["seconds"] < a["passes"]["pack"]["seconds"]  # 4x the disks and cores
     assert b["passes"]["calibrate"]["batches_per_rank"] * 4 == a["passes"]["calibrate"]["batches_per_rank"]
 

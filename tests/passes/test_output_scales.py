@@ -183,15 +183,17 @@ def test_scale_search_gptq_is_refused_without_gptq(tiny_llama, tmp_path, run_cli
 
 
 @pytest.mark.parametrize("fmt, sets, search, blocks", [
-    ("nvfp4", [], "none", None),  # not a default yet (docs/accuracy.md "Defaults across models: the decision")
-    ("nvfp4", ["quantize.scale_search=output"], "output", 16),  # searched on H's 16 x 16 blocks only
+    ("nvfp4", [], "output", 16),  # W4A4 RTN calibrates anyway: searched, on H's 16 x 16 blocks
+    ("nvfp4", ["quantize.scale_search=none"], "none", None),  # the user's word wins, no Hessians
     ("nvfp4a16", [], "none", None),  # weight-only RTN stays data-free
-    ("nvfp4", ["quantize.algorithm=gptq"], "none", 0),  # GPTQ needs the whole H
+    ("nvfp4", ["quantize.algorithm=gptq"], "none", 0),  # GPTQ keeps RTN's scales, needs the whole H
+    ("nvfp4", ["quantize.nvfp4_scales=four_over_six"], "none", None),
+    ("nvfp4", ["calibrate.propagate=true"], "none", None),
     ("nvfp4a16", ["quantize.scale_search=output"], "output", 16),
     ("mxfp4a16", ["quantize.scale_search=output"], "output", 32),
     ("nvfp4", ["quantize.algorithm=gptq", "quantize.scale_search=output"], "output", 0),
 ])
-def test_scale_search_records_only_the_diagonal_blocks_it_needs(fmt, sets, search, blocks):
+def test_w4a4_rtn_searches_its_scales_by_default(fmt, sets, search, blocks):
     from tfcompile.recipe.build import build_recipe
 
     recipe = build_recipe(fmt=fmt, sets=sets)
