@@ -63,6 +63,23 @@ def family_factory():
 
 
 @pytest.fixture(scope="session")
+def random_mtp(family_factory, tmp_path_factory):
+    """{family: a tiny checkpoint (tests/fixtures/families.py) with a random MTP layer}, built on first use."""
+    made = {}
+
+    def get(family):
+        if family not in made:
+            out = tmp_path_factory.mktemp("mtpfam") / family
+            if family == "qwen3_5":
+                made[family] = family_factory.add_qwen3_5_mtp(family_factory.make_tiny_qwen3_5(out, layers=4))
+            else:
+                build = family_factory.FAMILIES[family].build
+                made[family] = family_factory.add_mtp_layer(build(out, layers=2, dense=1))
+        return made[family]
+    return get
+
+
+@pytest.fixture(scope="session")
 def tiny_llama_src(model_factory, tmp_path_factory) -> Path:
     return model_factory.make_tiny_llama(tmp_path_factory.mktemp("src") / "tiny-llama")
 

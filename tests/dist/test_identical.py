@@ -2,8 +2,8 @@
 
 Three recipes (nvfp4a16 RTN with the modelopt view too, nvfp4 with calibrated activation and
 FP8 KV-cache scales, nvfp4a16 GPTQ: each layer solved in the layer loop by the ranks owning its
-Hessians and shared before the next, calibrate.propagate) on two models (the demo LM, a tiny
-Qwen3 MoE), and nvfp4a16 GPTQ without propagation (solved in pack), nvfp4 with propagation (RTN
+Hessians and shared before the next, calibrate.propagate) on three models (the demo LM, a tiny
+Qwen3 MoE, a tiny Qwen3.5 with its MTP layer, which calibration runs after the loop), and nvfp4a16 GPTQ without propagation (solved in pack), nvfp4 with propagation (RTN
 in the layer loop, inputs quantized on the rerun) and AWQ on the demo LM, each against its
 one-process artifact. Calibration
 uses 5 sequences in batches of 1, so 2 and 3 ranks both get uneven shares (a rank sits out
@@ -40,9 +40,10 @@ DISTILL = ["--format", "nvfp4a16", "--steps", "2", "--batch", "2", "--grad-accum
 
 
 @pytest.fixture(scope="module")
-def models(model_factory, tmp_path_factory) -> dict[str, Path]:
+def models(model_factory, random_mtp, tmp_path_factory) -> dict[str, Path]:
     moe = model_factory.make_tiny_qwen3_moe(tmp_path_factory.mktemp("dist") / "moe", experts=4)
-    return {"demo": ROOT / "examples" / "demo-lm", "moe": moe}
+    # a Qwen3.5 with its MTP layer: calibration runs the MTP layer after the loop, with collectives of its own
+    return {"demo": ROOT / "examples" / "demo-lm", "moe": moe, "mtp": random_mtp("qwen3_5")}
 
 
 def _jobs(models: dict[str, Path], out: Path, nproc: int) -> list[tuple[list[str], Path | None]]:
@@ -82,13 +83,15 @@ def test_n_processes_write_the_one_process_artifact(nproc, models, reference, tm
     res = run_matrix(nproc, _jobs(models, tmp_path, nproc), tmp_path)
     assert res.returncode == 0, res.stderr[-4000:]
     jobs = sorted(p.name for p in reference.iterdir() if p.is_dir() and (nproc <= 2 or "distill" not in p.name))
-    assert len(jobs) == 9 + (nproc <= 2)
+    assert len(jobs) == 12 + (nproc <= 2)
     for job in jobs:
         one, many = tree(reference / job), tree(tmp_path / job)
         assert sorted(many) == sorted(one), job
         differ = [f for f in one if one[f] != many[f]]
         assert not differ, f"{job}: {differ} differ between 1 and {nproc} processes"
-    for job in ("demo-gptq", "moe-gptq", "demo-gptq-noprop"):
+    mtp = json.loads((reference / "mtp-calibrated" / "tfcompile" / "manifest.json").read_text())["layers"]
+    assert [la["scale_search"] for la in mtp if la["module"].startswith("mtp.")]  # MTP layer calibrated, searched
+    for job in ("demo-gptq", "moe-gptq", "demo-gptq-noprop", "mtp-gptq"):
         gptq = (reference / job / "tfcompile" / "manifest.json").read_text()
         assert '"algorithm": "gptq"' in gptq, job  # the solves ran (not an RTN fallback)
     prop, noprop = (tree(reference / j) for j in ("demo-gptq", "demo-gptq-noprop"))

@@ -18,6 +18,8 @@ process group (the tests run a matrix of quantizations under one torchrun).
 
 from __future__ import annotations
 
+import copy
+
 import os
 import pickle
 import time
@@ -40,6 +42,7 @@ class World:
         self.local_rank, self.local_size, self.node, self.nodes = local_rank, local_size, node, nodes
         self.store, self.timeout_s = store, timeout_s
         self.run_id = 0  # namespace of this invocation's store keys
+        self.scope = ""  # namespace of the objects and barriers of a `scoped` view
         self.current_pass = "setup"
         self.barriers = 0
 
@@ -59,6 +62,16 @@ class World:
         self.run_id += 1
         self.current_pass, self.barriers = "setup", 0
 
+    def scoped(self, name: str) -> "World":
+        """The same ranks, store and failure reports, with the objects and barriers under `name`: for a
+        second set of collectives in one run that reuses the first set's tags (the MTP layers'
+        calibration runs its own `Recorders`: tfcompile/draft/mtp_calibrate.py)."""
+        if not self.distributed:
+            return self
+        view = copy.copy(self)
+        view.scope, view.barriers = f"{self.scope}{name}/", 0
+        return view
+
     def key(self, name: str) -> str:
         return f"tfcompile/{self.run_id}/{name}"
 
@@ -67,11 +80,11 @@ class World:
     def share(self, name: str, obj: Any) -> None:
         """Publish `obj` under `name` (pickled; only ever read by our own ranks)."""
         if self.distributed:
-            self.store.set(self.key(f"obj/{name}"), pickle.dumps(obj))
+            self.store.set(self.key(f"obj/{self.scope}{name}"), pickle.dumps(obj))
 
     def fetch(self, name: str, *, waiting_for: str = "rank 0") -> Any:
         """The object another rank shared under `name`; waits while every peer is healthy."""
-        key = self.key(f"obj/{name}")
+        key = self.key(f"obj/{self.scope}{name}")
         self.wait_until(lambda: self.store.check([key]), f"'{name}' from {waiting_for}")
         return pickle.loads(self.store.get(key))  # noqa: S301 - written by our own ranks
 
@@ -88,7 +101,7 @@ class World:
         if not self.distributed:
             return
         self.barriers += 1
-        key = self.key(f"barrier/{self.barriers}:{tag}")
+        key = self.key(f"barrier/{self.scope}{self.barriers}:{tag}")
         self.store.add(key, 1)
         self.wait_until(lambda: self.store.add(key, 0) >= self.size, f"every rank at '{tag}'")
 

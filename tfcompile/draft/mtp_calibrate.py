@@ -31,6 +31,7 @@ from torch import nn
 
 from tfcompile.calibration.binding import bind, params_on_meta, tied_groups
 from tfcompile.calibration.recorders import Recorders
+from tfcompile.dist import LOCAL
 from tfcompile.draft.mtp import QWEN3_5, MTPLayer
 from tfcompile.draft.mtp_load import OWN, mtp_layout
 from tfcompile.ir import CalibStats
@@ -99,8 +100,11 @@ class MTPCalibration:
         layer.embed_tokens.weight = nn.Parameter(emb.to(self.device, self.dtype), requires_grad=False)
         for mod in layer.modules():  # buffers (the rotary tables) beside the bound parameters
             mod._buffers.update({k: b.to(self.device) for k, b in mod._buffers.items() if b is not None})
-        groups = {m: k for m, k in (self.kwargs.pop("groups", None) or {}).items() if m in self.modules}
-        rec = Recorders(named, self.modules, groups=groups, **self.kwargs)
+        kwargs = dict(self.kwargs)
+        groups = {m: k for m, k in (kwargs.pop("groups", None) or {}).items() if m in self.modules}
+        # the loop's Recorders used the same collective tags in this run: a namespace of our own
+        kwargs["world"] = kwargs.get("world", LOCAL).scoped("mtp")
+        rec = Recorders(named, self.modules, groups=groups, **kwargs)
         tokens = 0
         try:
             with torch.inference_mode():
