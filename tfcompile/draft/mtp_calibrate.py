@@ -34,6 +34,7 @@ from tfcompile.calibration.recorders import Recorders
 from tfcompile.dist import LOCAL
 from tfcompile.draft.mtp import QWEN3_5, MTPLayer
 from tfcompile.draft.mtp_load import OWN, mtp_layout
+from tfcompile.errors import CheckpointError
 from tfcompile.ir import CalibStats
 
 
@@ -95,7 +96,10 @@ class MTPCalibration:
         bind(named, self.ckpt, self.dtype, device=self.device)
         left = [g[0] for g in tied_groups(named, meta_only=True)]
         if left:
-            raise RuntimeError(f"{self.model_dir}: the MTP layer's {left[0]} has no tensor in the checkpoint")
+            raise CheckpointError(f"{self.model_dir}: config.json declares an MTP layer, and its parameter "
+                                  f"{left[0]} has no tensor in the checkpoint ({len(left)} missing)",
+                                  hint="check the checkpoint with `tfcompile verify`; to quantize without the "
+                                       "MTP layer, --ignore its modules and drop it from config.json")
         emb = model.get_input_embeddings().weight.detach()  # the target's (vLLM shares it); only rows are read
         layer.embed_tokens.weight = nn.Parameter(emb.to(self.device, self.dtype), requires_grad=False)
         for mod in layer.modules():  # buffers (the rotary tables) beside the bound parameters
