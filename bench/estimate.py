@@ -6,7 +6,8 @@
 --measure times the primitives the estimator is built from, each on its own (one bf16 layer
 GEMM, one fp32 X^T X, SDPA, a layer's norms/RoPE/activation/observers, whole RTN packs of a
 0.25 and a 0.62 GB model (fixed cost + rate), sha256, a cold read, the GPTQ factorisations,
-lazy update and column sweep, an idle process's RSS) and prints the dict to paste into THIS_MACHINE. Without --committed the
+lazy update and column sweep, an idle process's RSS) and prints the dict to paste into THIS_MACHINE (its
+"gptq_sweep" into passes/quantize/gptq_cost.py SWEEP, the algorithm's own figures). Without --committed the
 comparison measures them first and hands them to `plan` (TFCOMPILE_THROUGHPUTS), so the
 estimate and the runs see the same load on this shared machine.
 

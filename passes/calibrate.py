@@ -18,7 +18,7 @@ from tfcompile.families.names import per_decoder_layer
 from tfcompile.errors import RecipeError
 from tfcompile.ir import LAYER_SOLVERS, CalibStats, LayerSolverSpec, torch_dtype
 from tfcompile.machine import COMPUTE_DTYPES, compute_dtype
-from tfcompile.pipeline.intents import KVCacheScales, LayerSolve, RunsTheModel
+from tfcompile.pipeline.intents import CalibrationRun, KVCacheScales, LayerSolve, RunsTheModel
 from tfcompile.pipeline.passes import PassResult, Selection, recipe_intent, register_pass
 from tfcompile.schemes import KV_FORMATS, Scheme
 
@@ -143,6 +143,8 @@ def _unscheduled(scheme: Scheme) -> tuple[str, str]:
 @register_pass("calibrate", config=CalibrateConfig, requires=("source", "model", "plan"),
                produces=("calib",), when=_when, unscheduled=_unscheduled,
                intents=lambda c: (RunsTheModel("calibrate"),
+                                  CalibrationRun(c.samples, c.seq_len, c.batch, c.propagate, c.hessian,
+                                                 c.hessian_blocks),
                                   *((KVCacheScales(c.kv_cache, bool(c.kv_per_head)),) if c.kv_cache else ())))
 def calibrate(ctx, cfg: CalibrateConfig, reporter) -> PassResult:
     """Observe |x| at every quantized Linear's input (calibrate.observer; calibrate.data, default auto).

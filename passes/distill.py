@@ -46,7 +46,7 @@ def _supports(recipe: Recipe, cfg: DistillConfig) -> list[Unsupported]:
 
 @register_pass("distill", config=DistillConfig, requires=("source", "model", "plan", "program"),
                produces=("source",), supports=_supports, when=given("distill"),
-               intents=lambda c: (RunsTheModel("distill"), TrainsOnTheSource("distill"), SingleScheme("distill")))
+               intents=lambda c: (RunsTheModel("distill"), TrainsOnTheSource("distill", c), SingleScheme("distill")))
 def distill(ctx, cfg: DistillConfig, reporter) -> PassResult:
     """Train the fake-quantized student against the original model; pack then packs its weights."""
     from tfcompile.distill.run import Inputs, distill_checkpoint  # lazy: the trainer (docs/design.md "Pass modules")

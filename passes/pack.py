@@ -39,7 +39,7 @@ from tfcompile.families.names import per_decoder_layer
 from tfcompile.layout import artifact_files as layout_files
 from tfcompile.layout.view import EngineView
 from tfcompile.artifact.mixed_config import ct_mixed_config
-from tfcompile.pipeline.intents import ExtraViews
+from tfcompile.pipeline.intents import ExtraViews, ShardSize
 from tfcompile.pipeline.passes import PassResult, Unsupported, register_pass
 from tfcompile.recipe import Recipe
 
@@ -64,7 +64,8 @@ def _supports(recipe: Recipe, cfg: PackConfig) -> list[Unsupported]:
 
 
 @register_pass("pack", config=PackConfig, requires=("source", "model", "plan", "program", "out_dir"),
-               produces=("artifact",), supports=_supports, intents=lambda c: (ExtraViews(tuple(c.export)),))
+               produces=("artifact",), supports=_supports,
+               intents=lambda c: (ExtraViews(tuple(c.export)), ShardSize(c.max_shard_mb)))
 def pack(ctx, cfg: PackConfig, reporter) -> PassResult:
     """Quantize job by job and stream the safetensors shards of every view."""
     out, program = Path(ctx.out_dir), ctx.program

@@ -20,6 +20,7 @@ from tfcompile.artifact.verify import verify_artifact
 from tfcompile.engines import ENGINES as SERVING_ENGINES
 from tfcompile.errors import VerifyError
 from tfcompile.manifest_doc import manifest_doc
+from tfcompile.pipeline.intents import EngineChecks
 from tfcompile.pipeline.passes import PassResult, Unsupported, register_pass
 
 _RUNTIME = {"runtime": True}  # not recorded in the manifest's recipe: no byte depends on it
@@ -48,7 +49,8 @@ def _supports(recipe, cfg: VerifyConfig) -> list[Unsupported]:
 
 
 @register_pass("verify", config=VerifyConfig, requires=("manifest", "out_dir"), produces=("verify",),
-               supports=_supports, ranks="root")
+               supports=_supports, ranks="root",
+               intents=lambda c: (EngineChecks(tuple(c.engines), c.engine_target, c.engine_tp),))
 def verify(ctx, cfg: VerifyConfig, reporter) -> PassResult:
     """Check checksums, layers, shapes, scales and shared global scales; ask the serving engines."""
     doc = manifest_doc(ctx)

@@ -12,6 +12,7 @@ starts); a name of an algorithm or of its statistic is a hit, case-insensitive.
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -53,3 +54,33 @@ def test_the_check_finds_a_name():
 def test_every_allowance_is_still_needed():
     for rel, line in ALLOWED:
         assert line in [x.strip() for x in (ROOT / rel).read_text().splitlines()], (rel, line)
+
+
+def algorithm_names() -> list[str]:
+    """The algorithms' names, from their one light table (passes/quantize/__init__.py ALGORITHM_HELP;
+    tests/cli/test_choices.py holds it equal to the registry), read without importing."""
+    tree = ast.parse((ROOT / "passes" / "quantize" / "__init__.py").read_text())
+    table = next(n.value for n in tree.body if isinstance(n, ast.Assign) and n.targets[0].id == "ALGORITHM_HELP")
+    return [k.value for k in table.keys]
+
+
+# an algorithm's name as a word of its own or the head of an identifier (gptq_solve_s), any case
+ALGORITHM = re.compile(r"(?<![a-z])(" + "|".join(algorithm_names()) + r")(?![a-z])", re.IGNORECASE)
+
+
+def estimate_hits(text: str) -> list[tuple[int, str]]:
+    return [(i, line.strip()) for i, line in enumerate(text.splitlines(), 1) if ALGORITHM.search(line)]
+
+
+@pytest.mark.parametrize("rel", sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tfcompile" / "estimate").glob("*.py")))
+def test_the_estimate_names_no_algorithm(rel):
+    """`plan --estimate` costs an algorithm's solves from its registration (`register_algorithm(
+    cost=...)`, tfcompile/ir.py SolveCost): tfcompile/estimate/ names none (its cost lives with it)."""
+    found = estimate_hits((ROOT / rel).read_text())
+    assert not found, f"{rel} names an algorithm (its cost belongs to its `register_algorithm(cost=...)`): {found[:5]}"
+
+
+def test_the_estimate_check_finds_a_name():
+    assert {"gptq", "rtn", "awq"} <= set(algorithm_names())
+    assert estimate_hits('if algo == "gptq":\n    out["gptq_solve_s"] = 1  # RTN: none\n# themselves\n') == [
+        (1, 'if algo == "gptq":'), (2, 'out["gptq_solve_s"] = 1  # RTN: none')]

@@ -281,6 +281,23 @@ class Algorithm:
     # calibration/statistics.py); the quantize pass implies them, so choosing the algorithm
     # schedules its calibration
     calibrate: Mapping[str, Any] = field(default_factory=dict)
+    cost: "SolveCost | None" = None  # its solves' cost for `plan --estimate` (None: nothing beyond RTN's)
+
+
+@dataclass(frozen=True)
+class SolveCost:
+    """What an algorithm's solves cost, for `tfcompile plan --estimate` (tfcompile/estimate/plan.py
+    adds them up, naming no algorithm). One solve per member of every group the calibrate pass
+    records a second-moment statistic for; they run in the pack pass (each rank its owned groups),
+    or in the calibrate pass's layer loop when the algorithm's layer solver runs there
+    (`register_layer_solver(loop="propagate")` with calibrate.propagate)."""
+    # (n, k, accelerator or None on CPU (tfcompile/estimate/throughputs.py ACCELERATORS), this machine's
+    # figures (throughputs.py this_machine()), solves sharing one sweep) -> seconds of one [n, k] solve
+    seconds: Callable[[int, int, Any, Mapping[str, Any], int], float]
+    peak_bytes: Callable[[int, int], int]  # (n, k) -> bytes one [n, k] solve holds at its peak
+    # True: a routed expert group's members solve quantize's expert batch at a time, in one sweep
+    # (`together` = batch x members) and that many at once in memory; False: one by one
+    batches_experts: bool = False
 
 
 ALGORITHMS: dict[str, Algorithm] = {}
@@ -314,11 +331,12 @@ def register_layer_solver(algorithm: str, *, loop: str):
 
 def register_algorithm(name: str, *, prepare: PrepareFn | None = None,
                        supports: Callable[[Scheme], "str | None"] | None = None, hint: str = "",
-                       calibrate: Mapping[str, Any] | None = None):
+                       calibrate: Mapping[str, Any] | None = None, cost: SolveCost | None = None):
     """Decorator: register `run` as algorithm `name` (quantize.algorithm); `calibrate`: the
-    calibrate settings its statistics need (none: a data-free algorithm)."""
+    calibrate settings its statistics need (none: a data-free algorithm); `cost`: its solves'
+    cost for `plan --estimate` (none: it costs what round-to-nearest does)."""
     def wrap(fn: RunFn) -> RunFn:
-        ALGORITHMS[name] = Algorithm(name, fn, prepare, supports, hint, dict(calibrate or {}))
+        ALGORITHMS[name] = Algorithm(name, fn, prepare, supports, hint, dict(calibrate or {}), cost)
         return fn
 
     return wrap

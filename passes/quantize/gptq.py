@@ -30,6 +30,7 @@ from tfcompile.io.checkpoint import Checkpoint
 from tfcompile.io.jsonfile import JsonDict
 from tfcompile.ir import CalibStats, Job, LayerStats, Program, QuantPlan, load_target, register_algorithm
 from tfcompile.kernels import formats as F
+from tfcompile.passes.quantize.gptq_cost import COST
 from tfcompile.passes.quantize.gptq_moe import run_gptq_experts, setting, solved_expert_values
 from tfcompile.passes.quantize.output_scales import global_candidates, output_error, search_group
 from tfcompile.passes.quantize.rtn import quantize_weight, run_rtn, searched_scales
@@ -191,7 +192,8 @@ def _warn_rtn(plan: QuantPlan, calib: CalibStats | None, source: Checkpoint, pro
     return program, {"rtn_no_hessian": len(missing)}
 
 
-@register_algorithm("gptq", prepare=_warn_rtn, calibrate={HESSIAN: True})  # the statistic's switch
+@register_algorithm("gptq", prepare=_warn_rtn, calibrate={HESSIAN: True},  # the statistic's switch
+                    cost=COST)  # for `plan --estimate` (gptq_cost.py)
 def run_gptq(job: Job, program: Program, source: Checkpoint) -> tuple[dict[str, torch.Tensor], list[LayerStats]]:
     """GPTQ with the group's shared Hessian (q/k/v and gate/up share one input); routed experts
     with their own Hessians, solved in batches (gptq_moe.py). A group the calibrate pass already

@@ -3,7 +3,11 @@
 From config.json alone (tfcompile/estimate/shapes.py). The output tensors are not guessed:
 the select and quantize passes plan them on a stand-in checkpoint of the meta model's tensors,
 so the artifact size is exact (tests check it against real artifacts). Memory and time follow
-the pipeline's own structure (docs/distributed.md "Resource plan"):
+the pipeline's own structure (docs/distributed.md "Resource plan"); what the other passes will
+do is read from the facts they promise (tfcompile/pipeline/intents.py: `CalibrationRun`,
+`LayerSolve`, `ShardSize`, `EngineChecks`), and what the weight algorithm's solves cost from its
+registration (`register_algorithm(cost=...)`, tfcompile/ir.py `SolveCost`): this module names no
+algorithm (tests/test_algorithm_names.py).
 
 - calibrate (layer by layer): per layer, read its weights (disk, once per node), copy them to
   the device, run this rank's batches (ceil(B/P) of B batches; 2 x active params + attention
@@ -12,18 +16,21 @@ the pipeline's own structure (docs/distributed.md "Resource plan"):
   to its owner instead, which multiplies them (owners: per solve batch of experts). Memory: one
   layer + this rank's activations + one batch's temporaries + the Hessians it owns + one
   round's partials.
-  GPTQ with calibrate.propagate (not the default) also solves each layer there (the busiest
-  rank's solves of that layer: the ranks meet at every layer), shares the quantized layer
-  and runs it a second time (the forward alone); the spill then holds codes, not Hessians.
-  RTN with calibrate.propagate runs each layer a second time too (its RTN not counted).
+  With calibrate.propagate (not the default) an algorithm whose layer solver runs on request
+  (`register_layer_solver(loop="propagate")`) and that has a solve cost also solves each layer
+  there (the busiest rank's solves of that layer: the ranks meet at every layer), shares the
+  quantized layer and runs it a second time (the forward alone); the spill then holds codes, not
+  Hessians. One without a solve cost runs each layer a second time (its rounding not counted).
 - pack: each rank reads, quantizes and writes its own shards (the slowest rank counts:
-  whole shards go to ranks), streams overlapped; GPTQ without propagation adds each rank's
-  solves (LPT assignment, as calibrate assigns them); the source hash runs beside it.
+  whole shards go to ranks), streams overlapped; an algorithm with a solve cost, not
+  propagating, adds each rank's solves (LPT assignment, as calibrate assigns them); the source
+  hash runs beside it.
 - the rest (load, select, quantize, manifest, verify) is metadata and small reads.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from dataclasses import dataclass
@@ -33,9 +40,11 @@ from tfcompile.artifact.engines import check_engines, engine_record, plan_view
 from tfcompile.dist.partition import hessian_owners, shard_owner
 from tfcompile.errors import RecipeError
 from tfcompile.io.writer import TensorSpec, plan_shards
-from tfcompile.ir import CalibStats, ModelInfo
+from tfcompile.ir import ALGORITHMS, LAYER_SOLVERS, CalibStats, ModelInfo, SolveCost
 from tfcompile.pipeline.context import Context
-from tfcompile.pipeline.passes import get_pass
+from tfcompile.pipeline.intents import (CalibrationRun, EngineChecks, KVCacheScales, LayerSolve, ShardSize,
+                                        TrainsOnTheSource)
+from tfcompile.pipeline.passes import REGISTRY, PassSpec, recipe_intent
 from tfcompile.reporter import NullReporter
 from tfcompile.families.experts import is_expert_group
 from tfcompile.estimate.distill import distill_estimate
@@ -79,38 +88,42 @@ def parse_devices(spec: str, nodes: int) -> Cluster:
     return Cluster(kind, per_node, nodes)
 
 
+@dataclass(frozen=True)
+class Solves:
+    """The weight algorithm's solves, as this module costs them (its registered `SolveCost`)."""
+    key: str  # the passes' JSON field, "<algorithm>_solve_s"
+    cost: SolveCost
+    expert_batch: int  # routed experts per solve batch (quantize's, through `LayerSolve`)
+
+
 def estimate(model: Path, recipe, devices: str = "cpu", nodes: int = 1) -> dict:
     """The resource plan as a JSON-ready dict (GB = 1e9 bytes, seconds)."""
     cluster = parse_devices(devices, nodes)
     shape = model_shape(model)
     program, plan = _program(shape, recipe)
-    names = recipe.names()
-    calib = recipe.config("calibrate") if "calibrate" in names else None
-    algo = recipe.config("quantize").algorithm if "quantize" in names else "rtn"
+    calib = recipe_intent(recipe, CalibrationRun)
+    solve = recipe_intent(recipe, LayerSolve)  # the weight algorithm; none: the stand-in's (the default)
+    algo = solve.algorithm if solve is not None else program.algorithm
+    batch = solve.expert_batch if solve is not None else LayerSolve.expert_batch
+    cost = getattr(ALGORITHMS.get(algo), "cost", None)
+    solves = Solves(f"{algo}_solve_s", cost, batch) if cost is not None else None
     out_specs = program.specs()
     out_bytes = sum(math.prod(s.shape) * s.dtype.itemsize for s in out_specs)
-    shard_mb = recipe.config("pack").max_shard_mb if "pack" in names else 4096
+    shard_mb = recipe_intent(recipe, ShardSize, ShardSize(4096)).max_mb
     hess = _hessian_groups(plan, shape, calib.hessian_blocks) if calib is not None and calib.hessian else {}
-    batch = recipe.config("quantize").gptq_expert_batch if "quantize" in names else 8
     owners = hessian_owners([g for g in plan.groups if g.key in hess], cluster.ranks, batch)  # as calibrate assigns them
-    # calibrate.propagate: the layer loop solves each layer's GPTQ (calibration/propagate.py), pack none
-    propagate = bool(hess) and algo == "gptq" and calib.propagate
-    rerun = calib is not None and algo == "rtn" and calib.propagate  # RTN in the loop: a second forward
+    in_loop = _in_loop(calib, algo)
+    propagate = bool(hess) and solves is not None and in_loop  # the layer loop solves, pack none
     passes = {}
     if calib is not None:
-        passes["calibrate"] = _calibrate(shape, calib, cluster, hess, owners, batch if propagate else 0, rerun)
-    passes["pack"] = _pack(shape, out_specs, shard_mb, cluster, algo, {} if propagate else hess, owners, batch)
-    if "distill" in names:  # memory per rank, DDP vs FSDP2 (estimate/distill.py)
+        passes["calibrate"] = _calibrate(shape, calib, cluster, hess, owners, solves if propagate else None,
+                                         in_loop and solves is None)
+    passes["pack"] = _pack(shape, out_specs, shard_mb, cluster, solves, {} if propagate else hess, owners)
+    trains = recipe_intent(recipe, TrainsOnTheSource)
+    if trains is not None and trains.settings is not None:  # memory per rank, DDP vs FSDP2 (estimate/distill.py)
         capacity = cluster.gpu.memory_gb if cluster.gpu else _node(cluster)["ram_gb"] / cluster.per_node
-        passes["distill"] = distill_estimate(shape, plan, recipe.config("distill"), cluster.ranks, capacity,
+        passes[trains.by] = distill_estimate(shape, plan, trains.settings, cluster.ranks, capacity,
                                              cluster.gpu is not None)
-    mem_host = max(p["host_gb"] for p in passes.values())
-    mem_dev = max((p.get("device_gb", 0.0) for p in passes.values()), default=0.0)
-    # spilled per rank: the Hessians it owns, or (propagating) its groups' solved codes
-    per_value = (lambda k: sum(hess[k][0]) * hess[k][1] * _code_bytes(plan.scheme)) if propagate \
-        else (lambda k: 4 * hess[k][1] * hess[k][3])
-    spill = max((sum(per_value(k) for k in hess if owners[k] == r) for r in range(cluster.ranks)),
-                default=0) / GB
     node = _node(cluster)
     doc = {
         "model": {"path": str(model), "architecture": (shape.config.get("architectures") or ["?"])[0],
@@ -120,25 +133,52 @@ def estimate(model: Path, recipe, devices: str = "cpu", nodes: int = 1) -> dict:
         "cluster": {"devices": cluster.kind, "per_node": cluster.per_node, "nodes": cluster.nodes,
                     "ranks": cluster.ranks, "cpu_cores_per_rank": node["cores"] / cluster.per_node},
         "output_gb": round(out_bytes / GB, 3), "output_bytes": out_bytes,
-        "disk": {"output_gb": round(out_bytes / GB, 3), "hessian_spill_gb_per_rank": round(spill, 3),
-                 "spill_holds": "solved codes" if propagate else "hessians",
-                 "note": "OUT is staged beside itself (same file system) and renamed: no second copy"},
-        "memory": {"host_gb_per_rank": round(mem_host, 3), "device_gb_per_rank": round(mem_dev, 3),
-                   "host_gb_per_node": round(mem_host * cluster.per_node, 3),
-                   "fits": _fits(cluster, node, mem_host, mem_dev)},
+        "disk": _disk(out_bytes, _spill(plan, hess, owners, cluster, propagate), propagate),
+        "memory": _memory(passes, cluster, node),
         "passes": passes,
         "total_s": round(sum(p["seconds"] for p in passes.values()), 1),
     }
-    if "verify" in names and recipe.config("verify").engines:  # what the engines would refuse, before any work
-        doc["engines"] = _engines(plan, recipe.config("verify"), calib.kv_cache if calib is not None else None)
+    checks = recipe_intent(recipe, EngineChecks)
+    if checks is not None and checks.engines:  # what the engines would refuse, before any work
+        kv = recipe_intent(recipe, KVCacheScales)
+        doc["engines"] = _engines(plan, checks, kv.kind if kv is not None else None)
     return doc
 
 
-def _engines(plan, cfg, kv_cache: str | None) -> dict:
+def _in_loop(calib: CalibrationRun | None, algorithm: str) -> bool:
+    """calibrate.propagate, and the algorithm's layer solver runs on request: each layer is solved
+    (or run again quantized) in the layer loop (calibration/propagate.py)."""
+    spec = LAYER_SOLVERS.get(algorithm)
+    return calib is not None and calib.propagate and spec is not None and spec.loop == "propagate"
+
+
+def _spill(plan, hess: dict, owners: dict, cluster: Cluster, propagate: bool) -> float:
+    """GB spilled by the busiest rank: the Hessians it owns, or (propagating) its groups' solved codes."""
+    per_value = (lambda k: sum(hess[k][0]) * hess[k][1] * _code_bytes(plan.scheme)) if propagate \
+        else (lambda k: 4 * hess[k][1] * hess[k][3])
+    return max((sum(per_value(k) for k in hess if owners[k] == r) for r in range(cluster.ranks)),
+               default=0) / GB
+
+
+def _disk(out_bytes: int, spill: float, propagate: bool) -> dict:
+    return {"output_gb": round(out_bytes / GB, 3), "hessian_spill_gb_per_rank": round(spill, 3),
+            "spill_holds": "solved codes" if propagate else "hessians",
+            "note": "OUT is staged beside itself (same file system) and renamed: no second copy"}
+
+
+def _memory(passes: dict, cluster: Cluster, node: dict) -> dict:
+    mem_host = max(p["host_gb"] for p in passes.values())
+    mem_dev = max((p.get("device_gb", 0.0) for p in passes.values()), default=0.0)
+    return {"host_gb_per_rank": round(mem_host, 3), "device_gb_per_rank": round(mem_dev, 3),
+            "host_gb_per_node": round(mem_host * cluster.per_node, 3),
+            "fits": _fits(cluster, node, mem_host, mem_dev)}
+
+
+def _engines(plan, checks: EngineChecks, kv_cache: str | None) -> dict:
     """verify.engines (default vllm, sglang) at verify.engine_target / engine_tp, on the plan
     (tfcompile/artifact/engines.py: the rules quantize and `verify --engine` apply)."""
-    problems = check_engines(plan_view(plan, kv_cache), cfg.engines, target=cfg.engine_target, tp=cfg.engine_tp)
-    return {"tp": cfg.engine_tp, "target": cfg.engine_target, **engine_record(problems, cfg.engines)}
+    problems = check_engines(plan_view(plan, kv_cache), checks.engines, target=checks.target, tp=checks.tp)
+    return {"tp": checks.tp, "target": checks.target, **engine_record(problems, checks.engines)}
 
 
 def _node(cluster: Cluster) -> dict:
@@ -159,17 +199,33 @@ def _fits(cluster, node, host, dev) -> dict:
 
 
 def _program(shape: ModelShape, recipe):
-    """The select + quantize passes on a stand-in checkpoint of the model's tensors (the pass
-    registry is filled by the caller: tfcompile.api, which the CLI imports)."""
+    """The passes that plan the quantized Linears and their output tensors (select, quantize: the
+    first to produce `plan` and `program`) on a stand-in checkpoint of the model's tensors (the
+    pass registry is filled by the caller: tfcompile.api, which the CLI imports)."""
     source = _MetaSource(shape)
     dominant = max(("BF16", "F16", "F32"), key=lambda c: sum(t.dtype == c for t in shape.tensors))
     ctx = Context(source_path=Path("."), out_dir=None, recipe=recipe, source=source,
                   model=ModelInfo.from_config(shape.config, dominant))
-    cfg = recipe.config("select") if "select" in recipe.names() else get_pass("select").config(format=recipe.format)
-    ctx = get_pass("select").run(ctx, cfg, NullReporter()).ctx
+    planner = _maker("plan")
+    ctx = planner.run(ctx, _config(planner, recipe), NullReporter()).ctx
     ctx = ctx.with_(calib=CalibStats({t.module: 1.0 for t in ctx.plan.targets()}, 0, "estimate"))
-    qcfg = get_pass("quantize").config()  # RTN: every algorithm writes the same tensors
-    return get_pass("quantize").run(ctx, qcfg, NullReporter()).ctx.program, ctx.plan
+    programmer = _maker("program")  # its defaults (round to nearest): every algorithm writes the same tensors
+    return programmer.run(ctx, programmer.config(), NullReporter()).ctx.program, ctx.plan
+
+
+def _maker(produced: str) -> PassSpec:
+    """The registered pass that makes context field `produced` from nothing of its kind (not one
+    that rewrites it, as mixed precision rewrites the plan)."""
+    return next(s for s in REGISTRY.values() if produced in s.produces and produced not in s.requires)
+
+
+def _config(spec: PassSpec, recipe):
+    """The pass's config in the recipe, else its defaults for the recipe's format."""
+    entry = next((e for e in recipe.passes if e.name == spec.name), None)
+    if entry is not None:
+        return entry.config
+    takes_format = any(f.name == "format" for f in dataclasses.fields(spec.config))
+    return spec.config(**({"format": recipe.format} if takes_format else {}))
 
 
 class _MetaSource:
@@ -209,12 +265,12 @@ def _code_bytes(scheme) -> float:
     return scheme.weights.element_bits / 8
 
 
-def _calibrate(shape: ModelShape, cfg, cl: Cluster, hess: dict, owners: dict, propagate_batch: int = 0,
-               rerun: bool = False) -> dict:
-    """`propagate_batch` (quantize.gptq_expert_batch; 0: not propagating): each layer is also
-    solved in the loop (its busiest rank's solves: ranks wait for each other at every layer),
-    its quantized weights shared (bf16, over the link) and run a second time (the forward alone).
-    `rerun` (RTN propagating): each layer run a second time, its RTN on every rank (not counted)."""
+def _calibrate(shape: ModelShape, cfg: CalibrationRun, cl: Cluster, hess: dict, owners: dict,
+               solves: Solves | None = None, rerun: bool = False) -> dict:
+    """`solves` (None: not propagating): each layer is also solved in the loop (its busiest
+    rank's solves: ranks wait for each other at every layer), its quantized weights shared (bf16,
+    over the link) and run a second time (the forward alone). `rerun` (an algorithm without a
+    solve cost, propagating): each layer run a second time, its rounding on every rank (not counted)."""
     node, gpu = _node(cl), cl.gpu
     batches = -(-cfg.samples // cfg.batch)
     rounds = -(-batches // cl.ranks)
@@ -223,7 +279,7 @@ def _calibrate(shape: ModelShape, cfg, cl: Cluster, hess: dict, owners: dict, pr
     cores = node["cores"] / cl.per_node
     M = this_machine()
     scale = cores / M["cpu_cores"]  # CPU figures are for the whole measured machine
-    seconds, host, dev, solves = 0.0, 0.0, 0.0, 0.0
+    seconds, host, dev, solved = 0.0, 0.0, 0.0, 0.0
     for layer in shape.layers:
         heads, qk, v = layer.attn
         attn_ctx = cfg.seq_len / 2 if gpu else cfg.seq_len  # flash skips the causal half; CPU SDPA does not
@@ -257,13 +313,13 @@ def _calibrate(shape: ModelShape, cfg, cl: Cluster, hess: dict, owners: dict, pr
         net = replay / (link * GB * ASSUMED["link_efficiency"])
         seconds += load + compute + net + rounds * ASSUMED["sync_ms"] / 1e3 * (cl.ranks > 1)
         solve_mem = 0.0
-        if propagate_batch and groups:  # solve, share the quantized layer, run it again
-            per = _solves_per_rank({k: hess[k] for k in groups}, owners, cl, M, propagate_batch)
+        if solves is not None and groups:  # solve, share the quantized layer, run it again
+            per = _solves_per_rank({k: hess[k] for k in groups}, owners, cl, M, solves)
             solve = max(per.values())
             shared = bf16 / (link * GB * ASSUMED["link_efficiency"]) * (cl.ranks > 1)
             seconds += solve + shared + forward
-            solves += solve
-            solve_mem = _solve_memory({k: hess[k] for k in groups}, propagate_batch)
+            solved += solve
+            solve_mem = _solve_memory({k: hess[k] for k in groups}, solves)
         elif rerun:
             seconds += forward
         act = tokens_rank * layer.hidden * 2 * 2  # inputs kept for the next layer + this layer's outputs
@@ -280,21 +336,21 @@ def _calibrate(shape: ModelShape, cfg, cl: Cluster, hess: dict, owners: dict, pr
     seconds += M["calibrate_setup_s"]  # CPU-side, whatever the device
     out = {"seconds": round(seconds, 2), "host_gb": round(host, 3), "tokens": tokens,
            "batches_per_rank": rounds, "note": "layer by layer; --calib self adds sampling the tokens on rank 0"}
-    if propagate_batch:
-        out["gptq_solve_s"] = round(solves, 2)
+    if solves is not None:
+        out[solves.key] = round(solved, 2)
     if gpu:
         out["device_gb"] = round(dev, 3)
     return out
 
 
-def _pack(shape: ModelShape, specs, shard_mb: float, cl: Cluster, algo: str, hess: dict, owners: dict,
-          expert_batch: int = 8) -> dict:
+def _pack(shape: ModelShape, specs, shard_mb: float, cl: Cluster, solves: Solves | None, hess: dict,
+          owners: dict) -> dict:
     node = _node(cl)
     shards = plan_shards([TensorSpec(s.name, s.dtype, tuple(s.shape)) for s in specs], int(shard_mb * 2 ** 20))
     out_share = max(sum(p.nbytes for i, p in enumerate(shards) if shard_owner(i, cl.ranks) == r)
                     for r in range(cl.ranks))
     total_out = sum(p.nbytes for p in shards)
-    src = shape.source_bytes * out_share / max(total_out, 1)  # RTN: the writer quantizes its own shards
+    src = shape.source_bytes * out_share / max(total_out, 1)  # rounding: the writer quantizes its own shards
     cores = node["cores"] / cl.per_node
     m = this_machine()
     # the rank's pack as measured here end to end (quantize, write, hash), on its share of the
@@ -304,58 +360,41 @@ def _pack(shape: ModelShape, specs, shard_mb: float, cl: Cluster, algo: str, hes
     stream = m["pack_setup_s"] + max(src / (node["read"] / busy_per_node), out_share / (node["write"] / busy_per_node),
                                      src / (m["pack_gbps"] * cores / m["cpu_cores"])) / GB
     solve, solve_mem = 0.0, 0.0
-    if algo == "gptq" and hess:
-        solve = max(_solves_per_rank(hess, owners, cl, m, expert_batch).values())
-        solve_mem = _solve_memory(hess, expert_batch) / GB
+    if solves is not None and hess:
+        solve = max(_solves_per_rank(hess, owners, cl, m, solves).values())
+        solve_mem = _solve_memory(hess, solves) / GB
     # a job's mapped source (the largest tensor), its outputs and temporaries; the writer keeps up
-    # with the quantizers (O_DIRECT at several times their rate), so its queue stays short. A GPTQ
+    # with the quantizers (O_DIRECT at several times their rate), so its queue stays short. A
     # solve runs inside one job (a Linear of the layer, not the embedding): the larger of the two.
     largest = max(t.nbytes for t in shape.tensors)
     host = m["base_rss_gb"] + max(2.5 * largest / GB, 0.0 if cl.gpu else solve_mem)
     out = {"seconds": round(stream + solve, 2), "host_gb": round(host, 3),
            "shards": len(shards), "busiest_rank_output_gb": round(out_share / GB, 3),
            "stream_s": round(stream, 2)}
-    if algo == "gptq":
-        out["gptq_solve_s"] = round(solve, 2)
+    if solves is not None:
+        out[solves.key] = round(solve, 2)
         if cl.gpu:
             out["device_gb"] = round(solve_mem, 3)
     return out
 
 
-def _solves_per_rank(hess: dict, owners: dict, cl: Cluster, m: dict, expert_batch: int) -> dict[int, float]:
-    """Rank -> seconds of the GPTQ solves it owns among `hess`."""
+def _solves_per_rank(hess: dict, owners: dict, cl: Cluster, m: dict, solves: Solves) -> dict[int, float]:
+    """Rank -> seconds of the solves it owns among `hess` (one per member of each group)."""
     per: dict[int, float] = {}
-    for k, (rows, kk, *_) in hess.items():  # each member on its own (passes/quantize/gptq.py); routed
-        together = expert_batch * len(rows) if is_expert_group(k) else 1  # experts in batches (gptq_moe.py)
+    for k, (rows, kk, *_) in hess.items():
+        together = _together(k, rows, solves)
         for n in rows:
-            per[owners[k]] = per.get(owners[k], 0.0) + _solve_seconds(n, kk, cl, m, together)
+            per[owners[k]] = per.get(owners[k], 0.0) + solves.cost.seconds(n, kk, cl.gpu, m, together)
     return per
 
 
-def _solve_memory(hess: dict, expert_batch: int) -> float:
-    """Bytes of the largest GPTQ solve among `hess` (a batch of routed experts solves together)."""
-    return max(_solve_bytes(n, kk) * (expert_batch * len(rows) if is_expert_group(k) else 1)
+def _together(key: str, rows: tuple[int, ...], solves: Solves) -> int:
+    """Solves sharing one sweep and held at once: a batch of routed experts' members, if the
+    algorithm batches them (`SolveCost.batches_experts`), else one."""
+    return solves.expert_batch * len(rows) if solves.cost.batches_experts and is_expert_group(key) else 1
+
+
+def _solve_memory(hess: dict, solves: Solves) -> float:
+    """Bytes of the largest solve among `hess` (a batch of routed experts solves together)."""
+    return max(solves.cost.peak_bytes(n, kk) * _together(k, rows, solves)
                for k, (rows, kk, *_) in hess.items() for n in rows)
-
-
-def _solve_bytes(n: int, k: int) -> int:
-    """Peak working set of one GPTQ solve of an [n, k] weight (passes/quantize/gptq.py, fp32):
-    five K x K (the Hessian handed in, its act-order permutation, `_inverse_hessian`'s clone,
-    the damping's eye and its scaled copy; later the Cholesky factor and inverse, no more than
-    five at once) and six N x K (the weight handed in, its fp32 copy and permutation, the fixed
-    multipliers and their permutation, the output). Checked: a [1024, 4096] solve allocates 310 MB
-    beyond the Hessian, weight and multipliers it is given; this count says 335."""
-    return 4 * (5 * k * k + 6 * n * k)
-
-
-def _solve_seconds(n: int, k: int, cl: Cluster, m: dict, together: int = 1) -> float:
-    """One GPTQ solve of an [n, k] weight: the three factorisations (4/3 k^3 flops) and the
-    column sweep with its lazy block updates (fitted per column, element and n k^2). `together`
-    solves share one sweep (a batch of routed experts): each pays 1/together of its per-column
-    cost, the launch- or interpreter-bound part."""
-    if cl.gpu:
-        rate = cl.gpu.fp32_tflops * 1e12 * ASSUMED["gpu_fp32_efficiency"]
-        return k * ASSUMED["gpu_gptq_column_us"] / 1e6 / together + (4 / 3 * k ** 3 + 2 * n * k * k) / rate
-    sw = m["gptq_sweep"]  # one thread (gptq.py `_sweep`)
-    return 4 / 3 * k ** 3 / (m["chol_gflops"] * 1e9) + k * sw["column_us"] / 1e6 / together + \
-        n * k * sw["element_ns"] / 1e9 + n * k * k * sw["lazy_ps"] / 1e12

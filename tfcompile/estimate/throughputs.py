@@ -32,7 +32,7 @@ class Accelerator:
     memory_gb: float  # HBM per GPU (GB = 1e9 bytes)
     hbm_tbps: float
     bf16_tflops: float  # dense tensor-core peak
-    fp32_tflops: float  # non-tensor FP32 (Hessians and GPTQ stay FP32: TF32 is off)
+    fp32_tflops: float  # non-tensor FP32 (Hessians and solves stay FP32: TF32 is off)
     h2d_gbps: float  # host -> device copy, PCIe Gen5 x16 per direction
     nvlink_gbps: float  # GPU <-> GPU in a node, per direction
     source: str
@@ -79,7 +79,7 @@ THIS_MACHINE = {
     # adds, the 7 max observers), timed on its own, per token per (4 x hidden + 3 x intermediate)
     # elements; many small ops, each an OpenMP region: under load they wait on a busy core
     "elementwise_ns": 16.4,
-    # a whole RTN pack pass (fused quantizers, writer thread, source sha256) as fixed seconds +
+    # a whole round-to-nearest pack pass (fused quantizers, writer thread, source sha256) as fixed seconds +
     # GB of bf16 source per second, fitted on a 0.25 and a 0.62 GB model
     "pack_setup_s": 0.42,
     "pack_gbps": 0.91,
@@ -89,9 +89,8 @@ THIS_MACHINE = {
     "read_gbps": 2.99,  # a cold read (posix_fadvise DONTNEED first), 8 MiB reads
     "write_gbps": 2.2,  # O_DIRECT through the 8 MiB staging buffer (docs/design.md "Streaming")
     "chol_gflops": 33.5,  # one thread: cholesky, cholesky_inverse, cholesky of a 2048 x 2048 (4/3 K^3)
-    # one thread: the GPTQ sweep of an [n, K] weight without its factorisations, K a + n K b + n K^2 c
-    # fitted on three shapes: a per column (~25 small ops), b per element, c the lazy block updates
-    "gptq_sweep": {"column_us": 88.0, "element_ns": 244.0, "lazy_ps": 33.0},
+    # (an algorithm's own figures, measured with these, sit in its cost module under passes/quantize/,
+    # registered with it: `register_algorithm(cost=...)`; a TFCOMPILE_THROUGHPUTS file may replace them)
     "base_rss_gb": 0.29,  # python + torch + transformers + tfcompile imported, before the first pass
     "gloo_gbps": 1.0,  # loopback gloo p2p between two processes (assumed, not measured)
 }
@@ -110,8 +109,6 @@ ASSUMED = {
     # tensor-core peak: GEMMs of M = 2048 rows plus norms, RoPE and attention at low intensity.
     "gpu_forward_efficiency": 0.40,
     "gpu_fp32_efficiency": 0.60,  # X^T X and Cholesky on the FP32 pipes
-    # One GPTQ column is ~25 dependent small kernels (launch-bound): ~8 us each from Python.
-    "gpu_gptq_column_us": 200.0,
     "link_efficiency": 0.8,  # of NVLink / InfiniBand line rate for the replayed activations
     "sync_ms": 2.0,  # one round of store barriers and metadata exchange between ranks
     "host_copy_gbps": 10.0,  # host memory bandwidth for one process's tensor copies

@@ -29,6 +29,35 @@ class KVCacheScales:
 
 
 @dataclass(frozen=True)
+class CalibrationRun:
+    """The model will run on calibration data, layer by layer: `samples` sequences of `seq_len`
+    tokens, `batch` per layer call (`plan --estimate` costs it). `propagate`: each layer is solved
+    (or run again quantized) in the loop before the next; `hessian`: X^T X recorded per group, only
+    its diagonal `hessian_blocks` x `hessian_blocks` blocks when that is above 0."""
+    samples: int
+    seq_len: int
+    batch: int
+    propagate: bool
+    hessian: bool
+    hessian_blocks: int = 0
+
+
+@dataclass(frozen=True)
+class ShardSize:
+    """The artifact is written in safetensors shards of at most `max_mb` MiB."""
+    max_mb: float
+
+
+@dataclass(frozen=True)
+class EngineChecks:
+    """The serving engines `engines` will be asked whether they serve the artifact as written, on
+    GPU `target` (None: each engine's default) at tensor-parallel size `tp`."""
+    engines: tuple[str, ...]
+    target: str | None
+    tp: int
+
+
+@dataclass(frozen=True)
 class SharedGlobalScales:
     """Fusion groups (q/k/v, gate/up) share one NVFP4 global scale, so an engine may fuse them."""
     shared: bool
@@ -62,8 +91,10 @@ class ExtraViews:
 @dataclass(frozen=True)
 class TrainsOnTheSource:
     """The pass trains against the source model as loaded: a pass that rewrites the weights before
-    it (a rotation) would change its teacher."""
+    it (a rotation) would change its teacher. `settings`: its config, which `plan --estimate`'s
+    training memory model reads (tfcompile/estimate/distill.py)."""
     by: str
+    settings: Any = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
