@@ -9,22 +9,23 @@ input_scale = amax / 448, NVFP4 input_global_scale = 448 * 6 / amax.
   (default p = 99.99), read off a histogram.
 - `mse`: the clipping amax c = r * max, r searched over `ratios` values in
   [min_ratio, 1], that minimises the expected squared quantization error of
-  |x| for the target format (`fmt="fp8"` or `"nvfp4"`; error models below).
+  |x| for the target format (`model`: its activation quantizer's `clip`, the error model
+  kernels/formats/clip_error.py holds: per-tensor E4M3, or E2M1 blocks with E4M3 block scales).
 
 Memory is bounded whatever the number of tokens: `AbsHistogram` keeps 2048
 equal bins over [0, hi) and, when a batch's max exceeds hi, grows hi by a
 power of two and merges each run of 2^k old bins into one, which is exact
 (no re-interpolation), unlike re-spreading counts over new edges. TensorRT's /
 modelopt's histogram calibrators instead fix the bin *width* at the first
-batch and append bins, so their size grows with the range. The nvfp4 mse
-observer keeps a seeded sample of at most 4096 16-element blocks instead
-(256 KiB).
+batch and append bins, so their size grows with the range. The mse observer
+of a block model keeps a seeded sample of at most 4096 blocks instead (16
+elements: 256 KiB).
 
 What `amax()` returns: None when the module saw nothing; 0.0 when every
 element it saw was 0 (as `max` does; `Recorders` then gives the module the
 fallback scale); otherwise a positive finite float. Non-finite elements
-(NaN/Inf) are left out of the percentile and mse observers' statistics (nvfp4
-mse: the 16-element blocks holding them).
+(NaN/Inf) are left out of the percentile and mse observers' statistics (a block
+model: the blocks holding them).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from typing import Callable
 
 import torch
 
-from tfcompile.kernels.formats.elements import E2M1_MAX, E4M3_MAX, cast_e4m3
+from tfcompile.kernels.formats.clip_error import ClipModel, TensorE4M3Clip
 
 OBSERVERS: dict[str, Callable[..., "Observer"]] = {}
 
@@ -202,43 +203,45 @@ class PercentileObserver(Observer):
 
 @register_observer("mse")
 class MSEObserver(Observer):
-    """amax = r * max minimising the modelled squared quantization error for `fmt`.
+    """amax = r * max minimising the modelled squared quantization error of `model`
+    (the format's `ActQuantizer.clip`: kernels/formats/clip_error.py).
 
-    fp8 (static per-tensor E4M3, scale c/448): the |x| histogram, read as a
-    piecewise-uniform density (8 points per non-empty bin), is quantized as the
-    kernel does (`cast_e4m3`: values above c saturate to c).
-    nvfp4 (the static part is the global scale g = 2688/c; the per-16 block
-    scales are dynamic): a priority sample (`_PrioritySample`) of at most
-    `sample_blocks` 16-element blocks, drawn with probability growing with the
-    block's squared max, is quantized as the kernel does (block scale
-    e4m3(a/6*g), saturating at 448 for blocks whose max a exceeds c; E2M1
-    elements, saturating at 6) and its error weighted to an unbiased estimate
-    of the whole stream's. Blocks far above the rest are always kept, so rare
-    outliers are counted exactly.
+    A value model (`model.block` 0; FP8, static per-tensor E4M3, scale c/448):
+    the |x| histogram, read as a piecewise-uniform density (8 points per
+    non-empty bin), is quantized as the kernel does.
+    A block model (`model.block` b; NVFP4: the static part is the global scale
+    g = 2688/c, the per-16 block scales are dynamic): a priority sample
+    (`_PrioritySample`) of at most `sample_blocks` b-element blocks, drawn with
+    probability growing with the block's squared max, is quantized as the
+    kernel does (NVFP4: block scale e4m3(a/6*g), saturating at 448 for blocks
+    whose max a exceeds c; E2M1 elements, saturating at 6) and its error
+    weighted to an unbiased estimate of the whole stream's. Blocks far above
+    the rest are always kept, so rare outliers are counted exactly.
 
     Candidates are `ratios` values evenly spaced in [min_ratio, 1] x max. The
     answer is the *largest* candidate whose modelled error is within `tol`
     (relative, default 1%) of the minimum: on flat error curves (Gaussian-like
-    data) the argmin is noise of the model (the nvfp4 sample's own error is
+    data) the argmin is noise of the model (the NVFP4 sample's own error is
     ~1-2%), and clipping there buys nothing measurable. For these float
     formats clipping pays only when it lifts values out of E4M3's subnormal
     range or fits the grid better, so the result stays near the max on most
     data (docs/design.md).
     """
 
-    def __init__(self, fmt: str = "fp8", bins: int = 2048, ratios: int = 100, min_ratio: float = 0.3,
-                 sample_blocks: int = 4096, seed: int = 0, tol: float = 0.01):
-        if fmt not in ("fp8", "nvfp4"):
-            raise ValueError(f"mse observer: fmt must be 'fp8' or 'nvfp4', got {fmt!r}")
+    def __init__(self, model: ClipModel = TensorE4M3Clip(), bins: int = 2048, ratios: int = 100,
+                 min_ratio: float = 0.3, sample_blocks: int = 4096, seed: int = 0, tol: float = 0.01):
+        if not isinstance(model, ClipModel):
+            raise ValueError(f"mse observer: model must be a format's clip error model (its ActQuantizer.clip: "
+                             f"kernels/formats/clip_error.py), got {model!r}")
         if not (0 < min_ratio <= 1 and ratios >= 1):
             raise ValueError("mse observer: need 0 < min_ratio <= 1 and ratios >= 1")
         if not tol >= 0:
             raise ValueError(f"mse observer: tol must be >= 0, got {tol}")
-        self.fmt, self.tol = fmt, float(tol)
+        self.model, self.tol = model, float(tol)
         self.ratios = torch.linspace(min_ratio, 1.0, ratios, dtype=torch.float64) if ratios > 1 \
             else torch.ones(1, dtype=torch.float64)
-        self.hist = AbsHistogram(bins) if fmt == "fp8" else None  # |x|
-        self.blocks = _PrioritySample(sample_blocks, seed) if fmt == "nvfp4" else None
+        self.hist = AbsHistogram(bins) if not model.block else None  # |x|
+        self.blocks = _PrioritySample(sample_blocks, seed, model.block) if model.block else None
         self._seen, self._max = 0, 0.0
         self._best: float | None = None
 
@@ -246,12 +249,12 @@ class MSEObserver(Observer):
         if not x.numel():
             return
         self._best = None
-        if self.fmt == "fp8":
+        if not self.model.block:
             a = _abs_finite(x)
             self.hist.add(a)
             self._seen, self._max = self._seen + a.numel(), self.hist.max
             return
-        blocks, amax_b = _blocks(x)  # [B, 16] signed, x's dtype; [B] float32
+        blocks, amax_b = _blocks(x, self.model.block)  # [B, block] signed, x's dtype; [B] float32
         self.blocks.add(blocks, amax_b)
         self._seen += blocks.numel()
         self._max = max(self._max, float(amax_b.max())) if amax_b.numel() else self._max
@@ -259,11 +262,11 @@ class MSEObserver(Observer):
     def errors(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(candidate amax [C] float64, modelled squared error [C] float64)."""
         cands = self.ratios * self._max
-        if self.fmt == "fp8":
+        if not self.model.block:
             v, w = self.hist.points(sub=8)
-            return cands, _fp8_sse(v, w, cands.float())
+            return cands, self.model.sse(v, w, cands.float())
         rows, w = self.blocks.sample()
-        return cands, _nvfp4_sse(rows, w, cands.float())
+        return cands, self.model.sse(rows, w, cands.float())
 
     def amax(self) -> float | None:
         if self._seen == 0:
@@ -277,14 +280,14 @@ class MSEObserver(Observer):
         return self._best
 
 
-def _blocks(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [..., K] -> (16-element blocks [B, 16] in x's dtype (a view when K % 16 == 0),
-    block max of |x| float32 [B]); K zero-padded to a multiple of 16; blocks with
+def _blocks(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [..., K] -> (`block`-element blocks [B, block] in x's dtype (a view when K % block == 0),
+    block max of |x| float32 [B]); K zero-padded to a multiple of `block`; blocks with
     non-finite elements dropped (amax propagates NaN and Inf)."""
     b = x.detach().reshape(-1, x.shape[-1])
-    if b.shape[-1] % 16:
-        b = torch.nn.functional.pad(b, (0, -b.shape[-1] % 16))
-    b = b.reshape(-1, 16)
+    if b.shape[-1] % block:
+        b = torch.nn.functional.pad(b, (0, -b.shape[-1] % block))
+    b = b.reshape(-1, block)
     amax = b.abs().amax(1).float()
     ok = torch.isfinite(amax)
     return (b, amax) if bool(ok.all()) else (b[ok], amax[ok])
@@ -300,18 +303,18 @@ class _PrioritySample:
     of sum f_i over *every* block, for any f (here: its squared error at a
     candidate scale). Blocks with w_i > tau count with weight 1, i.e. exactly.
     All-zero blocks (w = 0) are never kept: their error is 0 at any scale.
-    Memory: n x 16 float32 plus O(n); it depends only on the seed and the order.
+    Memory: n x block float32 plus O(n); it depends only on the seed and the order.
     """
 
-    def __init__(self, n: int, seed: int):
+    def __init__(self, n: int, seed: int, block: int = 16):
         self.n = n
         self.gen = torch.Generator().manual_seed(seed)
-        self.rows = torch.zeros(0, 16)
+        self.rows = torch.zeros(0, block)
         self.pri = torch.zeros(0, dtype=torch.float64)
         self.tau = 0.0
 
     def add(self, rows: torch.Tensor, amax: torch.Tensor) -> None:
-        """rows [B, 16] blocks (any float dtype, signed), amax [B] their max |x|. Only the
+        """rows [B, block] blocks (any float dtype, signed), amax [B] their max |x|. Only the
         batch's n + 1 best candidates are gathered (as float32 |x|), so the cost is O(B)
         plus O(n) rows."""
         pri = (amax.double() ** 2) / (1.0 - torch.rand(amax.shape[0], generator=self.gen,
@@ -331,41 +334,9 @@ class _PrioritySample:
         self.pri, self.rows = pri, rows
 
     def sample(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(blocks [k, 16] float32, estimate weights [k] float64, each >= 1)."""
+        """(blocks [k, block] float32, estimate weights [k] float64, each >= 1)."""
         w = self.rows.amax(1).double() ** 2
         return self.rows, torch.clamp(w, min=self.tau) / w
-
-
-def _fp8_sse(v: torch.Tensor, w: torch.Tensor, cands: torch.Tensor) -> torch.Tensor:
-    """Squared error of per-tensor E4M3 with scale c/448. v, w [P]; cands [C] -> [C] float64."""
-    s = (cands / E4M3_MAX)[:, None]  # [C, 1]
-    q = cast_e4m3(v[None, :] / s).float() * s  # saturates: values above c become c
-    return (((v[None, :] - q) ** 2) * w[None, :]).double().sum(1)
-
-
-# E2M1 magnitudes and the midpoints between them. Rounding |v| to the nearest with
-# bucketize sends a tie down where encode_e2m1 (round-half-even) may send it up; both
-# neighbours are equally far, so the squared error, all this is used for, is the same.
-_E2M1_MAG = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
-_E2M1_MID = (_E2M1_MAG[1:] + _E2M1_MAG[:-1]) / 2
-
-
-def _nvfp4_sse(x: torch.Tensor, w: torch.Tensor, cands: torch.Tensor, chunk: int = 8) -> torch.Tensor:
-    """Weighted squared error of NVFP4 blocks x [k, 16] (|x|, float32) under global scale
-    g = 2688/c for each candidate c in cands [C]; w [k] estimate weights -> [C] float64.
-    Follows kernels/formats/nvfp4.py's reference step by step, `chunk` candidates at once."""
-    out = torch.zeros(cands.numel(), dtype=torch.float64)
-    if not x.numel():
-        return out
-    amax_b = x.amax(1)  # [k]
-    for i in range(0, cands.numel(), chunk):
-        g = (E4M3_MAX * E2M1_MAX / cands[i:i + chunk].float())[:, None]  # [c, 1]
-        s = cast_e4m3(amax_b[None] / E2M1_MAX * g).float()  # [c, k] block scales, saturating at 448
-        s = torch.where(s == 0, torch.ones_like(s), s)  # as the kernel: zero scale -> 1.0
-        eff = (s / g)[..., None]  # [c, k, 1] dequant multiplier per block
-        q = _E2M1_MAG[torch.bucketize(x[None] / eff, _E2M1_MID)] * eff  # > 6 saturates: clips
-        out[i:i + chunk] = (((x[None] - q) ** 2).sum(2).double() * w[None]).sum(1)
-    return out
 
 
 def make_observer(kind: str, **params) -> Observer:

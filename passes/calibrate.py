@@ -240,17 +240,17 @@ def _resolve_auto(ctx, cfg: CalibrateConfig, reporter) -> tuple[str, str]:
 
 
 def observer_params(cfg: CalibrateConfig, scheme: Scheme) -> dict:
-    """make_observer(cfg.observer, **params): the percentile, or the mse observer's format."""
+    """make_observer(cfg.observer, **params): the percentile, or the mse observer's error model."""
     acts = scheme.acts
-    fmt = acts.observer_format if acts is not None and acts.static else None
-    if cfg.observer != "max" and fmt is None:
+    clip = acts.clip if acts is not None and acts.static else None
+    if cfg.observer != "max" and clip is None:
         raise RecipeError(f"calibrate.observer {cfg.observer!r} has no effect with --format {scheme.name}: "
                           "it has no static activation scales",
                           hint="drop --observer, or use --format nvfp4 or fp8")
     if cfg.observer == "percentile":
         return {"p": cfg.percentile}
     if cfg.observer == "mse":
-        return {"fmt": fmt}
+        return {"model": clip}
     return {}
 
 

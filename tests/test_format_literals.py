@@ -26,19 +26,11 @@ FOLDERS = ("tfcompile", "passes", "kernels", "calibration")  # the distribution'
 OWNERS = ("kernels/formats/", "tfcompile/schemes.py")  # where format names may be compared
 NAMES = frozenset(SCHEMES) | frozenset(WEIGHT_FORMATS)
 
-KV = "the KV cache's dtype ('fp8_e4m3' | 'nvfp4': layout kv_dtype) or format name; move the comparisons " \
-     "onto tfcompile/schemes.py KVFormat, as calibrate, manifest and the configs ask it"
 ENGINE = "what an engine (vLLM/SGLang/TensorRT-LLM) does with one named scheme: engine quirks, not format facts"
 ALLOWED = {
-    "calibration/observers.py": "the mse observer's error model per target format ('fp8' | 'nvfp4'), "
-                                "ActQuantizer.observer_format; move it into the ActQuantizer",
     "kernels/cutlass/configs.py": "CUTLASS presets and the sm_90a refusal per scheme: kernel registration",
     "kernels/triton/fp4_gemm.py": "the interpreter fallback for NVFP4's dot_scaled on CPU: kernel registration",
     "tfcompile/artifact/engines.py": ENGINE,
-    "tfcompile/estimate/shapes.py": "a source checkpoint's Hugging Face quant_method 'fp8', not a tfcompile format",
-    "tfcompile/io/sources/__init__.py": "readers keyed by a source checkpoint's Hugging Face quant_method",
-    "tfcompile/layout/descriptor.py": KV,
-    "tfcompile/onnx_export/functions.py": "the OCP MX element names 'fp4' | 'fp8' of the MX ONNX functions",
 }
 
 

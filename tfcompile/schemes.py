@@ -11,7 +11,7 @@ presets (`NVFP4` is W4A4, `NVFP4A16` weight-only, ...) so users recognise them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tfcompile.errors import RecipeError
 
@@ -131,13 +131,28 @@ class KVFormat:
     # elements of head_dim per block scale, computed when a token is written (NVFP4: 16 E2M1
     # elements, two per byte, one E4M3 scale); 0: the calibrated scale alone (FP8)
     block: int = 0
+    # how the engine encodes a token as it writes it: the KV-cache descriptor's `KV_ENCODING_FIELD`
+    # section (tfcompile/layout/descriptor.py), (field, value) pairs; () when the scales say it all
+    encoding: tuple[tuple[str, Any], ...] = ()
 
 
 KV_FORMATS: dict[str, KVFormat] = {k.name: k for k in (
     KVFormat("fp8", "fp8_e4m3", "FP8", None, per_head=True),
-    KVFormat("nvfp4", "nvfp4", "NVFP4", "NVFP4", per_head=False, block=16),
+    KVFormat("nvfp4", "nvfp4", "NVFP4", "NVFP4", per_head=False, block=16, encoding=(
+        ("block", 16), ("block_scale", "e4m3, per 16 elements of head_dim, computed when a token is written"),
+        ("global_scale", "6 / k_scale (multiplier; amax / 2688 as a divisor)"),
+        ("element", "e2m1, two per byte, low nibble first"))),
 )}
 KV_BY_DTYPE: dict[str, KVFormat] = {k.dtype: k for k in KV_FORMATS.values()}  # by the engines' KV dtype
+# kv_cache.json's field for the encoding section (schema 1 named it after the one format that has
+# one; null for every other KV dtype)
+KV_ENCODING_FIELD = "nvfp4"
+
+
+def kv_encoding(dtype: str) -> dict | None:
+    """The KV-cache descriptor's encoding section for engine KV dtype `dtype` (None: none)."""
+    fmt = KV_BY_DTYPE.get(dtype)
+    return dict(fmt.encoding) if fmt is not None and fmt.encoding else None
 
 
 def kv_block(dtype: str) -> int:

@@ -35,15 +35,16 @@ RULES = ("floor", "ceil")
 DEFAULT_MX_RULE = "floor"       # MXFP4 (and quantize_mx_act(elem="fp4"))
 DEFAULT_MXFP8_RULE = "ceil"     # MXFP8 (and quantize_mx_act(elem="fp8"))
 
-# element format -> (emax_elem, max_elem / 2^emax_elem)
-_ELEM = {"fp4": (2, 1.5), "fp8": (8, 1.75)}
+# element format -> (emax_elem, max_elem / 2^emax_elem); the ONNX MX functions build from it too
+# (tfcompile/onnx_export/functions.py)
+MX_ELEMENTS = {"fp4": (2, 1.5), "fp8": (8, 1.75)}
 
 
 def mx_shared_exponent(amax: torch.Tensor, elem: str, rule: str) -> torch.Tensor:
     """Block max |x| (float32, finite, >= 0) -> unbiased int32 exponent in [-127, 127]."""
     if rule not in RULES:
         raise ValueError(f"MX rule must be one of {RULES}, got {rule!r}")
-    emax, top = _ELEM[elem]
+    emax, top = MX_ELEMENTS[elem]
     mant, exp = torch.frexp(amax.float())          # amax = mant * 2^exp, mant in [0.5, 1)
     fl = exp.to(torch.int32) - 1                   # floor(log2(amax)), exact
     e = fl - emax
@@ -94,7 +95,7 @@ def quantize_mx_act(x: torch.Tensor, elem: str = "fp4", *, rule: str | None = No
                     name: str | None = None, impl: str = "auto") -> QTensor:
     """Activation [..., K] -> dynamic MX QTensor (per 1x32 block); decode with `dequantize`.
     rule None: the element type's default (DEFAULT_MX_RULE / DEFAULT_MXFP8_RULE)."""
-    if elem not in _ELEM:
+    if elem not in MX_ELEMENTS:
         raise ValueError(f"elem must be 'fp4' or 'fp8', got {elem!r}")
     rule = rule or (DEFAULT_MX_RULE if elem == "fp4" else DEFAULT_MXFP8_RULE)
     return _quantize_mx(x, elem, rule, name, impl, 1)

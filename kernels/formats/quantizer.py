@@ -38,6 +38,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from .clip_error import BlockE2M1Clip, ClipModel, TensorE4M3Clip
 from .elements import E4M3_MAX, cast_e4m3, decode_e8m0, encode_e2m1, round_e2m1
 from .fp8 import dequantize_fp8_act, fp8_weight_scale, quantize_fp8, quantize_fp8_act, weight_amax
 from .mx import DEFAULT_MX_RULE, DEFAULT_MXFP8_RULE, quantize_mx_act, quantize_mxfp4, quantize_mxfp8
@@ -278,7 +279,7 @@ class ActQuantizer:
     kind: str
     static: bool  # a calibrated scale is stored in the artifact
     scale_name: str | None = None  # that tensor's suffix, e.g. "input_scale"
-    observer_format: str | None = None  # calibration's mse observer models this format's error
+    clip: ClipModel | None = None  # a static scale's clipping error, for calibration's mse observer
 
     def static_scale(self, amax: float, dtype: torch.dtype) -> torch.Tensor:
         """The stored static scale of a calibrated input amax (static kinds)."""
@@ -338,10 +339,10 @@ class FP8Acts(ActQuantizer):
 
 # Scheme.act -> its quantizer
 ACT_KINDS: dict[str, ActQuantizer] = {
-    "nvfp4": NVFP4Acts("nvfp4", True, "input_global_scale", "nvfp4"),
+    "nvfp4": NVFP4Acts("nvfp4", True, "input_global_scale", BlockE2M1Clip(16)),
     "mxfp4": MXActs("mxfp4", False, elem="fp4"),
     "mxfp8": MXActs("mxfp8", False, elem="fp8"),
-    "fp8-static": FP8Acts("fp8-static", True, "input_scale", "fp8", mode="static"),
+    "fp8-static": FP8Acts("fp8-static", True, "input_scale", TensorE4M3Clip(), mode="static"),
     "fp8-token": FP8Acts("fp8-token", False, mode="per_token"),
     "fp8-group128": FP8Acts("fp8-group128", False, mode="per_group"),
 }

@@ -24,6 +24,13 @@ from tfcompile.kernels.formats import (dequantize, dequantize_fp8_act, nvfp4_glo
                                        quantize_nvfp4_act)
 
 
+def model(fmt: str):
+    """The mse observer's error model of a scheme's static activation scale."""
+    from tfcompile.schemes import get_scheme
+
+    return get_scheme(fmt).acts.clip
+
+
 def feed(obs, x: torch.Tensor, batches: int = 8):
     for part in x.reshape(-1, x.shape[-1]).chunk(batches):
         obs.update(part)
@@ -113,7 +120,7 @@ def test_percentile_property(values, p, batches):
 
 
 def test_empty_all_zero_and_mostly_zero():
-    for kind, kw in [("percentile", {}), ("mse", {"fmt": "fp8"}), ("mse", {"fmt": "nvfp4"}), ("max", {})]:
+    for kind, kw in [("percentile", {}), ("mse", {"model": model("fp8")}), ("mse", {"model": model("nvfp4")}), ("max", {})]:
         obs = make_observer(kind, **kw)
         assert obs.amax() is None  # nothing seen
         obs.update(torch.zeros(4, 32))
@@ -134,7 +141,7 @@ def test_non_finite_elements_are_ignored():
     a.update(y)
     b.update(y[torch.isfinite(y)])  # the same values without the NaN / Inf
     assert a.amax() == b.amax() and math.isfinite(a.amax())
-    c = MSEObserver(fmt="nvfp4")
+    c = MSEObserver(model("nvfp4"))
     c.update(y)  # the blocks holding NaN / Inf are dropped
     assert math.isfinite(c.amax()) and c.amax() <= float(x.abs().max())
 
@@ -154,7 +161,7 @@ def test_histogram_state_stays_bounded():
 def test_mse_error_model_matches_measured_error(fmt):
     """The modelled error curve (histogram / block sample) vs reference quantizers on the data."""
     x = torch.distributions.StudentT(3.0).sample((512, 256))
-    obs = feed(MSEObserver(fmt=fmt), x)
+    obs = feed(MSEObserver(model(fmt)), x)
     cands, err = obs.errors()
     for i in (0, 30, 70, 99):
         assert float(err[i]) == pytest.approx(sse(fmt, x, float(cands[i])), rel=0.05)
@@ -166,7 +173,7 @@ def test_mse_on_rare_huge_outliers_beats_max_and_percentile(fmt):
     more than it gains, so mse stays near the max; percentile clips it and loses."""
     x = gaussian_with_outliers()
     m = float(x.abs().max())
-    mse = feed(MSEObserver(fmt=fmt), x).amax()
+    mse = feed(MSEObserver(model(fmt)), x).amax()
     pct = feed(PercentileObserver(), x).amax()
     assert 0.9 <= mse / m <= 1.0
     assert sse(fmt, x, mse) <= sse(fmt, x, m) * 1.01  # within the observer's 1% tolerance
@@ -177,7 +184,7 @@ def test_mse_on_rare_huge_outliers_beats_max_and_percentile(fmt):
 def test_mse_on_uniform_data_keeps_about_the_max(fmt):
     x = torch.rand(1024, 256) * 2 - 1
     m = float(x.abs().max())
-    amax = feed(MSEObserver(fmt=fmt), x).amax()
+    amax = feed(MSEObserver(model(fmt)), x).amax()
     assert 0.85 <= amax / m <= 1.0
     assert sse(fmt, x, amax) <= sse(fmt, x, m) * 1.01
 
@@ -188,26 +195,26 @@ def test_mse_clips_when_clipping_pays():
     x = torch.full((10_000,), 0.52)
     x[0] = 1.0
     x = x.reshape(-1, 16)
-    amax = feed(MSEObserver(fmt="fp8"), x).amax()
+    amax = feed(MSEObserver(model("fp8")), x).amax()
     assert amax < 0.99
     assert sse("fp8", x, amax) < 0.5 * sse("fp8", x, 1.0)
     # nvfp4, uniform blocks: block scales of blocks near the max round coarsely in E4M3
     # (384, 416, 448); a global scale ~0.93 x max rounds them better.
     u = torch.rand(2048, 256) * 2 - 1
-    a = feed(MSEObserver(fmt="nvfp4"), u).amax()
+    a = feed(MSEObserver(model("nvfp4")), u).amax()
     assert a < 0.98 and sse("nvfp4", u, a) < 0.97 * sse("nvfp4", u, float(u.abs().max()))
 
 
 def test_mse_is_deterministic_and_bounded():
     x = gaussian_with_outliers(seed=5)
-    a = feed(MSEObserver(fmt="nvfp4", sample_blocks=256), x)
-    b = feed(MSEObserver(fmt="nvfp4", sample_blocks=256), x)
+    a = feed(MSEObserver(model("nvfp4"), sample_blocks=256), x)
+    b = feed(MSEObserver(model("nvfp4"), sample_blocks=256), x)
     assert a.amax() == b.amax()
     rows, w = a.blocks.sample()
     assert rows.shape == (256, 16) and bool((w >= 1).all())
     # the outlier blocks are far above tau: kept, each counted exactly once
     assert (rows.amax(1) >= 50).sum() == 4 and bool((w[rows.amax(1) >= 50] == 1).all())
-    small = feed(MSEObserver(fmt="nvfp4", sample_blocks=10_000), x[:64])  # fewer blocks than n: exact
+    small = feed(MSEObserver(model("nvfp4"), sample_blocks=10_000), x[:64])  # fewer blocks than n: exact
     assert bool((small.blocks.sample()[1] == 1).all())
 
 
@@ -217,7 +224,7 @@ def test_mse_is_deterministic_and_bounded():
 def test_mse_property(values, fmt):
     n = len(values) // 16 * 16
     x = torch.tensor(values[:n], dtype=torch.float32).reshape(-1, 16)
-    obs = MSEObserver(fmt=fmt, ratios=20)
+    obs = MSEObserver(model(fmt), ratios=20)
     obs.update(x)
     m = float(x.abs().max())
     a = obs.amax()
@@ -230,8 +237,8 @@ def test_mse_property(values, fmt):
 def test_observer_param_errors():
     with pytest.raises(ValueError, match="percentile"):
         make_observer("percentile", p=0)
-    with pytest.raises(ValueError, match="fmt"):
-        make_observer("mse", fmt="mxfp4")
+    with pytest.raises(ValueError, match="clip error model"):
+        make_observer("mse", model="mxfp4")
     with pytest.raises(ValueError, match="unknown observer"):
         make_observer("kl")
 
@@ -263,11 +270,12 @@ def test_calibrate_config_errors(bad, match):
 
 
 def test_observer_params_follow_the_scheme():
+    from tfcompile.kernels.formats.clip_error import BlockE2M1Clip, TensorE4M3Clip
     from tfcompile.passes.calibrate import CalibrateConfig, observer_params
     from tfcompile.schemes import get_scheme
 
-    assert observer_params(CalibrateConfig(observer="mse"), get_scheme("nvfp4")) == {"fmt": "nvfp4"}
-    assert observer_params(CalibrateConfig(observer="mse"), get_scheme("fp8")) == {"fmt": "fp8"}
+    assert observer_params(CalibrateConfig(observer="mse"), get_scheme("nvfp4")) == {"model": BlockE2M1Clip(16)}
+    assert observer_params(CalibrateConfig(observer="mse"), get_scheme("fp8")) == {"model": TensorE4M3Clip()}
     assert observer_params(CalibrateConfig(observer="percentile", percentile=99.9),
                            get_scheme("fp8")) == {"p": 99.9}
     assert observer_params(CalibrateConfig(), get_scheme("mxfp4")) == {}

@@ -18,6 +18,7 @@ from pathlib import Path
 from tfcompile.checkpoint_check import build_meta_model
 from tfcompile.errors import CheckpointError
 from tfcompile.io.checkpoint import read_config_file
+from tfcompile.io.sources.fp8_block import QUANT_METHOD as FP8_QUANT_METHOD
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 _CODES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
@@ -80,7 +81,7 @@ def model_shape(path: Path) -> ModelShape:
                               "transformers", hint="plan --estimate builds the model from its transformers class")
     config = model.config
     code = _CODES.get(str(cfg.get("dtype") or cfg.get("torch_dtype") or "bfloat16"), "BF16")
-    fp8 = (cfg.get("quantization_config") or {}).get("quant_method") == "fp8"
+    fp8 = (cfg.get("quantization_config") or {}).get("quant_method") == FP8_QUANT_METHOD  # DeepSeek-V3's source
     tensors = tuple(Tensor(n, tuple(p.shape), "F8_E4M3" if fp8 and _is_weight(n, p) else code)
                     for n, p in model.state_dict().items())
     text = getattr(config, "text_config", None) or config

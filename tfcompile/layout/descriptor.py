@@ -27,7 +27,7 @@ from __future__ import annotations
 from tfcompile.layout.engines import rules_for
 from tfcompile.layout.plan import LayoutPlan, pattern
 from tfcompile.layout.variants import attention_layers
-from tfcompile.schemes import KV_BY_DTYPE
+from tfcompile.schemes import KV_BY_DTYPE, KV_ENCODING_FIELD, kv_encoding
 
 DESCRIPTOR = "tfcompile/kv_cache.json"
 SCHEMA = 1
@@ -55,9 +55,7 @@ def build_descriptor(lp: LayoutPlan, *, num_layers: int | None, kv_strategy: str
         "rope": s.rope,
         "dtype": s.kv_dtype,
         "scales": _scales(lp, kv_strategy, kv_modules),
-        "nvfp4": {"block": 16, "block_scale": "e4m3, per 16 elements of head_dim, computed when a token "
-                  "is written", "global_scale": "6 / k_scale (multiplier; amax / 2688 as a divisor)",
-                  "element": "e2m1, two per byte, low nibble first"} if s.kv_dtype == "nvfp4" else None,
+        KV_ENCODING_FIELD: kv_encoding(s.kv_dtype),  # the format's (NVFP4: block 16, E4M3 scales, E2M1)
         "warnings": list(lp.warnings),
     }
     summary, layers = attention_layers(config or {}, block=s.block_size, layout=s.kv_layout, kv_heads=per_shard,

@@ -20,6 +20,8 @@ import math
 import onnx
 from onnx import AttributeProto, TensorProto, helper
 
+from tfcompile.kernels.formats.mx import MX_ELEMENTS
+
 F32 = TensorProto.FLOAT
 TRT = "trt"
 TFC = "tfcompile"
@@ -99,7 +101,7 @@ def mx_dynamic_quantize(elem: str, rule: str, opset: int) -> onnx.FunctionProto:
     Shared exponent per block, exact (tfcompile.kernels.formats.mx_shared_exponent):
     floor: e = floor(log2 amax) - emax_elem; ceil (RCEIL): one more when amax > top * 2^floor;
     clamped to [-127, 127], 0 for an all-zero block; code = e + 127; x_q = elem(x / 2^e)."""
-    emax, top = {"fp4": (2, 1.5), "fp8": (8, 1.75)}[elem]
+    emax, top = MX_ELEMENTS[elem]  # the format's (kernels/formats/mx.py)
     b = _Body()
     _, amax = b.blocks_amax("x")
     pos = b("Greater", amax, b.f(0.0))

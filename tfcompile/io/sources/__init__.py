@@ -21,10 +21,11 @@ import os
 from tfcompile.errors import CheckpointError
 from tfcompile.io.checkpoint import Checkpoint, open_checkpoint
 from tfcompile.io.sources.compressed import open_compressed
-from tfcompile.io.sources.fp8_block import open_fp8_block
-from tfcompile.io.sources.mxfp4 import open_mxfp4
+from tfcompile.io.sources import fp8_block, mxfp4
 
-READERS = {"fp8": open_fp8_block, "mxfp4": open_mxfp4, "compressed-tensors": open_compressed}
+# by quant_method, each reader's own (Hugging Face's names, not tfcompile formats)
+READERS = {fp8_block.QUANT_METHOD: fp8_block.open_fp8_block, mxfp4.QUANT_METHOD: mxfp4.open_mxfp4,
+           "compressed-tensors": open_compressed}
 
 
 def open_source(path: str | os.PathLike) -> Checkpoint:

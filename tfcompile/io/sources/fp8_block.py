@@ -19,6 +19,7 @@ from tfcompile.io.sources.scales import FLOAT_CODES, cdiv, check_header, check_v
 from tfcompile.kernels.formats import dequantize, weight_quantizer
 
 SUFFIX = ".weight_scale_inv"
+QUANT_METHOD = "fp8"  # config.json quantization_config.quant_method of the checkpoints read here (HF's name)
 
 
 def _block(qc: dict) -> tuple:

@@ -22,6 +22,9 @@ from tfcompile.io.sources.base import DequantizedSource
 from tfcompile.kernels.formats import dequantize, weight_quantizer
 
 
+QUANT_METHOD = "mxfp4"  # config.json quantization_config.quant_method of GPT-OSS (HF's name)
+
+
 def open_mxfp4(ckpt, qc: dict) -> "Mxfp4Source":
     decoders, hidden = {}, set()
     for blocks in [n for n in ckpt.names() if n.endswith("_blocks")]:
