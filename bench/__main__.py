@@ -1,16 +1,19 @@
 """The bench suite's runner (issue 25 item 6).
 
     python -m bench list [GROUP]          every bench: group, name, what it measures, the docs it writes
-    python -m bench run NAME [ARGS...]    run one, as `python bench/NAME.py ARGS...` (its --help lists ARGS)
+    python -m bench run NAME [ARGS...]    run one, as `python bench/NAME.py ARGS...` (its --help lists ARGS),
+                                          a study as `python -m bench.studies.NAME ARGS...`
 
 Groups (`SUITE`): `performance` (speed and memory against a baseline in the same run),
 `accuracy` (KL, perplexity, acceptance on held-out text), `peers` (tfcompile beside
 llm-compressor, modelopt, auto-round, each in its own venv), `studies` (investigations whose
-conclusions are in docs/: rerun to check them, not part of a release's figures), `lib` (helpers
-and the peers' drivers: not run on their own). A bench runs as its own script, so the folder it
-lives in is the first entry of its sys.path and the benches import one another by name
-(`from common import ...`); tests/test_bench_suite.py checks that no bench's name is also an
-installed package's (it would shadow it), and that `SUITE` lists every script once.
+conclusions are in docs/: rerun to check them, not part of a release's figures; in bench/studies/,
+but for `STUDIES_BESIDE`), `lib` (helpers and the peers' drivers: not run on their own). A bench
+runs as its own script, so the folder it lives in is the first entry of its sys.path and the
+benches import one another by name (`from common import ...`); a study in bench/studies/ runs as a
+module of this package and imports the helpers as `bench.common`, `bench.heldout`.
+tests/test_bench_suite.py checks that no bench's name is also an installed package's (it would
+shadow it), that `SUITE` lists every script once, and that each study is where its group says.
 
 Run it from the repository root (`python -m bench` finds the package there). Standard library only.
 """
@@ -23,7 +26,11 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+STUDIES = HERE / "studies"
 GROUPS = ("performance", "accuracy", "peers", "studies", "lib")
+# studies that stay beside the benches: fp8_rounding imports peers.py (which imports its siblings by
+# name: a script's import); draft_probe is cited by the draft bench's section of docs/accuracy.md
+STUDIES_BESIDE = ("fp8_rounding", "draft_probe")
 # name -> (group, the docs file whose sections it rewrites with --write-docs, or "")
 SUITE: dict[str, tuple[str, str]] = {
     "formats": ("performance", "performance.md"),
@@ -70,13 +77,18 @@ SUITE: dict[str, tuple[str, str]] = {
 
 
 def scripts() -> list[str]:
-    """Every bench script beside this runner."""
-    return sorted(p.stem for p in HERE.glob("*.py") if not p.stem.startswith("__"))
+    """Every bench script beside this runner and in studies/."""
+    return sorted(p.stem for folder in (HERE, STUDIES) for p in folder.glob("*.py") if not p.stem.startswith("__"))
+
+
+def path(name: str) -> Path:
+    """Where bench `name` lives: bench/NAME.py, or bench/studies/NAME.py."""
+    return STUDIES / f"{name}.py" if (STUDIES / f"{name}.py").is_file() else HERE / f"{name}.py"
 
 
 def summary(name: str) -> str:
     """The first line of a script's docstring, read without importing it."""
-    doc = ast.get_docstring(ast.parse((HERE / f"{name}.py").read_text())) or ""
+    doc = ast.get_docstring(ast.parse(path(name).read_text())) or ""
     return doc.strip().splitlines()[0] if doc.strip() else ""
 
 
@@ -96,7 +108,9 @@ def run(name: str, args: list[str]) -> int:
         print(f"error: {name} is a helper, not a bench\nhint: `python -m bench list` names the benches",
               file=sys.stderr)
         return 2
-    return subprocess.run([sys.executable, str(HERE / f"{name}.py"), *args]).returncode
+    if path(name).parent == STUDIES:  # a module of this package (bench.common, bench.heldout)
+        return subprocess.run([sys.executable, "-m", f"bench.studies.{name}", *args], cwd=HERE.parent).returncode
+    return subprocess.run([sys.executable, str(path(name)), *args]).returncode
 
 
 def main(argv: list[str]) -> int:

@@ -10,7 +10,7 @@ own `--calib python-doc` tokens, so both tools calibrate on the same ids.
 
 --dump DIR (GPTQ): the inputs of each of llm-compressor's `quantize_weight` calls, one torch file per
 call (module names, normalized Hessians [B, K, K], observer block scales, global scales), for
-bench/acc_gptq_spread.py to solve them with tfcompile's GPTQ.
+bench/studies/acc_gptq_spread.py to solve them with tfcompile's GPTQ.
 """
 
 from __future__ import annotations

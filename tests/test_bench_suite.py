@@ -22,7 +22,8 @@ def _runner(*args: str) -> subprocess.CompletedProcess:
 
 
 def _suite() -> dict:
-    code = "import json, bench.__main__ as m; print(json.dumps({'suite': m.SUITE, 'scripts': m.scripts()}))"
+    code = ("import json, bench.__main__ as m; print(json.dumps({'suite': m.SUITE, 'scripts': m.scripts(), "
+            "'beside': m.STUDIES_BESIDE}))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
@@ -36,6 +37,18 @@ def test_every_script_is_listed_once_in_a_group():
     assert listed.returncode == 0 and len(listed.stdout.splitlines()) == len(doc["scripts"])
 
 
+def test_studies_live_in_studies():
+    """A study is in bench/studies/ (but for the few listed beside the benches, with their reason)
+    and only a study is; the runner runs one as a module of the package, its helpers imported."""
+    doc = _suite()
+    studies = {n for n, (g, _) in doc["suite"].items() if g == "studies"}
+    inside = {p.stem for p in (BENCH / "studies").glob("*.py") if not p.stem.startswith("__")}
+    assert inside and inside == studies - set(doc["beside"]) and set(doc["beside"]) <= studies
+    assert all((BENCH / f"{n}.py").is_file() for n in doc["beside"])
+    ok = _runner("run", "acc_rotation", "--help")  # imports bench.common and bench.heldout
+    assert ok.returncode == 0 and "usage:" in ok.stdout and "--write-docs" in ok.stdout, ok.stderr
+
+
 def test_the_runner_runs_a_bench_and_refuses_what_is_not_one():
     ok = _runner("run", "formats", "--help")
     assert ok.returncode == 0 and "usage: formats.py" in ok.stdout
@@ -46,7 +59,7 @@ def test_the_runner_runs_a_bench_and_refuses_what_is_not_one():
 
 def test_no_bench_moves_sys_path():
     bad = []
-    for path in sorted(BENCH.glob("*.py")):
+    for path in sorted(BENCH.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             target = node.func.value if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
                 else node.targets[0] if isinstance(node, ast.Assign) else None

@@ -12,7 +12,7 @@ offsets only (the default), --iters signed-gradient steps, one torch thread as t
 The two are interleaved in one process, --runs each; prints one JSON line with the medians, the
 machine line and the load average at the start.
 
-    python bench/signround_step.py [--layer 3] [--iters 16] [--batches 16] [--runs 3]
+    python -m bench run signround_step [--layer 3] [--iters 16] [--batches 16] [--runs 3]
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import os
 import statistics
 import time
 
-from common import machine_line  # noqa: E402
+from bench.common import machine_line  # noqa: E402
 
 
 def _block_inputs(model, layer_index: int, ids):

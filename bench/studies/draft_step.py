@@ -7,7 +7,7 @@ alone. Times, on one batch of --batch x --seq-len tokens, medians of --runs:
   target_s  the target forward a step used to run (fused hidden states + draft-vocabulary log-probs)
   step_s    a cached step: the draft's chain forward (--ttt-steps), its KL loss and backward
 
-    python bench/draft_step.py [--batch 4] [--seq-len 128] [--draft-vocab 8192] [--runs 3] [--threads N]
+    python -m bench run draft_step [--batch 4] [--seq-len 128] [--draft-vocab 8192] [--runs 3] [--threads N]
 
 prints one JSON line (with the machine line and the load average at the start).
 """
@@ -21,7 +21,7 @@ import statistics
 import time
 from pathlib import Path
 
-from common import machine_line  # noqa: E402
+from bench.common import machine_line  # noqa: E402
 
 
 def main() -> None:

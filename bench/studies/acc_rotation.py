@@ -19,7 +19,7 @@ rounding to bf16 alone costs KL ~0.001 on this model):
 - per projection, the output SQNR of the quantized weight on the held-out activations, on the
   first token of each row and on the others, unrotated and fully rotated (median over layers).
 
-    python bench/acc_rotation.py [--max-tokens 2048] [--write-docs]
+    python -m bench run acc_rotation [--max-tokens 2048] [--write-docs]
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-from common import replace_doc_section  # noqa: E402
-from heldout import ACCURACY_DOC, HeldOut, Results  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
+from bench.common import replace_doc_section  # noqa: E402
+from bench.heldout import ACCURACY_DOC, HeldOut, Results  # noqa: E402
 
 from tfcompile.kernels.formats import dequantize  # noqa: E402
 from tfcompile.kernels.formats.nvfp4 import nvfp4_global_scale, quantize_nvfp4, quantize_nvfp4_act  # noqa: E402
@@ -173,7 +173,7 @@ def _pick(m: dict) -> dict:
 
 
 def body(res: dict) -> str:
-    lines = [f"Command: `python bench/acc_rotation.py --max-tokens {res['tokens']} --write-docs` (in process: "
+    lines = [f"Command: `python -m bench run acc_rotation --max-tokens {res['tokens']} --write-docs` (in process: "
              f"tfcompile's fold and NVFP4 quantizer, RTN, one global scale per fusion group; the first "
              f"{res['tokens']} held-out tokens, float32 candidates against the bf16 reference; W4A4 activation "
              f"global scales from 4 x 256 calib-split tokens). The rotated model with nothing quantized: KL "

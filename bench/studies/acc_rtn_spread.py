@@ -9,7 +9,7 @@ rounded to bf16, and nudged by 1 + 2^-10, 1 - 2^-10 and 1 + 2^-8, and scores eac
 only, bf16) on the held-out tokens with bench/heldout.py. The spread is the noise floor of any
 RTN-to-RTN comparison (bench/peers.py); the last line prints it as (max - min) / bf16 perplexity.
 
-    python bench/acc_rtn_spread.py [--max-tokens 8192] [--model demo-gemma]
+    python -m bench run acc_rtn_spread [--max-tokens 8192] [--model demo-gemma]
 
 Results: $TFCOMPILE_CACHE/bench/smollm2-rtn-spread.json (other models: <model>-rtn-spread-<tokens>.json).
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from heldout import HeldOut, Results, bench_parser  # noqa: E402
+from bench.heldout import HeldOut, Results, bench_parser  # noqa: E402
 
 STORE = Results("smollm2-rtn-spread")
 FUSED = {"q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv", "gate_proj": "gate_up", "up_proj": "gate_up"}
@@ -60,7 +60,7 @@ def model_path(name: str) -> Path:
 
     if name == "smollm2":
         return smollm2_checkpoint()
-    p = Path(__file__).resolve().parents[1] / "examples" / name
+    p = Path(__file__).resolve().parents[2] / "examples" / name
     return p if p.is_dir() else Path(name)
 
 

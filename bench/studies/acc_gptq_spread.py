@@ -26,7 +26,7 @@ weights-only in bf16 on the held-out tokens (bench/heldout.py). Variants:
   scores the artifact (W4A4 inputs emulated). Seed 0 is bench/acc_smollm2.py's `gptq` and
   `gptq-prop` rows.
 
-    python bench/acc_gptq_spread.py [--max-tokens 8192] [--llmc-dump DIR] [--pipeline] [--only LABEL ...]
+    python -m bench run acc_gptq_spread [--max-tokens 8192] [--llmc-dump DIR] [--pipeline] [--only LABEL ...]
 
 Results: $TFCOMPILE_CACHE/bench/smollm2-gptq-spread.json (`--table` prints them).
 """
@@ -39,9 +39,9 @@ from pathlib import Path
 
 import torch
 
-from acc_rtn_spread import groups  # noqa: E402
-from common import replace_doc_section  # noqa: E402
-from heldout import ACCURACY_DOC, CALIB_SAMPLES, CALIB_SEQ, HeldOut, Results, bench_parser  # noqa: E402
+from bench.studies.acc_rtn_spread import groups  # noqa: E402
+from bench.common import replace_doc_section  # noqa: E402
+from bench.heldout import ACCURACY_DOC, CALIB_SAMPLES, CALIB_SEQ, HeldOut, Results, bench_parser  # noqa: E402
 
 STORE = Results("smollm2-gptq-spread")
 NUDGES = {"g": 1.0, "g*(1+2^-10)": 1 + 2 ** -10, "g*(1-2^-10)": 1 - 2 ** -10, "g*(1+2^-8)": 1 + 2 ** -8}
@@ -219,7 +219,7 @@ def summary(results: dict) -> str:
 
 
 def body(results: dict, max_tokens: int) -> str:
-    return (f"Command: `python bench/acc_gptq_spread.py --max-tokens {max_tokens} --llmc-dump DIR --pipeline "
+    return (f"Command: `python -m bench run acc_gptq_spread --max-tokens {max_tokens} --llmc-dump DIR --pipeline "
             "--write-docs` (module docstring; DIR from `bench/peers_llmc.py MODEL OUT --scheme NVFP4A16 "
             "--method gptq --tokens IDS --dump DIR` in llm-compressor's venv, IDS the ids bench/peers.py "
             "writes). nvfp4a16, every decoder Linear, 16 x 512 python-doc calibration tokens (seed 0 unless "
