@@ -38,7 +38,6 @@ from pathlib import Path
 
 from tfcompile.artifact.engines import check_engines, engine_record, plan_view
 from tfcompile.dist.partition import hessian_owners, shard_owner
-from tfcompile.errors import RecipeError
 from tfcompile.io.writer import TensorSpec, plan_shards
 from tfcompile.ir import ALGORITHMS, LAYER_SOLVERS, CalibStats, ModelInfo, SolveCost
 from tfcompile.pipeline.context import Context
@@ -49,44 +48,8 @@ from tfcompile.reporter import NullReporter
 from tfcompile.families.experts import is_expert_group
 from tfcompile.estimate.distill import distill_estimate
 from tfcompile.estimate.shapes import ModelShape, model_shape
-from tfcompile.estimate.throughputs import ACCELERATORS, ASSUMED, NODES, this_machine
-
-GB = 1e9
-MAX_PER_NODE, MAX_RANKS = 1024, 1 << 16  # the estimate's per-rank tables stay small
-
-
-@dataclass(frozen=True)
-class Cluster:
-    kind: str  # "cpu" or an ACCELERATORS key
-    per_node: int  # ranks (GPUs) per node
-    nodes: int
-
-    @property
-    def ranks(self) -> int:
-        return self.per_node * self.nodes
-
-    @property
-    def gpu(self):
-        return ACCELERATORS.get(self.kind)
-
-
-def parse_devices(spec: str, nodes: int) -> Cluster:
-    """'8xH200', 'H100', 'cpu', '2xcpu' (processes on this machine) -> Cluster."""
-    m = re.fullmatch(r"(?:(\d+)x)?(\w+)", spec.strip())
-    kind = m.group(2).upper() if m else ""
-    kind = "cpu" if kind == "CPU" else kind
-    if not m or (kind != "cpu" and kind not in ACCELERATORS) or nodes < 1:
-        raise RecipeError(f"--devices {spec!r} / --nodes {nodes} is not understood",
-                          hint="e.g. --devices 8xH200 --nodes 4 (devices: " + ", ".join(ACCELERATORS) +
-                               ", or NxCPU: processes on this machine)")
-    digits = m.group(1) or "1"
-    per_node = int(digits) if len(digits) <= 18 else MAX_RANKS + 1  # no 10^5-digit int() from an option
-    if not 1 <= per_node <= MAX_PER_NODE or nodes > MAX_RANKS or per_node * nodes > MAX_RANKS:
-        raise RecipeError(f"--devices {spec!r} / --nodes {nodes}: {per_node} per node x {nodes} node(s) is outside "
-                          f"1 to {MAX_PER_NODE} per node and {MAX_RANKS} ranks in all",
-                          hint="e.g. --devices 8xH200 --nodes 4")
-    return Cluster(kind, per_node, nodes)
-
+from tfcompile.estimate.cluster import GB, Cluster, fits, node_figures, parse_devices
+from tfcompile.estimate.throughputs import ASSUMED, this_machine
 
 @dataclass(frozen=True)
 class Solves:
@@ -121,10 +84,10 @@ def estimate(model: Path, recipe, devices: str = "cpu", nodes: int = 1) -> dict:
     passes["pack"] = _pack(shape, out_specs, shard_mb, cluster, solves, {} if propagate else hess, owners)
     trains = recipe_intent(recipe, TrainsOnTheSource)
     if trains is not None and trains.settings is not None:  # memory per rank, DDP vs FSDP2 (estimate/distill.py)
-        capacity = cluster.gpu.memory_gb if cluster.gpu else _node(cluster)["ram_gb"] / cluster.per_node
+        capacity = cluster.gpu.memory_gb if cluster.gpu else node_figures(cluster)["ram_gb"] / cluster.per_node
         passes[trains.by] = distill_estimate(shape, plan, trains.settings, cluster.ranks, capacity,
                                              cluster.gpu is not None)
-    node = _node(cluster)
+    node = node_figures(cluster)
     doc = {
         "model": {"path": str(model), "architecture": (shape.config.get("architectures") or ["?"])[0],
                   "params": shape.params, "layers": len(shape.layers), "source_gb": round(shape.source_bytes / GB, 3),
@@ -171,7 +134,7 @@ def _memory(passes: dict, cluster: Cluster, node: dict) -> dict:
     mem_dev = max((p.get("device_gb", 0.0) for p in passes.values()), default=0.0)
     return {"host_gb_per_rank": round(mem_host, 3), "device_gb_per_rank": round(mem_dev, 3),
             "host_gb_per_node": round(mem_host * cluster.per_node, 3),
-            "fits": _fits(cluster, node, mem_host, mem_dev)}
+            "fits": fits(cluster, node, mem_host, mem_dev)}
 
 
 def _engines(plan, checks: EngineChecks, kv_cache: str | None) -> dict:
@@ -179,23 +142,6 @@ def _engines(plan, checks: EngineChecks, kv_cache: str | None) -> dict:
     (tfcompile/artifact/engines.py: the rules quantize and `verify --engine` apply)."""
     problems = check_engines(plan_view(plan, kv_cache), checks.engines, target=checks.target, tp=checks.tp)
     return {"tp": checks.tp, "target": checks.target, **engine_record(problems, checks.engines)}
-
-
-def _node(cluster: Cluster) -> dict:
-    if cluster.kind == "cpu":
-        m = this_machine()
-        return {"cores": m["cpu_cores"], "ram_gb": m["ram_gb"], "read": m["read_gbps"], "write": m["write_gbps"],
-                "net": m["gloo_gbps"]}
-    n = NODES[cluster.kind]
-    return {"cores": n.cpu_cores, "ram_gb": n.ram_gb, "read": n.disk_read_gbps, "write": n.disk_write_gbps,
-            "net": n.network_gbps}
-
-
-def _fits(cluster, node, host, dev) -> dict:
-    out = {"host": host * cluster.per_node <= node["ram_gb"]}
-    if cluster.gpu:
-        out["device"] = dev <= cluster.gpu.memory_gb
-    return out
 
 
 def _program(shape: ModelShape, recipe):
@@ -271,7 +217,7 @@ def _calibrate(shape: ModelShape, cfg: CalibrationRun, cl: Cluster, hess: dict, 
     rank's solves: ranks wait for each other at every layer), its quantized weights shared (bf16,
     over the link) and run a second time (the forward alone). `rerun` (an algorithm without a
     solve cost, propagating): each layer run a second time, its rounding on every rank (not counted)."""
-    node, gpu = _node(cl), cl.gpu
+    node, gpu = node_figures(cl), cl.gpu
     batches = -(-cfg.samples // cfg.batch)
     rounds = -(-batches // cl.ranks)
     tokens_rank = rounds * cfg.batch * cfg.seq_len  # the busiest rank's tokens
@@ -345,7 +291,7 @@ def _calibrate(shape: ModelShape, cfg: CalibrationRun, cl: Cluster, hess: dict, 
 
 def _pack(shape: ModelShape, specs, shard_mb: float, cl: Cluster, solves: Solves | None, hess: dict,
           owners: dict) -> dict:
-    node = _node(cl)
+    node = node_figures(cl)
     shards = plan_shards([TensorSpec(s.name, s.dtype, tuple(s.shape)) for s in specs], int(shard_mb * 2 ** 20))
     out_share = max(sum(p.nbytes for i, p in enumerate(shards) if shard_owner(i, cl.ranks) == r)
                     for r in range(cl.ranks))
