@@ -29,15 +29,18 @@ def eval_artifact(tiny_llama_src, tmp_path_factory):
 
     root, cache = tmp_path_factory.mktemp("eval-artifacts"), {}
 
-    def get(fmt: str):
-        if fmt not in cache:
-            out, err = root / fmt, io.StringIO()
+    def get(fmt: str, *sets: str):
+        """`sets`: extra `pass.field=value` settings (each its own artifact)."""
+        key = (fmt, *sets)
+        if key not in cache:
+            out, err = root / "-".join(key).replace("=", "_"), io.StringIO()
             # static activation scales: a short calibration is enough here
             extra = ["--set", "calibrate.samples=4", "--set", "calibrate.seq_len=32"] if fmt in ("nvfp4", "fp8") else []
+            extra += [a for s in sets for a in ("--set", s)]
             with contextlib.redirect_stderr(err):
                 code = main(["quantize", str(tiny_llama_src), "-o", str(out), "--format", fmt, "-q", *extra])
             assert code == 0, err.getvalue()[-3000:]
-            cache[fmt] = out
-        return cache[fmt]
+            cache[key] = out
+        return cache[key]
 
     return get
