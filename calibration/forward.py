@@ -103,14 +103,6 @@ def final_norm(model) -> torch.nn.Module:
     return model.get_decoder().norm
 
 
-def final_states(model, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(ids [B, T], last decoder layer's output [B, T, H]) -> (ids, the final norm's output), on the
-    states' device (the layer loop binds what precedes and follows the layers on the CPU)."""
-    norm = final_norm(model)
-    dev = next(norm.parameters()).device
-    return [(i, norm(h.to(dev)).to(h.device)) for i, h in batches]
-
-
 def observe_input_amax(model_dir: Path, modules: set[str], *, data: str, samples: int, seq_len: int,
                        seed: int, dtype: torch.dtype, kv: bool = False, observer: str = "max",
                        observer_params: dict | None = None,
@@ -137,9 +129,9 @@ def observe_input_amax(model_dir: Path, modules: set[str], *, data: str, samples
     rec.begin(ids)  # every rank sees every token id (a statistic may run the model on some at the end)
     n_rounds = rounds(len(ids), world.size)
     progress.task(f"calibrate {len(ids)} sequences (whole model)", n_rounds)
-    finals: list[tuple[torch.Tensor, torch.Tensor]] = []  # (ids [1, T], final normed states [1, T, H])
-    keep = None if on_final is None else final_norm(model).register_forward_hook(
-        lambda mod, args, out: finals.append((ids[len(finals) * world.size + world.rank][None], out)))
+    finals: list[tuple[torch.Tensor, torch.Tensor]] = []  # (ids [1, T], the final norm's input [1, T, H])
+    keep = None if on_final is None else final_norm(model).register_forward_pre_hook(
+        lambda mod, args: finals.append((ids[len(finals) * world.size + world.rank][None], args[0])))
     try:
         with torch.inference_mode():
             for r in range(n_rounds):  # round r: sequences r*N .. r*N+N-1

@@ -44,7 +44,7 @@ from torch import nn
 from tfcompile.calibration.binding import (  # noqa: F401 - Unsupported: raised here, caught by passes/calibrate.py
     Unsupported, bind, fixed_mmap_threshold, skeleton, unbind)
 from tfcompile.calibration.datasets import tokens_sha256
-from tfcompile.calibration.forward import Silent, calibration_ids, final_states, resolve_data
+from tfcompile.calibration.forward import Silent, calibration_ids, resolve_data
 from tfcompile.calibration.propagate import LayerPropagation, LayerSolver
 from tfcompile.calibration.recorders import Recorders
 from tfcompile.calibration.statistics import SOLVED, STATISTICS, HeldTensors, held
@@ -85,7 +85,7 @@ def observe_sequential(model_dir: Path, ckpt, modules: set[str], *, data: str, s
     solver with `needs_block` (learned rounding) is also handed the layer, its quantized-stream
     inputs and the original model's outputs of the layer (`Block`), which the loop keeps.
     `on_final(model, batches, n_rounds, source)`: called after the last layer with this rank's
-    (ids [B, T], the final normed hidden states [B, T, H]) per batch (`final_states`), e.g. to
+    (ids [B, T], the last layer's output [B, T, H], the final norm's input) per batch, e.g. to
     calibrate the MTP layers on them (tfcompile/draft/mtp_calibrate.py)."""
     whole = sorted(n for n in statistics or {} if STATISTICS[n].whole_model)
     if whole:
@@ -156,8 +156,8 @@ def observe_sequential(model_dir: Path, ckpt, modules: set[str], *, data: str, s
                 if on_layer:
                     on_layer(i, len(layers), time.perf_counter() - t0)
             if on_final is not None:
-                on_final(model, final_states(model, [(ids[s: s + batch], h) for s, (h, _) in zip(my_starts, inputs)]),
-                         n_rounds, f"{data}(seed={seed})")
+                on_final(model, [(ids[s: s + batch], h) for s, (h, _) in zip(my_starts, inputs)], n_rounds,
+                         f"{data}(seed={seed})")
     except BaseException:  # Ctrl-C, SIGTERM, a failed layer: no spill outlives the run
         spill.cleanup()
         raise

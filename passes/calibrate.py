@@ -304,8 +304,7 @@ def _mtp_calibration(ctx, modules: set[str], common: dict):
     kwargs = {k: common[k] for k in ("observer", "observer_params", "groups", "all_experts", "moe_min_tokens",
                                      "world", "owner") if k in common}
     kwargs["statistics"] = {n: o for n, o in common["statistics"].items() if not STATISTICS[n].whole_model}
-    return MTPCalibration(Path(ctx.source.path), ctx.source, mine, common["dtype"], common["device"],
-                          compute_dtype=common["dtype"], **kwargs)
+    return MTPCalibration(Path(ctx.source.path), ctx.source, mine, common["dtype"], common["device"], **kwargs)
 
 
 def _layer_solver(ctx) -> LayerSolverSpec | None:

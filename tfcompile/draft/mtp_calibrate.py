@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from tfcompile.calibration.binding import bind, params_on_meta, tied_groups
+from tfcompile.calibration.forward import final_norm
 from tfcompile.calibration.recorders import Recorders
 from tfcompile.dist import LOCAL
 from tfcompile.draft.mtp import QWEN3_5, MTPLayer
@@ -87,8 +88,9 @@ class MTPCalibration:
 
     def __call__(self, model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]], n_rounds: int,
                  source: str) -> None:
-        """batches: this rank's (ids [B, T], the target's final normed hidden states [B, T, H]),
-        in round order; n_rounds: rounds every rank runs (collectives under torchrun)."""
+        """batches: this rank's (ids [B, T], the input of the target's final norm [B, T, H]), in round
+        order, normed here one batch at a time; n_rounds: rounds every rank runs (collectives under
+        torchrun)."""
         n, layout, prefix = mtp_layout(self.model_dir, self.ckpt.config)
         with params_on_meta():
             layer = MTPLayer(model, n, layout)
@@ -104,17 +106,19 @@ class MTPCalibration:
         layer.embed_tokens.weight = nn.Parameter(emb.to(self.device, self.dtype), requires_grad=False)
         for mod in layer.modules():  # buffers (the rotary tables) beside the bound parameters
             mod._buffers.update({k: b.to(self.device) for k, b in mod._buffers.items() if b is not None})
-        kwargs = dict(self.kwargs)
+        kwargs = dict(self.kwargs, compute_dtype=self.dtype)
         groups = {m: k for m, k in (kwargs.pop("groups", None) or {}).items() if m in self.modules}
         # the loop's Recorders used the same collective tags in this run: a namespace of our own
         kwargs["world"] = kwargs.get("world", LOCAL).scoped("mtp")
         rec = Recorders(named, self.modules, groups=groups, **kwargs)
-        tokens = 0
+        norm = final_norm(model)
+        norm_device, tokens = next(norm.parameters()).device, 0
         try:
             with torch.inference_mode():
                 for r in range(n_rounds):
                     if r < len(batches):
                         ids, hidden = batches[r]
+                        hidden = norm(hidden.to(norm_device))  # what vLLM hands the MTP layer
                         tokens += self._run(layer, ids.to(self.device), hidden.to(self.device))
                     rec.flush()
         finally:
