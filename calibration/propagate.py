@@ -48,6 +48,7 @@ from tfcompile.dist import LOCAL
 from tfcompile.dist.collect import share_tensors
 from tfcompile.calibration.recorders import Recorders
 from tfcompile.families.names import NameMap, RenamedView
+from tfcompile.calibration.layer_resume import LayerCheckpoints
 from tfcompile.ir import QuantTarget
 
 
@@ -66,6 +67,8 @@ class LayerSolver(Protocol):
 
     # optional: input_quantizers(amax: module -> observed input amax) -> {module: x -> fake-quantized x},
     # for the modules whose inputs the artifact quantizes (static kinds: only those with an amax)
+    # optional: record(i) -> JSON-able dict of what the solver noted about layer i (kept with its answer
+    # under calibrate.resume_dir) and restore(i, record), its inverse on resume
 
 
 @dataclass
@@ -105,11 +108,13 @@ class LayerPropagation:
     """The per-layer solve and rebinding of the layer loop (module docstring)."""
 
     def __init__(self, solver: LayerSolver, model: torch.nn.Module, ckpt, path: str, dtype: torch.dtype, *,
-                 world=LOCAL, owner: Mapping[str, int] | None = None, moe_min_tokens: int = 0):
+                 world=LOCAL, owner: Mapping[str, int] | None = None, moe_min_tokens: int = 0,
+                 resume: LayerCheckpoints | None = None):
         unsupported = sorted(m for m, t in solver.targets.items() if t.parts)
         if unsupported:  # gathered rows of an engine view have no one source tensor to replace
             raise ValueError(f"calibrate.propagate cannot rebind layout-view Linears, e.g. {unsupported[0]}")
         self.solver, self.dtype, self.world, self.min_tokens = solver, dtype, world, moe_min_tokens
+        self.resume = resume  # calibrate.resume_dir: layers solved by an earlier, interrupted run
         self.owner = dict(owner or {})
         self.view = Overrides(ckpt)
         self.checkpoint = RenamedView(self.view, model)  # what the layer is rebound from
@@ -150,8 +155,17 @@ class LayerPropagation:
         modules = {m for m, layer in self.layer_of.items() if layer == i}
         rank = self.world.rank
         owned = lambda key: self.owner.get(key, rank) == rank  # noqa: E731
-        codes, weights = (self.solver(modules, statistics, owned) if block is None
-                          else self.solver(modules, statistics, owned, block=block))
+        saved = self.resume.load(i) if self.resume is not None else None
+        if saved is not None:  # solved before the run was interrupted: the same answer, not solved again
+            codes, weights, record = saved
+            if hasattr(self.solver, "restore"):
+                self.solver.restore(i, record)
+        else:
+            codes, weights = (self.solver(modules, statistics, owned) if block is None
+                              else self.solver(modules, statistics, owned, block=block))
+            if self.resume is not None:
+                record = self.solver.record(i) if hasattr(self.solver, "record") else {}
+                self.resume.save(i, codes, weights, record)
         self.solved += sorted(codes)
         weights = share_tensors(self.world, weights, f"propagate/{i}")
         self.view.tensors = rebuilt(weights, self.solver.targets, self.view, self.dtype)

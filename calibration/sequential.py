@@ -45,6 +45,7 @@ from tfcompile.calibration.binding import (  # noqa: F401 - Unsupported: raised 
     Unsupported, bind, fixed_mmap_threshold, skeleton, unbind)
 from tfcompile.calibration.datasets import tokens_sha256
 from tfcompile.calibration.forward import Silent, calibration_ids, resolve_data
+from tfcompile.calibration.layer_resume import LayerCheckpoints
 from tfcompile.calibration.propagate import LayerPropagation, LayerSolver
 from tfcompile.calibration.recorders import Recorders
 from tfcompile.calibration.statistics import SOLVED, STATISTICS, HeldTensors, held
@@ -69,7 +70,8 @@ def observe_sequential(model_dir: Path, ckpt, modules: set[str], *, data: str, s
                        batch: int = 4, on_layer=None, all_experts: bool = False,
                        moe_min_tokens: int = 16, world=LOCAL, device: torch.device | str = "cpu",
                        owner: Mapping[str, int] | None = None, progress=None,
-                       solver: LayerSolver | None = None, on_final=None) -> CalibStats:
+                       solver: LayerSolver | None = None, on_final=None,
+                       resume: LayerCheckpoints | None = None) -> CalibStats:
     """Same statistics as `forward.observe_input_amax`, computed one decoder layer at a time.
 
     `ckpt` is the open `Checkpoint`; `on_layer(i, n, seconds)` reports each layer's time and
@@ -86,7 +88,9 @@ def observe_sequential(model_dir: Path, ckpt, modules: set[str], *, data: str, s
     inputs and the original model's outputs of the layer (`Block`), which the loop keeps.
     `on_final(model, batches, n_rounds, source)`: called after the last layer with this rank's
     (ids [B, T], the last layer's output [B, T, H], the final norm's input) per batch, e.g. to
-    calibrate the MTP layers on them (tfcompile/draft/mtp_calibrate.py)."""
+    calibrate the MTP layers on them (tfcompile/draft/mtp_calibrate.py).
+    `resume`: the solver's answers of an interrupted run's layers are read back, not solved again,
+    and each new one is saved (calibration/layer_resume.py)."""
     whole = sorted(n for n in statistics or {} if STATISTICS[n].whole_model)
     if whole:
         raise Unsupported(f"statistic {whole[0]} needs the whole model")
@@ -96,7 +100,7 @@ def observe_sequential(model_dir: Path, ckpt, modules: set[str], *, data: str, s
     data, tokenizer = resolve_data(model_dir, model, data, samples, seq_len)  # auto, self -> the real source
     path, layers = find_layers(model)
     propagation = None if solver is None else LayerPropagation(
-        solver, model, ckpt, path, dtype, world=world, owner=owner, moe_min_tokens=moe_min_tokens)
+        solver, model, ckpt, path, dtype, world=world, owner=owner, moe_min_tokens=moe_min_tokens, resume=resume)
     ckpt = RenamedView(ckpt, model)  # the checkpoint under the model's names (Qwen2.5-VL: language_model.)
     _check_layers(model, ckpt, path)
     progress = progress or Silent()

@@ -16,6 +16,7 @@ from tfcompile.dist.partition import hessian_owners
 from tfcompile.families.mtp import is_mtp, mtp_prefixes
 from tfcompile.families.names import per_decoder_layer
 from tfcompile.errors import RecipeError
+from tfcompile.io.resume import source_identity
 from tfcompile.ir import LAYER_SOLVERS, CalibStats, LayerSolverSpec, torch_dtype
 from tfcompile.machine import COMPUTE_DTYPES, compute_dtype
 from tfcompile.pipeline.intents import CalibrationRun, KVCacheScales, LayerSolve, RunsTheModel
@@ -80,6 +81,10 @@ class CalibrateConfig:
     # --calib-strict: `auto` fails instead of falling back from python-doc (release pipelines: the same
     # command must not give other weights on a runner that lacks the text); not recorded (no effect on bytes)
     strict: bool = field(default=False, metadata={"runtime": True})
+    # --resume-dir: the layer solver's answer for each decoder layer is kept there, so a killed run
+    # (learned rounding; GPTQ with propagate) resumes at the first unsolved layer and writes the same
+    # bytes (calibration/layer_resume.py); "" keeps nothing. Not recorded (no effect on bytes)
+    resume_dir: str = field(default="", metadata={"runtime": True})
 
     def __post_init__(self) -> None:  # checked when the recipe is built, before anything runs
         check_device(self.device, "calibrate.device")
@@ -277,9 +282,10 @@ def _observe(ctx, cfg: CalibrateConfig, modules: set[str], reporter, common: dic
 
         try:
             solver = _solver(ctx, cfg)
+            resume = _resume(ctx, cfg) if solver is not None else None
             stats = observe_sequential(Path(ctx.source.path), ctx.source, modules, batch=cfg.batch,
-                                       on_layer=on_layer, solver=solver, **common)
-            extra = {}
+                                       on_layer=on_layer, solver=solver, resume=resume, **common)
+            extra = {} if resume is None else {"resumed_layers": len(resume.resumed)}
             if getattr(solver, "losses", None):  # learned rounding: block output MSE per layer, start and kept
                 extra["signround_block_loss"] = {k: [round(v["loss_start"], 8), round(v["loss"], 8)]
                                                  for k, v in solver.losses.items()}
@@ -330,6 +336,18 @@ def _solver(ctx, cfg: CalibrateConfig):
     solve = recipe_intent(ctx.recipe, LayerSolve)
     return spec.cls(ctx.plan, solve.settings, ctx.source, torch_dtype(ctx.model.dtype),
                     resolve_device(solve.device, ctx.world or LOCAL))
+
+
+def _resume(ctx, cfg: CalibrateConfig):
+    """calibrate.resume_dir's saved layers (claimed for this run: recipe, source, torch, threads,
+    processes and device kind must match the run that wrote them), or None."""
+    if not cfg.resume_dir:
+        return None
+    from tfcompile.calibration.layer_resume import LayerCheckpoints  # lazy: the calibration loops
+    world = ctx.world or LOCAL
+    fingerprint = {"recipe": ctx.recipe.to_dict(), **source_identity(ctx.source), "processes": world.size,
+                   "device": resolve_device(cfg.device, world).type}  # a CUDA solve is not the CPU's
+    return LayerCheckpoints(cfg.resume_dir, fingerprint, world.rank)
 
 
 def _timings(stats: CalibStats) -> dict:

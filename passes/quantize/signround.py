@@ -146,6 +146,15 @@ class SignRoundLayerSolver:
         self.seconds: dict[str, float] = {}  # layer -> wall seconds of its tuning
         self.losses: dict[str, JsonDict] = {}  # layer -> block loss at the start and as kept
 
+    def record(self, i: int) -> JsonDict:
+        """Layer i's block losses, kept with its answer under calibrate.resume_dir."""
+        loss = self.losses.get(str(i))
+        return {} if loss is None else {"loss": loss}
+
+    def restore(self, i: int, record: JsonDict) -> None:
+        if "loss" in record:
+            self.losses[str(i)] = record["loss"]
+
     def __call__(self, modules, statistics, owned, block=None):
         with torch.inference_mode(False):  # the layer loop's mode: its tensors cannot be tuned
             return self._solve(modules, owned, block)

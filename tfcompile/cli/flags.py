@@ -143,6 +143,14 @@ artifact_options = option_group([
 
 
 
+# settings of `quantize` alone (distill's --resume-dir is its training checkpoints)
+quantize_options = settings_group([
+    setting("calibrate.resume_dir", "--resume-dir", type=click.Path(path_type=Path), help="Keep each decoder "
+            "layer's solve here (learned rounding; GPTQ with --set calibrate.propagate=true); rerun the same "
+            "command after a kill or Ctrl-C to resume at the first unsolved layer (the same artifact bytes)."),
+])
+
+
 # `load` settings of the commands that read a checkpoint (quantize, distill)
 load_options = settings_group([
     setting("load.allow_unknown_architecture", "--allow-unknown-architecture", "allow_unknown_architecture",

@@ -8,7 +8,7 @@ import click
 
 from tfcompile.cli.eval import quantize_eval_failed, quantize_eval_table, table_rows
 from tfcompile.cli.flags import (ArtifactOptions, artifact_options, emit_options, eval_options, junit_option,
-                                   layout_options, load_options, recipe_options)
+                                   layout_options, load_options, quantize_options, recipe_options)
 from tfcompile.cli.output import emit_json
 from tfcompile.cli.runner import ArtifactRun
 from tfcompile.cli.task_gates import tasks_table
@@ -21,6 +21,7 @@ from tfcompile.recipe.options import RunOptions
 @artifact_options
 @load_options
 @recipe_options
+@quantize_options
 @eval_options
 @junit_option
 @emit_options

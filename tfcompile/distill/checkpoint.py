@@ -27,9 +27,9 @@ import torch
 
 from tfcompile.errors import UserError
 from tfcompile.io.atomic import atomic_file, write_atomic
-from tfcompile.io.jsonfile import write_json
+from tfcompile.io.resume import claim
 
-RUN, STATE, METRICS = "run.json", "state.pt", "metrics.jsonl"
+STATE, METRICS = "state.pt", "metrics.jsonl"
 
 
 class ResumeDir:
@@ -39,24 +39,8 @@ class ResumeDir:
 
     @classmethod
     def open(cls, path: str | os.PathLike, fingerprint: dict) -> "ResumeDir":
-        """Create `path`, or check that it belongs to this run."""
-        path = Path(path)
-        try:
-            path.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise UserError(f"--resume-dir {path}: cannot create it ({e.strerror})",
-                            hint="choose a directory you can write to") from None
-        run = path / RUN
-        if run.is_file():
-            old = json.loads(run.read_text())
-            if old != fingerprint:
-                diff = sorted(k for k in set(old) | set(fingerprint) if old.get(k) != fingerprint.get(k))
-                raise UserError(f"--resume-dir {path} holds another run (differs in: {', '.join(diff)})",
-                                hint="resume with the same model, recipe and thread count, or give a new "
-                                     "--resume-dir (or delete that one)")
-        else:
-            write_json(run, fingerprint, atomic=True)
-        return cls(path, fingerprint)
+        """Create `path`, or check that it belongs to this run (tfcompile/io/resume.py)."""
+        return cls(claim(path, fingerprint), fingerprint)
 
     def load(self) -> dict[str, Any] | None:
         f = self.path / STATE

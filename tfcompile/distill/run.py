@@ -12,8 +12,6 @@ import contextlib
 import dataclasses
 import functools
 import gc
-import hashlib
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +41,7 @@ from tfcompile.distill.train import Loop, Segment, deterministic
 from tfcompile.io.checkpoint import Checkpoint
 from tfcompile.io.jsonfile import JsonDict
 from tfcompile.io.overlay import overlay_specs, write_overlay
+from tfcompile.io.resume import source_identity
 from tfcompile.ir import Program, QuantPlan
 from tfcompile.reporter import Reporter
 
@@ -286,13 +285,5 @@ def _config(cfg) -> dict:
 
 
 def fingerprint(ctx: Inputs) -> dict:
-    """What a --resume-dir must match: recipe, source, torch version and thread count."""
-    src = ctx.source
-    tensors = json.dumps([[n, src.info(n).dtype, list(src.info(n).shape)] for n in src.names()])
-    return {"recipe": ctx.recipe, "config_sha256": _sha(json.dumps(src.config, sort_keys=True)),
-            "tensors_sha256": _sha(tensors), "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "processes": (ctx.world or LOCAL).size}
-
-
-def _sha(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
+    """What a --resume-dir must match: recipe, source, torch version, thread and process count."""
+    return {"recipe": ctx.recipe, **source_identity(ctx.source), "processes": (ctx.world or LOCAL).size}
