@@ -47,6 +47,7 @@ import torch
 from tfcompile.dist import LOCAL
 from tfcompile.dist.collect import share_tensors
 from tfcompile.calibration.recorders import Recorders
+from tfcompile.families.experts import module_layout, rows_in_gate_up
 from tfcompile.families.names import NameMap, RenamedView
 from tfcompile.calibration.layer_resume import LayerCheckpoints
 from tfcompile.ir import QuantTarget
@@ -71,19 +72,39 @@ class LayerSolver(Protocol):
     # under calibrate.resume_dir) and restore(i, record), its inverse on resume
 
 
+@dataclass(frozen=True)
+class Slot:
+    """Where a quantized module's weight [N, K] lives among its layer's parameters: the whole
+    parameter `param`, or one expert's slice of a fused 3-D expert parameter (transformers 5:
+    tfcompile/families/experts.py), read as `take(param, expert, rows, transposed)`."""
+    param: str
+    expert: int | None = None
+    rows: tuple[int, int, int] | None = None
+    transposed: bool = False
+
+    def view(self, params: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """The weight's [N, K] view into `params[self.param]` (writable: no copy)."""
+        t = params[self.param]
+        if self.expert is not None:
+            t = t[self.expert]
+        if self.transposed:
+            t = t.T
+        return t if self.rows is None else t[slice(*self.rows)]
+
+
 @dataclass
 class Block:
     """What a solver with `needs_block` (learned rounding: passes/quantize/signround.py) is handed
     for decoder layer `index`: the layer, still bound to the original weights; each calibration
     batch's input as the quantized layers before it made it ([(hidden, kwargs)], on the loop's
     device); the original model's output of this layer per batch (`targets`); and quantized
-    module (checkpoint name) -> its weight parameter's name inside the layer, for the modules
-    whose weight is a whole parameter (not a slice of fused experts)."""
+    module (checkpoint name) -> where its weight lives inside the layer (`Slot`: a whole
+    parameter, or an expert's slice of a fused expert parameter)."""
     index: int
     layer: torch.nn.Module
     inputs: list
     targets: list
-    param_of: dict[str, str]
+    slots: dict[str, Slot]
 
 
 class Overrides:
@@ -137,16 +158,18 @@ class LayerPropagation:
         """Layer i's `Block` (the layer bound to its original weights)."""
         prefix = f"{self.path}.{i}."
         params = {n: tuple(p.shape) for n, p in layer.named_parameters()}
-        param_of = {}
+        slots = {}
         for module, layer_i in self.layer_of.items():
             t = self.solver.targets[module]
-            if layer_i != i or t.expert is not None or t.rows is not None or t.transposed:
+            if layer_i != i:
                 continue
             name = self.names.to_model(t.source)
-            # a whole parameter of the target's shape (not a fused expert tensor the model gathers)
-            if name.startswith(prefix) and params.get(name[len(prefix):]) == tuple(t.shape):
-                param_of[module] = name[len(prefix):]
-        return Block(i, layer, inputs, targets, param_of)
+            if (t.expert is None and t.rows is None and not t.transposed and name.startswith(prefix)
+                    and params.get(name[len(prefix):]) == tuple(t.shape)):  # a whole parameter
+                slots[module] = Slot(name[len(prefix):])
+            elif (slot := _expert_slot(layer, self.names.to_model(module), prefix, t.shape)) is not None:
+                slots[module] = slot
+        return Block(i, layer, inputs, targets, slots)
 
     def solve(self, i: int, rec: Recorders, block: Block | None = None) -> dict[str, torch.Tensor]:
         """Layer i's statistics are complete: quantize its groups, share the weights, and point
@@ -200,6 +223,28 @@ class LayerPropagation:
         for r, keys in enumerate(self.world.all_objects("propagate/solved", self.solved)):
             out.update(dict.fromkeys(keys, r))
         return dict(sorted(out.items()))
+
+
+def _expert_slot(layer: torch.nn.Module, module: str, prefix: str, shape: tuple[int, int]) -> Slot | None:
+    """The fused-parameter slot of per-expert Linear `module` (model name, e.g.
+    `{prefix}mlp.experts.3.up_proj`) when the layer holds its experts fused; None otherwise."""
+    m = _EXPERT_LINEAR.match(module[len(prefix):]) if module.startswith(prefix) else None
+    if m is None:
+        return None
+    try:
+        mod = layer.get_submodule(m["parent"])
+    except AttributeError:
+        return None
+    fused = getattr(mod, "gate_up_proj", None)
+    if not isinstance(fused, torch.Tensor) or fused.dim() != 3:
+        return None
+    layout, proj = module_layout(mod), m["proj"]
+    slot = Slot(f"{m['parent']}.{'down_proj' if proj == 'down_proj' else 'gate_up_proj'}", int(m["e"]),
+                rows_in_gate_up(proj, shape[0], layout), layout.transposed)
+    return slot if tuple(slot.view(dict(layer.named_parameters())).shape) == tuple(shape) else None
+
+
+_EXPERT_LINEAR = re.compile(r"^(?P<parent>.+\.experts)\.(?P<e>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)$")
 
 
 def _quantizing(fn):

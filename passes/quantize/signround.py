@@ -17,8 +17,9 @@ block never ends worse than round-to-nearest on the calibration data.
 
 The result is an ordinary NVFP4 / MXFP4 tensor (E2M1 codes, the format's own scales): pack writes
 the tuned codes and block scales (kept per group as one uint8 tensor, `codes_of`) under the RTN
-global scale. Linears that are slices of fused tensors (MoE experts stored as one [E, ...]
-tensor) and groups no calibration batch reached keep round-to-nearest.
+global scale. Routed experts that transformers holds fused (one [E, ...] parameter) are tuned as
+slices of it (`tune_block`); an expert no calibration batch routes to keeps round-to-nearest, as
+does a group the layer loop never reached.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import time
 import torch
 from torch.func import functional_call
 
+from tfcompile.calibration.propagate import Slot
 from tfcompile.dist.devices import one_torch_thread
 from tfcompile.io.checkpoint import Checkpoint
 from tfcompile.io.jsonfile import JsonDict
@@ -81,29 +83,44 @@ def _first(out):
     return out[0] if isinstance(out, (tuple, list)) else out
 
 
-def tune_block(layer: torch.nn.Module, rounders: dict[str, LearnedRounding], inputs: list, targets: list, *,
-               iters: int, lr: float, seed: int) -> JsonDict:
-    """SignSGD on the rounders' V and alpha (module docstring). `inputs`: [(hidden, kwargs)] per
-    calibration batch (the quantized stream), `targets`: the original block's outputs. Leaves
-    every rounder at its best scored parameters; returns the block losses (start, kept).
+def tune_block(layer: torch.nn.Module, rounders: dict[str, LearnedRounding], slots: dict[str, Slot], inputs: list,
+               targets: list, *, iters: int, lr: float, seed: int) -> JsonDict:
+    """SignSGD on the rounders' V and alpha (module docstring). `rounders`: quantized module ->
+    its rounder, whose weight sits at `slots[module]` in the layer (a whole parameter, or an
+    expert's slice of a fused one: the fused tensor is rebuilt around the fake-quantized slices
+    every step, so the gradient reaches each expert through its routed tokens only; an expert no
+    batch routes to gets a zero gradient, sign 0, and stays at its start). `inputs`:
+    [(hidden, kwargs)] per calibration batch (the quantized stream), `targets`: the original
+    block's outputs. Leaves every rounder at its best scored parameters; returns the block losses
+    (start, kept).
 
     On the CPU it runs on one torch thread: most of its ops are elementwise on one weight, where an
     OpenMP team on a busy 2-core machine costs more than it gives (as GPTQ's sweep), and the bits
     then do not depend on the machine's thread count."""
     cpu = all(p.device.type == "cpu" for p in layer.parameters())
     with torch.inference_mode(False), torch.enable_grad(), one_torch_thread(cpu):
-        fixed = {n: p.detach().clone().float() for n, p in layer.named_parameters() if n not in rounders}
+        whole = {slots[m].param: m for m in rounders if slots[m] == Slot(slots[m].param)}
+        fixed = {n: p.detach().clone().float() for n, p in layer.named_parameters() if n not in whole}
         batches = [(_clone(h), _clone(kw), _clone(t)) for (h, kw), t in zip(inputs, targets)]
         params = [p for r in rounders.values() for p in r.params()]
 
+        def fake_weights() -> dict[str, torch.Tensor]:
+            out = dict(fixed, **{n: rounders[m].fake() for n, m in whole.items()})
+            sliced = [m for m in rounders if slots[m].param not in whole]
+            for name in {slots[m].param for m in sliced}:
+                out[name] = fixed[name].clone()  # the fused tensor, its tuned slices written below
+            for m in sliced:
+                slots[m].view(out).copy_(rounders[m].fake())  # autograd: CopySlices
+            return out
+
         def loss_on(b: int, weights: dict | None = None) -> torch.Tensor:
             h, kw, t = batches[b]
-            weights = weights or dict(fixed, **{n: r.fake() for n, r in rounders.items()})
+            weights = weights or fake_weights()
             return (_first(functional_call(layer, weights, (h,), kw)) - t).pow(2).mean()
 
         def score() -> float:  # the mean loss over every calibration batch
             with torch.no_grad():
-                weights = dict(fixed, **{n: r.fake() for n, r in rounders.items()})
+                weights = fake_weights()
                 return sum(float(loss_on(b, weights)) for b in range(len(batches))) / len(batches)
 
         start = best = score()
@@ -170,20 +187,20 @@ class SignRoundLayerSolver:
             members = job.group.members
             weights = [load_target(self.source, t) for t in members]
             gscale = program.weights.group_global_scale(weights, [t.source for t in members])
-            names = [block.param_of.get(t.module) if block is not None else None for t in members]
-            tuned = all(n is not None for n in names) and program.scheme.weights.element == "e2m1"
+            tuned = (block is not None and all(t.module in block.slots for t in members)
+                     and program.scheme.weights.element == "e2m1")
             row = []
-            for t, w, n in zip(members, weights, names):
+            for t, w in zip(members, weights):
                 q = quantize_weight(w, program, gscale, t.source, w.dtype)
                 if tuned:
-                    rounders[n] = LearnedRounding(w, q, program.mx_rule, device, self.cfg.signround_scales)
-                    row.append((t, rounders[n]))
+                    rounders[t.module] = LearnedRounding(w, q, program.mx_rule, device, self.cfg.signround_scales)
+                    row.append((t, rounders[t.module]))
                 else:
                     row.append((t, q))
             groups.append((job, row))
         if rounders and block is not None:
             self.losses[str(block.index)] = tune_block(
-                block.layer, rounders, block.inputs, block.targets, iters=self.cfg.signround_iters,
+                block.layer, rounders, block.slots, block.inputs, block.targets, iters=self.cfg.signround_iters,
                 lr=self.cfg.signround_lr or 1.0 / self.cfg.signround_iters, seed=self.cfg.signround_seed + block.index)
         codes, weights = {}, {}
         for job, row in groups:

@@ -136,3 +136,27 @@ def test_signround_is_deterministic(tiny_llama, tmp_path, run_cli):
         assert len(losses) == 2 and all(kept <= start for start, kept in losses.values())
         outs.append((out / "model.safetensors").read_bytes())
     assert outs[0] == outs[1]
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss"])
+def test_signround_tunes_fused_experts(family, family_factory, tmp_path, run_cli):
+    """transformers 5 holds routed experts fused ([E, 2I, H] / GPT-OSS's transposed, interleaved
+    [E, H, 2I]): every expert slice is tuned in its block (none left RTN), the MoE blocks' loss
+    falls, and pack writes the tuned codes (some expert's bytes differ from round-to-nearest's)."""
+    from safetensors.torch import load_file
+
+    src = getattr(family_factory, f"make_tiny_{family}")(tmp_path / "src")
+    common = ["--format", "nvfp4a16", "--json"]
+    sr = run_cli("quantize", src, "-o", tmp_path / "sr", *common, "--algorithm", "signround", "--calib", "random",
+                 "--calib-samples", "4", "--calib-seq-len", "32", "--set", "quantize.signround_iters=6",
+                 "--set", "calibrate.batch=2")
+    assert sr.code == 0, sr.err
+    passes = sr.json()["passes"]
+    assert passes["quantize"]["signround_untuned"] == 0
+    losses = passes["calibrate"]["signround_block_loss"]
+    assert sum(kept < start for start, kept in losses.values()) >= len(losses) - 1, losses
+    rtn = run_cli("quantize", src, "-o", tmp_path / "rtn", *common)
+    assert rtn.code == 0, rtn.err
+    a, b = (load_file(str(p / "model.safetensors")) for p in (tmp_path / "sr", tmp_path / "rtn"))
+    experts = [n for n in a if ".experts." in n and n.endswith("weight_packed")]
+    assert experts and any(not torch.equal(a[n], b[n]) for n in experts)

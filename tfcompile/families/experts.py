@@ -60,6 +60,11 @@ def _rows(proj: str, inter: int, interleaved: bool) -> tuple[int, int, int]:
     return (0, inter, 1) if proj == "gate_proj" else (inter, 2 * inter, 1)
 
 
+def rows_in_gate_up(proj: str, inter: int, layout: ExpertLayout) -> tuple[int, int, int] | None:
+    """(start, stop, step) of `proj`'s rows in gate_up_proj read as [2I, H]; None for down_proj."""
+    return None if proj == "down_proj" else _rows(proj, inter, layout.interleaved)
+
+
 def split_slices(name: str, shape: tuple, hidden: int | None, layout: ExpertLayout) -> list[ExpertSlice]:
     """Per-expert Linear slices of the fused tensor `name` ([E, ., .]) in `layout`.
 
