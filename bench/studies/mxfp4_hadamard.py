@@ -14,18 +14,18 @@ activations (W4A4) or none (W4A16). The transform cannot be fused into the check
 activation side runs at inference): an engine must apply it online (docs/accuracy.md "the model
 and the methods": only vLLM, through compressed-tensors' transform_config).
 
-    python -m bench run mxfp4_hadamard [--max-tokens 8192] [--write-docs]
+    python -m bench run mxfp4_hadamard [--max-tokens 8192] [--only VARIANT...] [--render] [--write-docs]
 """
 
 from __future__ import annotations
 
-import platform
+import os
 import sys
 import time
 
 import torch
 
-from bench.common import replace_doc_section
+from bench.common import machine_line, replace_doc_section
 from bench.heldout import ACCURACY_DOC, HeldOut, Results
 
 from tfcompile.kernels.formats import dequantize
@@ -108,8 +108,8 @@ def measure(max_tokens: int, only: list[str]) -> dict:
     calib = calibration_tokens("python-doc", load_tokenizer(path), samples=16, seq_len=512, seed=0).split(4)
     hs = hessians(base, calib)
     res = STORE.load() or {}
-    res.update(tokens=held.tokens, machine=f"{platform.processor() or platform.machine()}, "
-               f"{torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} threads")
+    res.update(tokens=held.tokens, machine=f"{machine_line()}, {torch.get_num_threads()} torch threads, "
+               f"1-minute load {os.getloadavg()[0]:.1f} at the start (a shared machine: seconds are not a benchmark)")
     rows = res.setdefault("variants", {})
     for name, (rotate, method, acts) in VARIANTS.items():
         if only and name not in only:
@@ -133,7 +133,8 @@ def body(res: dict) -> str:
              f"first {res['tokens']} held-out python-doc tokens, float32 candidates against the bf16 reference; "
              f"machine: {res['machine']}).\n",
              "| variant | KL (nats/token) | perplexity | change | top-1 agreement | s |", "|---|---:|---:|---:|---:|---:|"]
-    for name, v in res["variants"].items():
+    for name in [n for n in VARIANTS if n in res["variants"]]:
+        v = res["variants"][name]
         lines.append(f"| {name} | {v['kl']:.4f} | {v['ppl']:.3f} | {100 * v['ppl_increase']:+.2f}% | {v['top1']:.4f} "
                      f"| {v['seconds']:.0f} |")
     return "\n".join(lines) + "\n"
@@ -146,8 +147,9 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=8192)
     ap.add_argument("--only", nargs="+", default=[], choices=list(VARIANTS), metavar="VARIANT")
     ap.add_argument("--write-docs", action="store_true", help="rewrite the table of docs/accuracy.md's section")
+    ap.add_argument("--render", action="store_true", help="measure nothing: the stored rows only")
     args = ap.parse_args()
-    res = measure(args.max_tokens, args.only)
+    res = STORE.load() if args.render else measure(args.max_tokens, args.only)
     print(body(res))
     if args.write_docs:
         replace_doc_section(HEADING, body(res), ACCURACY_DOC)
