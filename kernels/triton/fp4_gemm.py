@@ -35,6 +35,8 @@ import torch
 import triton
 import triton.language as tl
 
+from tfcompile.kernels.formats.quantizer import weight_quantizer
+
 from .common import (cdiv, compile_options, e8m0_to_f32, fp4_dequant, load_swizzled_scales, pick,
                      signature_for, swizzled_numel, tile_ids)
 from .registry import KernelDef, register_kernel
@@ -96,6 +98,11 @@ _FMT = {  # kernel name -> (format, FP4 elements?, VEC = elements per block scal
 }
 
 
+def _e4m3_scales(fmt: str) -> bool:
+    """Whether weight format `fmt` stores E4M3 block scales (NVFP4; MX's are E8M0)."""
+    return weight_quantizer(fmt).scale_dtype(torch.bfloat16) == torch.float8_e4m3fn
+
+
 def launch_block_scaled_gemm(a, a_scale, b, b_scale, a_global=None, b_global=None, *, name: str,
                              config: dict | None = None, out: torch.Tensor | None = None,
                              out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
@@ -103,11 +110,12 @@ def launch_block_scaled_gemm(a, a_scale, b, b_scale, a_global=None, b_global=Non
     the two (1,) fp32 global multipliers. Returns C [M, N].
 
     On CPU (interpreter) NVFP4 defaults to DOT_SCALED=False, because the
-    interpreter's dot_scaled misreads E4M3 scales; pass it explicitly to override."""
+    interpreter's dot_scaled misreads E4M3 scales; pass it explicitly to override. The format
+    says whether its block scales are E4M3 (tests/test_format_literals.py: no name compared)."""
     fmt, fp4, vec = _FMT[name]
     kd = _DEFS[name]
     cfg = {**kd.default_config, **(config or {})}
-    if a.device.type == "cpu" and fmt == "nvfp4" and "DOT_SCALED" not in (config or {}):
+    if a.device.type == "cpu" and _e4m3_scales(fmt) and "DOT_SCALED" not in (config or {}):
         cfg["DOT_SCALED"] = False
     m, n = a.shape[0], b.shape[0]
     k = a.shape[1] * (2 if fp4 else 1)
