@@ -16,7 +16,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
 
 from tfcompile.kernels.formats.quantizer import WEIGHT_FORMATS
 from tfcompile.schemes import SCHEMES
@@ -79,10 +78,11 @@ def test_no_module_outside_the_formats_branches_on_a_format_name():
                      "(kernels/formats/quantizer.py, tfcompile/schemes.py) instead: " + repr(bad))
 
 
-@pytest.mark.parametrize("rel", sorted(ALLOWED))
-def test_every_allowed_entry_is_still_needed(rel):
-    assert (ROOT / rel).is_file(), f"{rel} is gone: drop its ALLOWED entry"
-    assert rel in USES, f"{rel} no longer compares format names: drop its ALLOWED entry"
+def test_every_allowed_entry_is_still_needed():
+    """(One test over the list, which is empty now: a parametrized one would be skipped.)"""
+    for rel in sorted(ALLOWED):
+        assert (ROOT / rel).is_file(), f"{rel} is gone: drop its ALLOWED entry"
+        assert rel in USES, f"{rel} no longer compares format names: drop its ALLOWED entry"
 
 
 def test_the_scan_finds_keys_and_comparisons_and_nothing_else():
