@@ -35,8 +35,6 @@ import torch
 import triton
 import triton.language as tl
 
-from tfcompile.kernels.formats.quantizer import weight_quantizer
-
 from .common import (cdiv, compile_options, e8m0_to_f32, fp4_dequant, load_swizzled_scales, pick,
                      signature_for, swizzled_numel, tile_ids)
 from .registry import KernelDef, register_kernel
@@ -90,6 +88,11 @@ def block_scaled_gemm_kernel(a_ptr, a_scale_ptr, b_ptr, b_scale_ptr, c_ptr, a_gs
     c_ptrs = c_ptr + rm.to(tl.int64)[:, None] * N + rn[None, :]
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(rm < M)[:, None] & (rn < N)[None, :])
 
+
+# Imported here, below the @triton.jit functions, not at the top: Triton's cache key holds each
+# kernel's starting line, and the launch metadata the artifact stores records that hash, so a
+# line added above them changes artifact bytes (bench/artifact_hashes.py).
+from tfcompile.kernels.formats.quantizer import weight_quantizer  # noqa: E402
 
 _FMT = {  # kernel name -> (format, FP4 elements?, VEC = elements per block scale)
     "fp4_gemm_mxfp4": ("mxfp4", True, 32),
