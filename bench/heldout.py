@@ -137,7 +137,8 @@ class HeldOut:
         return self.score(model)
 
 
-def calib_ids(model: Path, path: Path, *, seed: int = 0, samples: int = CALIB_SAMPLES, seq_len: int = CALIB_SEQ) -> Path:
+def calib_ids(model: Path, path: Path, *, seed: int = 0, samples: int = CALIB_SAMPLES,
+              seq_len: int = CALIB_SEQ) -> Path:
     """tfcompile's own `--calib python-doc` ids for this model (draw `seed`), saved (.npy) for
     llm-compressor (bench/peers.py, acc_defaults.py, studies/fp8_rounding.py)."""
     import numpy as np

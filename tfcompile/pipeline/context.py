@@ -69,8 +69,8 @@ class Context:
 
     def add(self, key: Fact[T], value: T) -> "Context":
         """A copy holding fact `key` = `value` (a `key.type`, else TypeError)."""
-        if FACTS.get(key.name) is not key:
-            raise KeyError(f"fact {key.name!r} is not declared (tfcompile/facts.py fact())")
+        if FACTS.get(key.name) is not key or key.name in FIELDS:
+            raise KeyError(f"fact {key.name!r} is not declared (tfcompile/facts.py fact()), or names a core field")
         return dataclasses.replace(self, facts={**self.facts, key.name: key.check(value)})
 
     def get(self, key: Fact[T]) -> T | None:

@@ -1,8 +1,8 @@
 """One pass on one rank under torchrun (the manager's call when `ctx.world` is set).
 
 Passes registered with `ranks="root"` (they only write files or read the finished artifact)
-run on rank 0; the others receive the facts the pass produces (core fields and its own). Every other pass runs on every rank and
-divides its own work (calibrate: batches; pack: shards and solves; distill: micro-batches;
+run on rank 0; the others receive the facts the pass produces (core fields and its own). Every
+other pass runs on every rank and divides its own work (calibrate: batches; pack: shards and solves; distill: micro-batches;
 eval: batches). After each pass the ranks meet at a barrier, so a failure surfaces at the
 latest at the end of the pass it happened in, named by rank and pass (tfcompile/dist/failure.py).
 Finish hooks (the manifest and report files) run on rank 0 only (manager.run).
