@@ -7,8 +7,8 @@
 Groups (`SUITE`): `performance` (speed and memory against a baseline in the same run),
 `accuracy` (KL, perplexity, acceptance on held-out text), `peers` (tfcompile beside
 llm-compressor, modelopt, auto-round, each in its own venv), `studies` (investigations whose
-conclusions are in docs/: rerun to check them, not part of a release's figures; in bench/studies/,
-but for `STUDIES_BESIDE`), `lib` (helpers and the peers' drivers: not run on their own). A bench
+conclusions are in docs/: rerun to check them, not part of a release's figures; all in
+bench/studies/), `lib` (helpers and the peers' drivers: not run on their own). A bench
 runs as its own script, so the folder it lives in is the first entry of its sys.path and the
 benches import one another by name (`from common import ...`); a study in bench/studies/ runs as a
 module of this package and imports the helpers as `bench.common`, `bench.heldout`.
@@ -28,9 +28,6 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 STUDIES = HERE / "studies"
 GROUPS = ("performance", "accuracy", "peers", "studies", "lib")
-# studies that stay beside the benches: fp8_rounding imports peers.py (which imports its siblings by
-# name: a script's import); draft_probe is cited by the draft bench's section of docs/accuracy.md
-STUDIES_BESIDE = ("fp8_rounding", "draft_probe")
 # name -> (group, the docs file whose sections it rewrites with --write-docs, or "")
 SUITE: dict[str, tuple[str, str]] = {
     "formats": ("performance", "performance.md"),

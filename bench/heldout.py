@@ -35,6 +35,7 @@ BATCH = 4
 ACCURACY_DOC = Path(__file__).resolve().parents[1] / "docs" / "accuracy.md"
 # calibration for every SmolLM2 bench row (acc_smollm2, peers): samples x tokens of the python-doc calib split
 CALIB_SAMPLES, CALIB_SEQ = 16, 512
+LLMC_PYTHON = "/work/venvs/t19-peers/bin/python"  # llm-compressor's venv (bench/peers_llmc.py runs in it)
 
 
 def bench_parser(doc: str):
@@ -134,3 +135,17 @@ class HeldOut:
 
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=DTYPES[self.dtype]).eval()
         return self.score(model)
+
+
+def calib_ids(model: Path, path: Path, *, seed: int = 0, samples: int = CALIB_SAMPLES,
+              seq_len: int = CALIB_SEQ) -> Path:
+    """tfcompile's own `--calib python-doc` ids for this model (draw `seed`), saved (.npy) for
+    llm-compressor (bench/peers.py, acc_defaults.py, studies/fp8_rounding.py)."""
+    import numpy as np
+
+    from tfcompile.calibration.datasets import calibration_tokens
+    from tfcompile.calibration.forward import load_tokenizer
+
+    ids = calibration_tokens("python-doc", load_tokenizer(model), samples=samples, seq_len=seq_len, seed=seed)
+    np.save(path, ids.numpy())
+    return path

@@ -34,11 +34,11 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 from common import cpu_busy, replace_doc_section  # noqa: E402
 from heldout import ACCURACY_DOC as DOC, CALIB_SAMPLES as SAMPLES, CALIB_SEQ as SEQ, HeldOut, Results, bench_parser  # noqa: E402,E501
+from heldout import LLMC_PYTHON, calib_ids  # noqa: E402,F401  (calib_ids: acc_defaults.py imports it from here)
 
 STORE = Results("smollm2-peers")
 
 HEADING = "## SmolLM2-135M-Instruct: side by side with llm-compressor and modelopt"
-LLMC_PYTHON = "/work/venvs/t19-peers/bin/python"
 # row -> (our --format, compressed-tensors preset llm-compressor takes, method)
 ROWS = {f"{fmt}/{m}": (fmt, preset, m) for fmt, preset in (
     ("nvfp4a16", "NVFP4A16"), ("nvfp4", "NVFP4"), ("mxfp4a16", "MXFP4A16"), ("fp8-dynamic", "FP8_DYNAMIC"),
@@ -66,16 +66,6 @@ MODELOPT_CPU = {
     "MXFP8_DEFAULT_CFG": "RuntimeError: Skipping extension modelopt_cuda_ext_mx because CUDA is not available.",
     "MXFP4_DEFAULT_CFG": "RuntimeError: Skipping extension modelopt_cuda_ext_mx because CUDA is not available.",
 }
-
-
-def calib_ids(model: Path, path: Path, *, seed: int = 0, samples: int = SAMPLES, seq_len: int = SEQ) -> Path:
-    """tfcompile's own `--calib python-doc` ids for this model (draw `seed`), saved for llm-compressor."""
-    from tfcompile.calibration.datasets import calibration_tokens
-    from tfcompile.calibration.forward import load_tokenizer
-
-    ids = calibration_tokens("python-doc", load_tokenizer(model), samples=samples, seq_len=seq_len, seed=seed)
-    np.save(path, ids.numpy())
-    return path
 
 
 def timed(argv: list[str]) -> float:

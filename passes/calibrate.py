@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from tfcompile.calibration.observers import OBSERVERS
+from tfcompile.calibration.record import CALIB
 from tfcompile.calibration.statistics import STATISTICS
 from tfcompile.dist import LOCAL
 from tfcompile.dist.devices import check_device, resolve_device
@@ -146,7 +147,7 @@ def _unscheduled(scheme: Scheme) -> tuple[str, str]:
 
 
 @register_pass("calibrate", config=CalibrateConfig, requires=("source", "model", "plan"),
-               produces=("calib",), when=_when, unscheduled=_unscheduled,
+               produces=(CALIB,), when=_when, unscheduled=_unscheduled,
                intents=lambda c: (RunsTheModel("calibrate"),
                                   CalibrationRun(c.samples, c.seq_len, c.batch, c.propagate, c.hessian,
                                                  c.hessian_blocks),
@@ -203,7 +204,7 @@ def calibrate(ctx, cfg: CalibrateConfig, reporter) -> PassResult:
         reporter.warn(f"calibrate: {len(stats.fallback)} module(s) saw no token, or are experts routed fewer "
                       f"than {cfg.moe_min_tokens} tokens; they took the fallback amax (their layer's max): "
                       + summarize(list(stats.fallback)))
-    return PassResult(ctx.with_(calib=stats), {"tokens": stats.tokens, "source": stats.source, "loop": loop,
+    return PassResult(ctx.add(CALIB, stats), {"tokens": stats.tokens, "source": stats.source, "loop": loop,
                                                "fallback_modules": list(stats.fallback),
                                                "kv_attention_modules": len(stats.kv_amax),
                                                "solved_in_loop": len(stats.solved),  # by the layer solver

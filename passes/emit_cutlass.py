@@ -4,7 +4,7 @@ Scheduled by `--cutlass auto` or any `emit_cutlass` setting (`--set emit_cutlass
 `[passes.emit_cutlass]`), with the targets and tuning table of `--target` (emit.targets,
 emit.tuning) unless its own settings name others. Its place in the standard order
 (passes/builtin.py) is after `manifest` and before `verify` (which checks every checksum it adds); it returns what it generated and whether
-nvcc compiled it (`ctx.cutlass`, the manifest's "cutlass" section) with its files, and the
+nvcc compiled it (the fact `CUTLASS`, the manifest's "cutlass" section) with its files, and the
 manifest, written after the last pass, records both.
 
 For each target, each CUTLASS GEMM serving the format there (kernels/cutlass/configs.py:
@@ -36,6 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from tfcompile.facts import fact
 from tfcompile.kernels.cutlass.toolchain import detect
 from tfcompile.pipeline.intents import SingleScheme
 from tfcompile.pipeline.passes import PassResult, Selection, Unsupported, check, given, register_pass
@@ -84,8 +85,13 @@ def _implies(sel: Selection) -> dict:
     return {"emit_cutlass": {k: emit[k] for k in ("targets", "tuning") if emit.get(k)}}
 
 
+# what was generated and whether nvcc compiled it (no other pass reads it: declared here)
+CUTLASS = fact("cutlass", dict, "emit_cutlass: the CUTLASS sources generated and compiled",
+               manifest=lambda ctx, section: {"cutlass": section}, owner=__name__)
+
+
 @register_pass("emit_cutlass", config=EmitCutlassConfig, requires=("plan", "artifact", "out_dir"),
-               produces=("artifact", "cutlass"), supports=_supports, when=given("emit_cutlass"),
+               produces=("artifact", CUTLASS), supports=_supports, when=given("emit_cutlass"),
                implies=_implies, ranks="root", intents=lambda c: (SingleScheme("emit_cutlass"),))
 def emit_cutlass(ctx, cfg: EmitCutlassConfig, reporter) -> PassResult:
     """Generate and compile the CUTLASS GEMMs per target and tile config into kernels/<target>/cutlass/."""
@@ -93,4 +99,4 @@ def emit_cutlass(ctx, cfg: EmitCutlassConfig, reporter) -> PassResult:
     from tfcompile.tune.cutlass_emit import emit_cutlass_kernels
     shapes = sorted({tuple(int(v) for v in la["shape"]) for la in ctx.artifact.layers})
     files, section, stats = emit_cutlass_kernels(Path(ctx.out_dir), ctx.plan.scheme.name, shapes, cfg, reporter)
-    return PassResult(ctx.with_(artifact=ctx.artifact.with_files(files), cutlass=section), stats)
+    return PassResult(ctx.with_(artifact=ctx.artifact.with_files(files)).add(CUTLASS, section), stats)

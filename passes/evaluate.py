@@ -5,7 +5,7 @@
 dequantized weights, activation and KV-cache emulation, against the source
 checkpoint, on the same tokens), and with `tasks` the lm-eval task gates
 (tfcompile/tasks) on the staged artifact and the source, and returns the
-figures as a fact (`ctx.evaluation`), which the manifest records under an
+figures as a fact (`EVALUATION`, declared here), which the manifest records under an
 `"eval"` key when it is written after the last pass. A missed gate raises
 `GateFailed` (exit 1): nothing is published at OUT; the error carries the
 manifest the artifact would have had (its eval section with the worst layers),
@@ -30,6 +30,7 @@ from tfcompile.evaluate import gate_error
 from tfcompile.evaluate.gates import worst_layers
 from tfcompile.evaluate.kvtext import KV_MODES
 from tfcompile.evaluate.text import CORPUS
+from tfcompile.facts import fact
 from tfcompile.io.jsonfile import JsonDict
 from tfcompile.pipeline.intents import RunsTheModel
 from tfcompile.pipeline.passes import PassResult, Unsupported, given, register_pass
@@ -89,8 +90,13 @@ def _supports(recipe: Recipe, cfg: EvalConfig) -> list[Unsupported]:
     return reasons
 
 
+# the figures and gates (no other pass reads them: declared here); the manifest's "eval" section
+EVALUATION = fact("evaluation", dict, "the evaluation's figures and gates (--eval)",
+                  manifest=lambda ctx, section: {"eval": section}, owner=__name__)
+
+
 @register_pass("eval", config=EvalConfig, requires=("source_path", "manifest", "out_dir"),
-               produces=("evaluation",), supports=_supports, when=given("eval"),
+               produces=(EVALUATION,), supports=_supports, when=given("eval"),
                intents=lambda c: (RunsTheModel("eval"),))
 def evaluate_artifact(ctx, cfg: EvalConfig, reporter) -> PassResult:
     """Evaluate the staged artifact against the source; the manifest records the figures."""
@@ -116,10 +122,10 @@ def evaluate_artifact(ctx, cfg: EvalConfig, reporter) -> PassResult:
         section = {**section, "worst_layers": _rounded(worst_layers(doc["layers"]))}
         err.report = section  # the CLI's --json prints the figures that missed
         if cfg.keep_rejected:  # run_pipeline writes it into the staged artifact and keeps that
-            err.rejected_manifest = manifest_doc(ctx.with_(evaluation=section))
+            err.rejected_manifest = manifest_doc(ctx.add(EVALUATION, section))
         raise err
     m = section["metrics"]
-    return PassResult(ctx.with_(evaluation=section),
+    return PassResult(ctx.add(EVALUATION, section),
                       {"perplexity": m["perplexity"], "reference_perplexity": m["reference_perplexity"],
                        "ppl_increase": m["ppl_increase"], "kl_mean": m["kl_mean"],
                        "top1_agreement": m["top1_agreement"], "tokens": m["tokens"],

@@ -6,8 +6,8 @@ combination fails in a second, not after an hour). It quantizes nothing: it
 validates the options against the target's rules (tfcompile/layout/engines.py),
 plans the row gathers (RoPE order, TP head order, KV replication) and fusions
 (q/k/v -> qkv_proj, gate/up -> gate_up_proj, expert w1/w3), and produces the
-layout plan (`ctx.layout`). pack then writes the engine view OUT/<target>/
-(quantizing the gathered rows) and OUT/tfcompile/kv_cache.json; manifest
+layout plan (the fact `LAYOUT`, tfcompile/layout/artifact_files.py). pack then writes the
+engine view OUT/<target>/ (quantizing the gathered rows) and OUT/tfcompile/kv_cache.json; manifest
 records what was done. Defaults per target: vLLM and SGLang fuse on load and
 read HF RoPE order, so `--layout vllm` writes only the descriptor; TensorRT-LLM
 gets a fused view.
@@ -22,6 +22,7 @@ from tfcompile.errors import RecipeError
 from tfcompile.families.attention import SOURCE_ROPE
 from tfcompile.ir import QuantPlan
 from tfcompile.layout import engines as E
+from tfcompile.layout.artifact_files import LAYOUT
 from tfcompile.layout.heads import HeadGeometry, plan_heads, rope_order
 from tfcompile.layout.plan import LayoutPlan, LayoutSpec, build
 from tfcompile.pipeline.intents import KVCacheScales, SharedGlobalScales, SingleScheme
@@ -93,7 +94,7 @@ def _supports(recipe: Recipe, cfg: LayoutConfig) -> list[Unsupported]:
     return check(_static_checks, recipe, cfg)
 
 
-@register_pass("layout", config=LayoutConfig, requires=("source", "model", "plan"), produces=("layout",),
+@register_pass("layout", config=LayoutConfig, requires=("source", "model", "plan"), produces=(LAYOUT,),
                supports=_supports, when=given("layout"), intents=lambda c: (SingleScheme("layout"),))
 def layout(ctx, cfg: LayoutConfig, reporter) -> PassResult:
     """Validate the target layout and plan fusions, RoPE order and TP head grouping."""
@@ -122,7 +123,7 @@ def layout(ctx, cfg: LayoutConfig, reporter) -> PassResult:
              "gathered_linears": sum(len(v) for v in lp.groups.values()) - len(fused),
              "tp": spec.tp, "rope": spec.rope, "kv_dtype": spec.kv_dtype, "kv_layout": spec.kv_layout,
              "block_size": spec.block_size}
-    return PassResult(ctx.with_(layout=lp), stats)
+    return PassResult(ctx.add(LAYOUT, lp), stats)
 
 
 def resolve(cfg: LayoutConfig, r: E.BackendRules, ctx, geom: HeadGeometry | None,

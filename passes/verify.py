@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 
 from tfcompile.artifact.engines import (DEFAULT_ENGINES, ENGINES, TARGETS, EngineProblem, check_engines,
                                         engine_record)
-from tfcompile.artifact.verify import verify_artifact
+from tfcompile.artifact.verify import VerifyReport, verify_artifact
 from tfcompile.engines import ENGINES as SERVING_ENGINES
 from tfcompile.errors import VerifyError
+from tfcompile.facts import fact
 from tfcompile.manifest_doc import manifest_doc
 from tfcompile.pipeline.intents import EngineChecks
 from tfcompile.pipeline.passes import PassResult, Unsupported, register_pass
@@ -48,7 +49,10 @@ def _supports(recipe, cfg: VerifyConfig) -> list[Unsupported]:
     return out
 
 
-@register_pass("verify", config=VerifyConfig, requires=("manifest", "out_dir"), produces=("verify",),
+VERIFY = fact("verify", VerifyReport, "every check verify ran on the staged artifact", owner=__name__)
+
+
+@register_pass("verify", config=VerifyConfig, requires=("manifest", "out_dir"), produces=(VERIFY,),
                supports=_supports, ranks="root",
                intents=lambda c: (EngineChecks(tuple(c.engines), c.engine_target, c.engine_tp),))
 def verify(ctx, cfg: VerifyConfig, reporter) -> PassResult:
@@ -64,7 +68,7 @@ def verify(ctx, cfg: VerifyConfig, reporter) -> PassResult:
         reporter.warn(f"verify: {c['check']}: {c['detail']}")
     problems = check_engines(doc, cfg.engines, target=cfg.engine_target, tp=cfg.engine_tp)
     _engine_verdict(problems, cfg, reporter)
-    return PassResult(ctx.with_(verify=report),
+    return PassResult(ctx.add(VERIFY, report),
                       {"checks": len(report.checks), "failed": len(report.failures()),
                        "engines": {e: r["verdict"] for e, r in engine_record(problems, cfg.engines).items()}})
 

@@ -22,8 +22,7 @@ def _runner(*args: str) -> subprocess.CompletedProcess:
 
 
 def _suite() -> dict:
-    code = ("import json, bench.__main__ as m; print(json.dumps({'suite': m.SUITE, 'scripts': m.scripts(), "
-            "'beside': m.STUDIES_BESIDE}))")
+    code = ("import json, bench.__main__ as m; print(json.dumps({'suite': m.SUITE, 'scripts': m.scripts()}))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
@@ -38,15 +37,16 @@ def test_every_script_is_listed_once_in_a_group():
 
 
 def test_studies_live_in_studies():
-    """A study is in bench/studies/ (but for the few listed beside the benches, with their reason)
-    and only a study is; the runner runs one as a module of the package, its helpers imported."""
+    """Every study is in bench/studies/ and only a study is; the runner runs one as a module of the
+    package, its helpers imported (bench.common, bench.heldout)."""
     doc = _suite()
     studies = {n for n, (g, _) in doc["suite"].items() if g == "studies"}
     inside = {p.stem for p in (BENCH / "studies").glob("*.py") if not p.stem.startswith("__")}
-    assert inside and inside == studies - set(doc["beside"]) and set(doc["beside"]) <= studies
-    assert all((BENCH / f"{n}.py").is_file() for n in doc["beside"])
-    ok = _runner("run", "acc_rotation", "--help")  # imports bench.common and bench.heldout
-    assert ok.returncode == 0 and "usage:" in ok.stdout and "--write-docs" in ok.stdout, ok.stderr
+    assert inside and inside == studies
+    assert not any((BENCH / f"{n}.py").is_file() for n in studies)
+    for name, flag in (("acc_rotation", "--write-docs"), ("fp8_rounding", "--llmc-python"), ("draft_probe", "--draft")):
+        ok = _runner("run", name, "--help")
+        assert ok.returncode == 0 and "usage:" in ok.stdout and flag in ok.stdout, (name, ok.stderr)
 
 
 def test_the_runner_runs_a_bench_and_refuses_what_is_not_one():

@@ -25,7 +25,8 @@ PACKAGES = {"tfcompile": "tfcompile", "passes": "tfcompile.passes", "kernels": "
 # Bottom first. An entry names a package (all of its modules) or a module; the longest entry
 # containing a module is its layer. "tfcompile" names the root package module only.
 LAYERS = [
-    ["tfcompile", "tfcompile.errors", "tfcompile.settings", "tfcompile.reporter", "tfcompile.machine"],
+    ["tfcompile", "tfcompile.errors", "tfcompile.settings", "tfcompile.reporter", "tfcompile.machine",
+     "tfcompile.facts"],
     ["tfcompile.io", "tfcompile.kernels", "tfcompile.kernels.formats", "tfcompile.families", "tfcompile.fixtures",
      "tfcompile.engines"],
     ["tfcompile.schemes", "tfcompile.kernels.triton", "tfcompile.kernels.cutlass", "tfcompile.io.sources",

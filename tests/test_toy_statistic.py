@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import tfcompile.api  # noqa: F401  (registers the passes and the algorithms)
+from tfcompile.calibration.record import CALIB as CALIB_FACT
 from tfcompile import ir
 from tfcompile.calibration.datasets import tokens_sha256
 from tfcompile.calibration.forward import calibration_ids, load_hf_model, observe_input_amax
@@ -161,6 +162,6 @@ def test_an_algorithm_is_handed_its_new_statistic(toy_statistic, tiny_llama_src,
     assert ctx.pass_stats["calibrate"]["loop"] == mode and ctx.pass_stats["calibrate"]["toy_groups"] == 8
     groups = {g.key for g in ctx.plan.groups}
     assert groups and set(handed) == groups  # pack ran the toy on every group, each with its statistic
-    recorded, k = result_of(ctx.calib, NAME), {g.key: g.members[0].shape[1] for g in ctx.plan.groups}
+    recorded, k = result_of(ctx[CALIB_FACT], NAME), {g.key: g.members[0].shape[1] for g in ctx.plan.groups}
     for key, got in handed.items():  # the calibrate pass's statistic as recorded, one per group
         assert got.shape == (k[key],) and torch.equal(got, recorded[key])

@@ -1,11 +1,11 @@
 """The manifest document (tfcompile/manifest.json) of the facts passes returned.
 
 `manifest_doc(ctx)` assembles it from the context: the model, plan and program, every file the
-artifact holds (pack, emit, onnx, emit_cutlass add theirs to `ctx.artifact`), the layout's
-transforms, the source's provenance (distillation), what emit_cutlass generated (`ctx.cutlass`)
-and the evaluation (`ctx.evaluation`). The `manifest` pass writes it; `verify` checks the
-artifact against it and `eval` keeps it with a rejected artifact, so it lives here, where every
-pass can build it without importing another pass. It holds no timestamps, absolute paths or
+artifact holds (pack, emit, onnx, emit_cutlass add theirs to `ctx.artifact`),
+the source's provenance (distillation), and the section each pass's fact adds (`fact_sections`:
+calibration, layout, emit_cutlass's sources, the evaluation, ...). The `manifest` pass writes it;
+`verify` checks the artifact against it and `eval` keeps it with a rejected artifact, so it lives
+here, where every pass can build it without importing another pass. It holds no timestamps, absolute paths or
 timings, so the same inputs and recipe give a byte-identical artifact (tfcompile/artifact/manifest.py).
 """
 
@@ -18,12 +18,11 @@ from pathlib import Path
 from tfcompile import __version__
 from tfcompile.artifact.integrity import seal
 from tfcompile.artifact.manifest import SCHEMA_VERSION
-from tfcompile.calibration.moe import manifest_record as moe_record
+from tfcompile.facts import FACTS
 from tfcompile.io.hub import hub_source
 from tfcompile.io.jsonfile import JsonDict
 from tfcompile.io.sources import source_format
 from tfcompile.ir import LayerStats
-from tfcompile.layout.artifact_files import manifest_record
 from tfcompile.machine import cpu_profile
 from tfcompile.pipeline.context import Context
 from tfcompile.schemes import get_kv_format
@@ -82,27 +81,27 @@ def manifest_doc(ctx: Context) -> JsonDict:
     }
     if getattr(plan, "mixed", None):  # mixed precision: the search and each group's format (passes/mixed.py)
         doc["mixed"] = plan.mixed
-    if ctx.calib is not None and ctx.calib.tokens_sha256:  # what calibration saw: auto's choice depends
-        doc["calibration"] = {"data": ctx.calib.source, "tokens": ctx.calib.tokens,  # on the machine
-                              "tokens_sha256": ctx.calib.tokens_sha256}
-        if ctx.calib.compute_dtype:  # calibrate.dtype resolved: bf16 and float32 forwards differ in their bits
-            doc["calibration"]["compute_dtype"] = ctx.calib.compute_dtype
-        if ctx.calib.data_fallback:  # --calib auto passed over python-doc (passes/calibrate.py)
-            doc["calibration"]["fallback"] = ctx.calib.data_fallback
-    moe = moe_record(ctx.calib) if ctx.calib is not None else None
-    if moe:  # per-expert routed calibration tokens and the fallback policy (calibration/moe.py)
-        doc["moe"] = moe
     # a pass that replaced source weights (distill: tfcompile/io/overlay.py) says how, e.g. {"distill": ...}
     doc.update(ctx.source.provenance)
-    if ctx.layout is not None:  # --layout: what each transform did (passes/layout.py)
-        doc["layout"] = manifest_record(ctx, art.files)
-    if ctx.cutlass is not None:  # emit_cutlass: sources, whether nvcc compiled them
-        doc["cutlass"] = ctx.cutlass
-    if ctx.evaluation is not None:  # --eval: the figures and gates
-        doc["eval"] = ctx.evaluation
+    doc.update(fact_sections(ctx))
     if float_dependent(ctx):  # its bytes follow the CPU's float sums: say which CPU (tfcompile/machine.py)
         doc["machine"] = cpu_profile()
     return seal(doc)
+
+
+def fact_sections(ctx: Context) -> JsonDict:
+    """The sections the passes' facts add (tfcompile/facts.py `Fact.manifest`): what calibration saw
+    ("calibration", "moe": calibration/record.py), the layout's transforms ("layout"), what
+    emit_cutlass generated ("cutlass"), the evaluation ("eval"), and any new pass's own."""
+    out: JsonDict = {}
+    for name, value in ctx.facts.items():
+        hook = FACTS[name].manifest
+        sections = hook(ctx, value) if hook is not None else {}
+        clash = sorted(set(sections) & set(out))
+        if clash:  # two facts writing one section: the second would silently win
+            raise ValueError(f"facts {sorted(ctx.facts)} both write manifest section(s) {clash}")
+        out.update(sections)
+    return out
 
 
 # Passes whose results are sums of floats, rounded in an order that follows the CPU's SIMD width;

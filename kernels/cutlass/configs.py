@@ -98,9 +98,11 @@ def _sm90(schedule: str, bm: int, bn: int, bk: int = 128, cm: int = 1, cn: int =
             "num_warps": 12, "num_stages": _stages(8, 0, bm, bn, bk)}  # 384 threads: 1 producer + 2 MMA WGs
 
 
-def _sm100(fmt: str, bm: int, bn: int, bk: int = 256, sf_vec: int = 16) -> dict:
-    """An sm_100a block-scaled config: one CTA per MMA tile (1SM tcgen05), accumulator in TMEM."""
-    mainloop = f"KernelTmaWarpSpecialized1Sm{'Nvf4' if fmt == 'nvfp4' else 'Mxf4'}Sm100"
+def _sm100(operand: str, bm: int, bn: int, bk: int = 256, sf_vec: int = 16) -> dict:
+    """An sm_100a block-scaled config: one CTA per MMA tile (1SM tcgen05), accumulator in TMEM.
+    `operand`: CUTLASS's name of the FP4 flavour in the mainloop class, "Nvf4" (E4M3 scales per
+    16) or "Mxf4" (E8M0 scales per 32)."""
+    mainloop = f"KernelTmaWarpSpecialized1Sm{operand}Sm100"
     return {"id": f"1sm_{bm}x{bn}x{bk}_c1x1", "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "CLUSTER_M": 1,
             "CLUSTER_N": 1, "mainloop": mainloop, "epilogue": "TmaWarpSpecialized1Sm",
             # 256 threads: scheduler, TMA load, MMA and epilogue-load warps + 4 epilogue warps
@@ -119,13 +121,13 @@ FP8_SM90 = CutlassKernel(
 NVFP4_SM100 = CutlassKernel(
     name="cutlass_nvfp4_gemm_sm100", template="sm100_blockscaled_gemm.cu.in", formats=("nvfp4",),
     targets=("sm_100a",), arch="100a", a_bits=4, sf_vec=16, mma=("UTCOMMA",),  # SASS: UTCOMMA.4X (block 16)
-    presets=_table(_sm100("nvfp4", 128, 128), _sm100("nvfp4", 128, 256)), default="1sm_128x128x256_c1x1",
+    presets=_table(_sm100("Nvf4", 128, 128), _sm100("Nvf4", 128, 256)), default="1sm_128x128x256_c1x1",
     params={"FORMAT": "NVFP4", "OPERAND": "nv_float4_t", "SF_NAME": "E4M3 (ue4m3)", "SF_VEC": "16",
             "MMA_KIND": "kind::mxf4nvf4.block_scale.block16"})
 MXFP4_SM100 = CutlassKernel(
     name="cutlass_mxfp4_gemm_sm100", template="sm100_blockscaled_gemm.cu.in", formats=("mxfp4",),
     targets=("sm_100a",), arch="100a", a_bits=4, sf_vec=32, mma=("UTCOMMA",),  # SASS: UTCOMMA (block 32)
-    presets=_table(_sm100("mxfp4", 128, 128, sf_vec=32), _sm100("mxfp4", 128, 256, sf_vec=32)),
+    presets=_table(_sm100("Mxf4", 128, 128, sf_vec=32), _sm100("Mxf4", 128, 256, sf_vec=32)),
     default="1sm_128x128x256_c1x1",
     params={"FORMAT": "MXFP4", "OPERAND": "mx_float4_t", "SF_NAME": "E8M0 (ue8m0)", "SF_VEC": "32",
             "MMA_KIND": "kind::mxf4.block_scale.block32"})
@@ -138,8 +140,13 @@ def serving(scheme_name: str, target: str) -> list[CutlassKernel]:
     return [k for k in KERNELS.values() if scheme_name in k.formats and target in k.targets]
 
 
-def gaps(scheme_name: str, target: str) -> str:
-    """Why no CUTLASS GEMM serves (scheme, target): one line for the index and the warnings."""
-    if target == "sm_90a" and scheme_name in ("nvfp4", "mxfp4", "nvfp4a16", "mxfp4a16"):
+# targets whose tensor cores have no FP4 MMA (Hopper): a 4-bit-element format has no CUTLASS GEMM there
+NO_FP4_MMA = ("sm_90a",)
+
+
+def gaps(scheme_name: str, target: str, element_bits: int) -> str:
+    """Why no CUTLASS GEMM serves (scheme, target): one line for the index and the warnings.
+    `element_bits`: the scheme's weight element width (the format's fact: 4 for E2M1)."""
+    if target in NO_FP4_MMA and element_bits == 4:
         return "no FP4 tensor cores on Hopper: the Triton W4A16 GEMM serves it"
     return f"no CUTLASS template for {scheme_name} on {target} yet: the Triton kernels serve it"

@@ -17,6 +17,7 @@ import torch
 
 from tfcompile.artifact.naming import ct_outputs
 from tfcompile.calibration.hessian import hessians as calib_hessians
+from tfcompile.calibration.record import CALIB
 from tfcompile.dist.devices import check_device, resolve_device
 from tfcompile.errors import RecipeError
 from tfcompile.io.checkpoint import Checkpoint
@@ -156,10 +157,11 @@ def quantize(ctx, cfg: QuantizeConfig, reporter) -> PassResult:
         info = ctx.source.info(name)
         jobs.append(Job(None, name, (OutSpec(name, torch_dtype_of(info.dtype), tuple(info.shape)),)))
     jobs += split_jobs(ctx.source, plan.splits)
-    act = dict(ctx.calib.input_amax) if ctx.calib is not None else {}
+    calib = ctx.get(CALIB)  # None: a recipe's own pipeline without calibrate (weights only)
+    act = dict(calib.input_amax) if calib is not None else {}
     missing = [t.module for g in plan.groups if plan.scheme_of(g).act_static
                for t in g.members if t.module not in act]
-    if missing and ctx.calib is None:  # a recipe's own `pipeline` without calibrate: the user's recipe
+    if missing and calib is None:  # a recipe's own `pipeline` without calibrate: the user's recipe
         raise RecipeError(f"{scheme.name} quantizes activations with static scales, which the calibrate pass "
                           "measures, and the recipe's pipeline has no calibrate",
                           hint='add "calibrate" to the recipe\'s pipeline before "quantize", or drop `pipeline` '
@@ -167,15 +169,15 @@ def quantize(ctx, cfg: QuantizeConfig, reporter) -> PassResult:
     if missing:
         raise RuntimeError(f"{scheme.name} needs calibrated input scales; none for {missing[:3]}")
     rule = mx_rule(cfg, scheme)
-    kv_jobs = kv_scale_jobs(ctx.calib, model_dtype)
-    kv_strategy = ctx.calib.kv_strategy if kv_jobs else None
-    kv_modules = tuple(sorted(ctx.calib.kv_amax)) if kv_jobs else ()
+    kv_jobs = kv_scale_jobs(calib, model_dtype)
+    kv_strategy = calib.kv_strategy if kv_jobs else None
+    kv_modules = tuple(sorted(calib.kv_amax)) if kv_jobs else ()
     algo = ALGORITHMS.get(cfg.algorithm)
     if algo is None:
         raise RecipeError(f"quantize.algorithm {cfg.algorithm!r} is unknown",
                           hint="choose one of: " + ", ".join(sorted(ALGORITHMS)))
-    hessians = calib_hessians(ctx.calib)  # lazy: may be spilled to disk
-    codes = ctx.calib.solved if ctx.calib is not None else {}  # solved by calibrate's layer loop
+    hessians = calib_hessians(calib)  # lazy: may be spilled to disk
+    codes = calib.solved if calib is not None else {}  # solved by calibrate's layer loop
     if cfg.algorithm == "gptq" and not hessians and not codes:
         raise RecipeError("quantize.algorithm gptq needs Hessians from the calibrate pass",
                           hint="use --algorithm gptq (it schedules calibrate with hessian=true)")
@@ -185,13 +187,13 @@ def quantize(ctx, cfg: QuantizeConfig, reporter) -> PassResult:
                                                     "mode=sequential); the model must load layer by layer")
     device = resolve_device(cfg.device, ctx.world) if cfg.algorithm != "rtn" else "cpu"
     program = Program(scheme, cfg.algorithm, tuple(jobs + kv_jobs), act, rule, cfg.sqnr_rows,
-                      kv_strategy, kv_modules, statistics=dict(ctx.calib.statistics) if ctx.calib is not None else {},
+                      kv_strategy, kv_modules, statistics=dict(calib.statistics) if calib is not None else {},
                       settings=algorithm_settings(cfg, cfg.algorithm), device=device,
-                      nvfp4_weights=nvfp4_weights(cfg), kv_format=ctx.calib.kv_format if kv_jobs else "fp8",
+                      nvfp4_weights=nvfp4_weights(cfg), kv_format=calib.kv_format if kv_jobs else "fp8",
                       solved=codes, scale_search=cfg.scale_search)
     extra = {}
     if algo.prepare is not None:  # plan-time work of the algorithm (AWQ: search and fold)
-        program, extra = algo.prepare(plan, ctx.calib, ctx.source, program, reporter)
+        program, extra = algo.prepare(plan, calib, ctx.source, program, reporter)
     return PassResult(ctx.with_(program=program),
                       {"jobs": len(jobs), "outputs": len(program.specs()), "mx_rule": rule, **extra})
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import tfcompile.api  # noqa: F401  (registers the passes and the algorithms)
+from tfcompile.calibration.record import CALIB as CALIB_FACT
 from tfcompile.calibration.hessian import hessians
 from tfcompile.passes.calibrate import CalibrateConfig, requested
 
@@ -25,7 +26,7 @@ def _hessians(src, tmp_path, mode: str, hessian_dtype: str) -> dict:
     ctx = quantize(src, tmp_path / f"{mode}-{hessian_dtype}", "nvfp4a16", until="calibrate",
                    overrides={"quantize": {"algorithm": "gptq"}, "calibrate": calib})
     assert ctx.pass_stats["calibrate"]["loop"] == mode
-    h = hessians(ctx.calib)
+    h = hessians(ctx[CALIB_FACT])
     return {k: h[k] for k in h}
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tfcompile.calibration.record import CALIB as CALIB_FACT
 from tfcompile.calibration.awq_stats import AWQInput, awq_statistics, verify_folds
 from tfcompile.errors import RecipeError
 from tfcompile.ir import Job, OutSpec, Program, QuantTarget
@@ -320,7 +321,7 @@ def test_static_input_scale_is_the_folded_amax_and_reruns_are_identical(tiny_lla
     t = read_tensors(tmp_path / "a")
     assert ctx.program.prepared  # some group was folded
     for key, fold in ctx.program.prepared.items():
-        st = awq_statistics(ctx.calib).inputs[key]
+        st = awq_statistics(ctx[CALIB_FACT]).inputs[key]
         want = F.nvfp4_global_scale(torch.tensor([float((st.max_abs / fold.s).max())]))
         for m in (x.module for g in ctx.plan.groups if g.key == key for x in g.members):
             assert torch.equal(t[f"{m}.input_global_scale"], want), m

@@ -35,7 +35,7 @@ from typing import Iterable, Mapping
 from tfcompile.engines import ENGINES as SERVING_ENGINES
 from tfcompile.families import engine_unquantized
 from tfcompile.families.rules import engine_has_no_model, fusion_roles
-from tfcompile.schemes import get_kv_format
+from tfcompile.schemes import SCHEMES, Scheme, get_kv_format
 
 ENGINES = tuple(SERVING_ENGINES)  # tfcompile/engines.py: one declaration per engine
 # quantize checks these and warns; naming --engine makes it an error
@@ -51,7 +51,6 @@ ROW_PARALLEL = {"o_proj", "down_proj", "out_proj"}
 # a ReplicatedLinear, so only the unsplit sizes count (what lets DeepSeek-V3's FP8 blocks serve at TP 8).
 REPLICATED = {"q_a_proj", "kv_a_proj_with_mqa", "wq_b"}
 _EXPERT = re.compile(r"\.experts\.\d+\.(gate_proj|up_proj|down_proj)$")
-_A4_NEEDS_SM100 = {"nvfp4", "mxfp4", "mxfp8"}
 
 
 @dataclass(frozen=True)
@@ -82,6 +81,41 @@ def _fmt(layer: Mapping, doc: Mapping) -> str:
     return layer.get("format") or doc["scheme"]["name"]
 
 
+def _scheme(layer: Mapping, doc: Mapping) -> Scheme | None:
+    """The layer's scheme (mixed precision: its own), whose facts the rules below check; None for a
+    name this tfcompile does not know (an artifact of a newer one): no rule applies to it."""
+    return SCHEMES.get(_fmt(layer, doc))
+
+
+# The engine quirks as facts of a scheme (tests/test_format_literals.py: no rule names a format)
+def _block_partitioned(s: Scheme | None) -> bool:
+    """Weights in 2-D (N, K) blocks (fp8-block): an engine may split a Linear only at block edges."""
+    return s is not None and s.granularity == "block"
+
+
+def _fused_global_scale(s: Scheme | None) -> bool:
+    """Block scales under one per-tensor global scale, which an engine-fused layer shares (NVFP4)."""
+    return s is not None and s.shares_global_scale
+
+
+def _weight_only_mx_fp4(s: Scheme | None) -> bool:
+    """Weight-only FP4 elements with MX (E8M0, shared-exponent) scales (mxfp4a16): what vLLM 0.32
+    builds as `CompressedTensorsW4A4Mxfp4` whatever `input_activations` says (#56770)."""
+    return s is not None and s.act is None and s.weights.has_rule and s.weights.packed
+
+
+def _needs_block_scaled_mma(s: Scheme | None) -> bool:
+    """Block-scaled weights and quantized activations (W4A4 / W8A8 MX and NVFP4): a GEMM on FP4/MX
+    tensor cores, which sm_90a lacks (engines run them weight-only there)."""
+    return s is not None and s.act is not None and s.weights.block_scaled
+
+
+def _activated(s: Scheme) -> Scheme | None:
+    """The scheme with `s`'s weights whose activations are quantized (mxfp4a16 -> mxfp4)."""
+    return next((t for t in SCHEMES.values() if t.act is not None and (t.weight, t.granularity, t.block)
+                 == (s.weight, s.granularity, s.block)), None)
+
+
 def _fused(doc: Mapping) -> list[list[Mapping]]:
     """Fused groups as the engine packs them (manifest groups, members in the engine's order)."""
     by_module = {la["module"]: la for la in doc.get("layers", [])}
@@ -97,10 +131,10 @@ def _fp8_block(doc: Mapping, engine: str, tp: int) -> list[EngineProblem]:
     if not SERVING_ENGINES[engine].fp8_block_partitions:
         return []
     bad: list[str] = []
-    layers = [la for la in doc.get("layers", []) if _fmt(la, doc) == "fp8-block"]
+    layers = [la for la in doc.get("layers", []) if _block_partitioned(_scheme(la, doc))]
     grouped = {la["module"] for g in _fused(doc) for la in g}
     for g in _fused(doc):
-        if _fmt(g[0], doc) != "fp8-block":
+        if not _block_partitioned(_scheme(g[0], doc)):
             continue
         t = 1 if _leaf(g[0]) in REPLICATED else tp
         members = g if t > 1 else g[:-1]  # merged weights: the last member may end in a partial block
@@ -170,7 +204,7 @@ def _unshared_global_scales(doc: Mapping, engine: str) -> list[EngineProblem]:
     fused: dict[tuple[str, str], list[str]] = {}
     for la in doc.get("layers", []):
         parent, _, leaf = la["module"].rpartition(".")
-        if leaf in roles and _fmt(la, doc) in ("nvfp4", "nvfp4a16"):
+        if leaf in roles and _fused_global_scale(_scheme(la, doc)):
             fused.setdefault((parent, roles[leaf]), []).append(la["module"])
     bad = sorted(sorted(ms) for ms in fused.values() if len({group_of.get(m, m) for m in ms}) > 1)
     if not bad:
@@ -183,7 +217,7 @@ def _unshared_global_scales(doc: Mapping, engine: str) -> list[EngineProblem]:
 
 
 def _weight_only_mxfp4(doc: Mapping, engine: str, target: str | None) -> list[EngineProblem]:
-    if not SERVING_ENGINES[engine].mxfp4a16_as_w4a4 or not any(_fmt(la, doc) == "mxfp4a16"
+    if not SERVING_ENGINES[engine].mxfp4a16_as_w4a4 or not any(_weight_only_mx_fp4(_scheme(la, doc))
                                                                 for la in doc.get("layers", [])):
         return []
     where = "on sm_100a" if target == "sm_100a" else "where a W4A4 kernel exists (sm_100 + FlashInfer)"
@@ -196,7 +230,7 @@ def _weight_only_mxfp4(doc: Mapping, engine: str, target: str | None) -> list[En
 def _target(doc: Mapping, engine: str, target: str | None) -> list[EngineProblem]:
     if target != "sm_90a":
         return []
-    fmts = sorted({_fmt(la, doc) for la in doc.get("layers", [])} & _A4_NEEDS_SM100)
+    fmts = sorted({_fmt(la, doc) for la in doc.get("layers", []) if _needs_block_scaled_mma(_scheme(la, doc))})
     if not fmts:
         return []
     return [EngineProblem(engine, False, f"{', '.join(fmts)}: sm_90a has no FP4/MX tensor cores; {engine} serves "
@@ -204,12 +238,12 @@ def _target(doc: Mapping, engine: str, target: str | None) -> list[EngineProblem
                           "nvfp4a16 / fp8-dynamic for Hopper")]
 
 
-# ENGINE:TARGET -> {format written: format whose activations the engine runs instead}, where an engine
-# reads an artifact otherwise than written (`tfcompile eval --served-on`): vLLM 0.32 builds
-# CompressedTensorsW4A4Mxfp4 with kMxfp4Dynamic activations for a weight-only MXFP4 artifact, and on
-# sm_100 its first MXFP4 kernel, FlashInfer's, quantizes them (kernels/linear/mxfp4/flashinfer.py);
-# on sm_90 Marlin runs weight-only, as written (#56770).
-SERVED_ON = {"vllm:sm_100a": {"mxfp4a16": "mxfp4"}, "vllm:sm_90a": {}}
+# ENGINE:TARGET -> whether the engine reads a weight-only MXFP4 artifact there as W4A4 (`tfcompile eval
+# --served-on`): vLLM 0.32 builds CompressedTensorsW4A4Mxfp4 with kMxfp4Dynamic activations for it, and
+# on sm_100 its first MXFP4 kernel, FlashInfer's, quantizes them (kernels/linear/mxfp4/flashinfer.py);
+# on sm_90 Marlin runs weight-only, as written (#56770). The formats it applies to are the scheme
+# facts `_weight_only_mx_fp4` checks.
+SERVED_ON = {"vllm:sm_100a": True, "vllm:sm_90a": False}
 
 
 def served_activations(served_on: str | None) -> dict[str, str]:
@@ -218,7 +252,9 @@ def served_activations(served_on: str | None) -> dict[str, str]:
         return {}
     if served_on not in SERVED_ON:
         raise ValueError(f"unknown --served-on {served_on!r}; choose one of: {', '.join(SERVED_ON)}")
-    return dict(SERVED_ON[served_on])
+    if not (SERVED_ON[served_on] and SERVING_ENGINES[served_on.partition(":")[0]].mxfp4a16_as_w4a4):
+        return {}
+    return {s.name: t.name for s in SCHEMES.values() if _weight_only_mx_fp4(s) and (t := _activated(s))}
 
 
 def check_engines(doc: Mapping, engines: Iterable[str], **kw) -> list[EngineProblem]:

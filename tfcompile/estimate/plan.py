@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tfcompile.artifact.engines import check_engines, engine_record, plan_view
+from tfcompile.calibration.record import CALIB
 from tfcompile.dist.partition import hessian_owners, shard_owner
 from tfcompile.io.writer import TensorSpec, plan_shards
 from tfcompile.ir import ALGORITHMS, LAYER_SOLVERS, CalibStats, ModelInfo, SolveCost
@@ -154,7 +155,7 @@ def _program(shape: ModelShape, recipe):
                   model=ModelInfo.from_config(shape.config, dominant))
     planner = _maker("plan")
     ctx = planner.run(ctx, _config(planner, recipe), NullReporter()).ctx
-    ctx = ctx.with_(calib=CalibStats({t.module: 1.0 for t in ctx.plan.targets()}, 0, "estimate"))
+    ctx = ctx.add(CALIB, CalibStats({t.module: 1.0 for t in ctx.plan.targets()}, 0, "estimate"))
     programmer = _maker("program")  # its defaults (round to nearest): every algorithm writes the same tensors
     return programmer.run(ctx, programmer.config(), NullReporter()).ctx.program, ctx.plan
 

@@ -1,8 +1,8 @@
 """What a run's layout plan adds to the artifact: OUT/tfcompile/kv_cache.json, the engine view
 pack streams beside the compressed-tensors view (its config.json, layout.json, tokenizer files),
-and the manifest's `layout` section. The layout pass (passes/layout.py) builds the plan
-(`ctx.layout`); pack and the manifest read it through these functions, so no pass imports
-another. `ctx` is the pipeline's Context (read, never changed here).
+and the manifest's `layout` section. The layout pass (passes/layout.py) builds the plan, the fact
+`LAYOUT` declared here (`ctx.get(LAYOUT)`); pack and the manifest read it through these functions,
+so no pass imports another. `ctx` is the pipeline's Context (read, never changed here).
 """
 
 from __future__ import annotations
@@ -10,18 +10,19 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from tfcompile.facts import fact
 from tfcompile.io.aux_files import copy_aux_files
 from tfcompile.io.jsonfile import write_json
 from tfcompile.ir import torch_dtype
 from tfcompile.layout.descriptor import DESCRIPTOR, build_descriptor
-from tfcompile.layout.plan import pattern
+from tfcompile.layout.plan import LayoutPlan, pattern
 from tfcompile.layout.view import LAYOUT_JSON, EngineView, heads_record, write_view_files
 from tfcompile.layout.view import open_view as _open_view
 
 
 def descriptor(ctx) -> dict | None:
     """OUT/tfcompile/kv_cache.json's content for this run (pack writes it), or None."""
-    lp = ctx.layout
+    lp = ctx.get(LAYOUT)
     if lp is None:
         return None
     geom = lp.heads.geom if lp.heads else None
@@ -34,7 +35,7 @@ def descriptor(ctx) -> dict | None:
 
 def manifest_record(ctx, files: dict[str, str]) -> dict | None:
     """The manifest's `layout` section: each transform and what it did."""
-    lp = ctx.layout
+    lp = ctx.get(LAYOUT)
     if lp is None:
         return None
     s = lp.spec
@@ -61,6 +62,10 @@ def manifest_record(ctx, files: dict[str, str]) -> dict | None:
             "warnings": list(lp.warnings)}
 
 
+LAYOUT = fact("layout", LayoutPlan, "the engine layout (--layout): fusions, row orders, the view",
+              manifest=lambda ctx, lp: {"layout": manifest_record(ctx, ctx.artifact.files)}, owner=__name__)
+
+
 def _geometry(heads: dict) -> dict:
     """The head record without the row maps the transforms already list."""
     return {k: v for k, v in heads.items() if k not in ("rope_row_order", "kv_head_map")}
@@ -68,7 +73,7 @@ def _geometry(heads: dict) -> dict:
 
 def open_view(ctx) -> EngineView | None:
     """The engine view pack streams beside the compressed-tensors view (None: no weight changes)."""
-    return _open_view(ctx.layout, ctx.program, ctx.source, torch_dtype(ctx.model.dtype))
+    return _open_view(ctx.get(LAYOUT), ctx.program, ctx.source, torch_dtype(ctx.model.dtype))
 
 
 def write_files(out: Path, ctx, view: EngineView | None, layers: list[dict]) -> dict[str, str]:
@@ -79,7 +84,7 @@ def write_files(out: Path, ctx, view: EngineView | None, layers: list[dict]) -> 
     files = {DESCRIPTOR: write_json(out / DESCRIPTOR, doc)}
     if view is not None:
         shapes = {x["module"]: x["shape"] for x in layers}
-        files.update(write_view_files(out, ctx.layout, ctx.source.config, ctx.plan,
+        files.update(write_view_files(out, ctx[LAYOUT], ctx.source.config, ctx.plan,
                                       ctx.program.kv_strategy, shapes))
         aux = copy_aux_files(ctx.source.aux_files(), out / view.dir)
         files.update({f"{view.dir}/{k}": v for k, v in aux.items()})

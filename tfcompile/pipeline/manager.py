@@ -43,7 +43,7 @@ class PassFailed(TfcompileError):
 
 
 def writes_artifact(recipe: Recipe) -> bool:
-    """Whether a pass of `recipe` writes the artifact (produces the `artifact` context field:
+    """Whether a pass of `recipe` writes the artifact (produces the `artifact` core field:
     `pack`, unless --until stops before it): the run then needs its output directory."""
     return any("artifact" in get_pass(n).produces for n in recipe.names())
 
@@ -112,7 +112,7 @@ def run(ctx: Context, recipe: Recipe, reporter: Reporter | None = None) -> Conte
             reporter.pass_failed(spec.name)
             raise PassFailed(spec.name, done, e) from e
         seconds = time.perf_counter() - t0
-        lost = sorted(f for f in spec.produces if getattr(result.ctx, f) is None)
+        lost = sorted(f for f in spec.produces if result.ctx.value(f) is None)
         if lost:
             raise PassFailed(spec.name, done, RuntimeError(f"did not produce {', '.join(lost)}"))
         stats[spec.name] = {"seconds": round(seconds, 4), **dict(result.stats)}

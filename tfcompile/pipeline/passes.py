@@ -1,7 +1,8 @@
 """The pass API and registry.
 
 A pass is a name, a frozen config dataclass (unknown keys are rejected when a
-recipe is parsed), the context fields it `requires` and `produces`, and a pure
+recipe is parsed), the facts it `requires` and `produces` (the context's core field names, or
+the `Fact` keys its package declares: tfcompile/facts.py), and a pure
 function `run(ctx, cfg, reporter) -> PassResult`. Passes keep no state between
 runs and touch no globals; the registry maps names to specs. It is filled by
 importing the pass modules (`tfcompile.passes.builtin`), which the entry points
@@ -31,7 +32,8 @@ from typing import Any, Callable, Mapping
 
 from tfcompile.errors import RecipeError, UserError
 from tfcompile.io.jsonfile import JsonValue
-from tfcompile.pipeline.context import FIELDS, Context
+from tfcompile.facts import PRODUCERS, Fact
+from tfcompile.pipeline.context import FIELDS, Context, known
 from tfcompile.recipe import Recipe
 from tfcompile.reporter import Reporter
 from tfcompile.schemes import Scheme
@@ -89,7 +91,7 @@ class PassSpec:
     implies: ImpliesFn | None = None
     finish: FinishFn | None = None  # called with the final context after the last pass
     # under torchrun: "all" (every rank runs it and divides its own work) or "root" (rank 0 runs
-    # it, the others receive the context fields it produces: passes that only write files or
+    # it, the others receive the facts it produces: passes that only write files or
     # read the finished artifact; pipeline/ranks.py)
     ranks: str = "all"
     intents: IntentsFn | None = None  # what other passes may know of it before it runs
@@ -117,13 +119,14 @@ def register_pass(name: str, *, config: type, requires=(), produces=(), supports
                   when: WhenFn | None = None, implies: ImpliesFn | None = None, finish: FinishFn | None = None,
                   ranks: str = "all", intents: IntentsFn | None = None,
                   unscheduled: Callable[[Any], tuple[str, str]] | None = None):
-    """Decorator: register `run` as pass `name`. Field names are checked here."""
-    req, prod = frozenset(requires), frozenset(produces)
+    """Decorator: register `run` as pass `name`. `requires` / `produces`: core field names or Fact
+    keys (held by name: a fact's name is unique), checked here."""
+    req, prod = _names(requires), _names(produces)
     if ranks not in ("all", "root"):
         raise ValueError(f"pass {name!r}: ranks must be 'all' or 'root', not {ranks!r}")
-    bad = (req | prod) - FIELDS
+    bad = {n for n in req | prod if not known(n)}
     if bad:
-        raise ValueError(f"pass {name!r} names unknown context fields {sorted(bad)}")
+        raise ValueError(f"pass {name!r} names unknown context fields or undeclared facts {sorted(bad)}")
     if not (dataclasses.is_dataclass(config) and config.__dataclass_params__.frozen):
         raise TypeError(f"pass {name!r}: config must be a frozen dataclass")
 
@@ -133,9 +136,18 @@ def register_pass(name: str, *, config: type, requires=(), produces=(), supports
         doc = (fn.__doc__ or "").strip().splitlines()[0] if fn.__doc__ else ""
         REGISTRY[name] = PassSpec(name, config, req, prod, fn, doc, supports, when, implies, finish, ranks,
                                   intents, unscheduled)
+        for n in sorted(prod - FIELDS):
+            PRODUCERS.setdefault(n, []).append(name)
         return fn
 
     return wrap
+
+
+def _names(keys) -> frozenset[str]:
+    """Core field names and Fact keys -> names (a str that names a fact must be its declared name)."""
+    if isinstance(keys, (str, Fact)):
+        raise TypeError("requires= / produces= take a sequence of names or Fact keys, not one")
+    return frozenset(k.name if isinstance(k, Fact) else k for k in keys)
 
 
 def recipe_intents(recipe: Recipe | None, kind: type) -> list:

@@ -19,6 +19,7 @@ from typing import Iterable, Mapping
 
 from tfcompile.kernels.cutlass.configs import KERNELS, gaps, serving
 from tfcompile.kernels.cutlass.toolchain import cutlass_includes
+from tfcompile.schemes import get_scheme
 from tfcompile.tune.search import Ranker, canonical
 from tfcompile.tune.shapes import Problem
 from tfcompile.tune.table import cost_entry
@@ -43,7 +44,7 @@ def problems(scheme: str, shapes: Iterable[tuple[int, int]], targets: Iterable[s
     for target in targets:
         kernels = serving(scheme, target)
         if not kernels:
-            notes[target] = gaps(scheme, target)
+            notes[target] = gaps(scheme, target, get_scheme(scheme).weights.element_bits)
         out += [Problem(target, k.name, n, kk, m) for k in kernels for m in buckets for n, kk in shapes]
     return sorted(out), notes
 

@@ -8,7 +8,7 @@ of equally valid roundings); scores each as
 bench/peers.py does (transformers + compressed-tensors, held-out python-doc) and prints the
 weight SQNR and whether a variant is bit-identical to llm-compressor's artifact.
 
-    python bench/fp8_rounding.py [--max-tokens 8192] [--work DIR] [--llmc-python PY]
+    python -m bench run fp8_rounding [--max-tokens 8192] [--work DIR] [--llmc-python PY]
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from heldout import HeldOut  # noqa: E402
-from peers import LLMC_PYTHON, REPO, calib_ids  # noqa: E402
+from bench.heldout import LLMC_PYTHON, HeldOut, calib_ids
+
+REPO = Path(__file__).resolve().parents[2]
 
 VARIANTS = {"up/float32": ("up", "float32"), "nearest/float32": ("nearest", "float32"),
             "up/bf16": ("up", "bf16"), "nearest/bf16": ("nearest", "bf16"),

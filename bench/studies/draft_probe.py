@@ -12,7 +12,7 @@ this prints one JSON line with
   agreement     per chain step j, how often the draft's argmax equals the target's on the generated
                 part, fed the target's own tokens (step j's row predicts position i + 2 + j)
 
-    python bench/draft_probe.py --draft DIR [--prompts 8] [--new-tokens 64] [--threads 1]
+    python -m bench run draft_probe --draft DIR [--prompts 8] [--new-tokens 64] [--threads 1]
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import json
 import os
 from pathlib import Path
 
-from common import machine_line  # noqa: E402
+from bench.common import machine_line
 
 PROMPT = 64
 
