@@ -28,7 +28,7 @@ import re
 from dataclasses import dataclass
 
 from tfcompile.errors import CheckpointError, FormatError, RecipeError
-from tfcompile.families import INCLUDES, Family, family_of, keep_rules
+from tfcompile.families import Family, family_of, includes, keep_rules
 from tfcompile.families.rules import ALL_LINEARS, fusion_roles, standard_linear
 from tfcompile.families.experts import bias_slices, split_slices
 from tfcompile.io.checkpoint import Checkpoint
@@ -56,17 +56,17 @@ class SelectConfig:
     ignore: tuple[str, ...] = ()  # extra patterns: globs over module names, or "re:<regex>"
     use_default_ignore: bool = True
     fuse_groups: bool = True  # group q/k/v and gate/up (shared NVFP4 global scale)
-    include: tuple[str, ...] = ()  # kept module classes to quantize anyway: vision, mla_kv_b, ... (INCLUDES)
+    include: tuple[str, ...] = ()  # kept module classes to quantize anyway: vision, mla_kv_b, ... (families.includes)
 
 
 def _supports(recipe: Recipe, cfg: SelectConfig) -> list[Unsupported]:
     reasons = check(get_scheme, cfg.format)  # names the valid formats
     for p in cfg.ignore:
         reasons += check(_compile, p)
-    bad = [i for i in cfg.include if i not in INCLUDES]
+    bad = [i for i in cfg.include if i not in includes()]
     if bad:
         reasons.append(Unsupported(f"select.include {bad}: unknown module class",
-                                   "choose from: " + ", ".join(INCLUDES)))
+                                   "choose from: " + ", ".join(includes())))
     return reasons
 
 

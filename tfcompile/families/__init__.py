@@ -6,7 +6,8 @@ docs/models.md is the user-facing table of these rules.
 
 from tfcompile.families.family import V5, ExpertLayout, Family, Keep
 from tfcompile.families.gpt_oss import EXPERTS as GPT_OSS
-from tfcompile.families.rules import FAMILIES, GENERIC, INCLUDES, engine_unquantized, family_of, keep_rules
+from tfcompile.families.rules import (FAMILIES, GENERIC, engine_unquantized, families, family_of, includes, keep_rules,
+                                      register_family, unregister_family)
 
-__all__ = ["FAMILIES", "GENERIC", "GPT_OSS", "INCLUDES", "V5", "ExpertLayout", "Family", "Keep", "engine_unquantized", "family_of",
-           "keep_rules"]
+__all__ = ["FAMILIES", "GENERIC", "GPT_OSS", "V5", "ExpertLayout", "Family", "Keep", "engine_unquantized", "families",
+           "family_of", "includes", "keep_rules", "register_family", "unregister_family"]

@@ -50,11 +50,42 @@ FAMILIES: tuple[Family, ...] = (deepseek.V3, deepseek.V32, glm.GLM_MOE_DSA, deep
                                 glm.GLM4_MOE, minimax.MINIMAX_M2, qwen.QWEN3, qwen.QWEN3_MOE, qwen.QWEN3_NEXT,
                                 qwen.QWEN3_5, qwen.QWEN_VL, bert.BERT, deepseek.V4)
 GENERIC = Family("generic", (), linears="standard")
-_BY_TYPE = {t: f for f in FAMILIES for t in f.model_types}
 ALWAYS = (VISION, MTP)  # every model, whatever its family
 # `select.include=all_linears`: a model type with no rules quantizes every decoder-layer Linear again
 ALL_LINEARS = "all_linears"
-INCLUDES = tuple(sorted({k.include for f in FAMILIES for k in f.keep} | {k.include for k in ALWAYS} | {ALL_LINEARS}))
+# The rule sets in force: the in-tree FAMILIES, then any a plugin or test adds with `register_family`
+_BY_NAME: dict[str, Family] = {f.name: f for f in FAMILIES}
+_BY_TYPE: dict[str, Family] = {t: f for f in FAMILIES for t in f.model_types}
+
+
+def register_family(family: Family) -> None:
+    """Add a rule set from outside this package (a plugin, a test): every reader here answers with it
+    at once. Refuses a family name or a model_type that already has rules."""
+    taken = [t for t in family.model_types if t in _BY_TYPE] + ([family.name] if family.name in _BY_NAME else [])
+    if taken:
+        raise ValueError(f"family {family.name!r}: {taken} already have rules "
+                         "(hint: unregister_family the old rule set first, or choose new names)")
+    _BY_NAME[family.name] = family
+    _BY_TYPE.update({t: family for t in family.model_types})
+
+
+def unregister_family(name: str) -> None:
+    """Remove a rule set `register_family` added (the in-tree ones stay)."""
+    if name in {f.name for f in FAMILIES} or name not in _BY_NAME:
+        raise ValueError(f"family {name!r} was not registered (hint: only register_family's rule sets go)")
+    fam = _BY_NAME.pop(name)
+    for t in fam.model_types:
+        del _BY_TYPE[t]
+
+
+def families() -> tuple[Family, ...]:
+    """Every rule set in force: FAMILIES, then the registered ones in registration order."""
+    return tuple(_BY_NAME.values())
+
+
+def includes() -> tuple[str, ...]:
+    """The `select.include` names: every kept class's switch, and `all_linears`."""
+    return tuple(sorted({k.include for f in families() for k in f.keep} | {k.include for k in ALWAYS} | {ALL_LINEARS}))
 
 
 def family_of(config: Mapping) -> Family:
@@ -82,19 +113,19 @@ FUSE = {
 
 def fusion_roles(family: str) -> dict[str, str]:
     """Leaf -> fusion role for family `family` (a manifest's "family")."""
-    fam = next((f for f in FAMILIES if f.name == family), GENERIC)
+    fam = _BY_NAME.get(family, GENERIC)
     return {**FUSE, **fam.fuse}
 
 
 def engine_has_no_model(family: str, engine: str) -> bool:
     """True when `engine`'s release has no model class for family `family` (a manifest's "family")."""
-    fam = next((f for f in FAMILIES if f.name == family), GENERIC)
+    fam = _BY_NAME.get(family, GENERIC)
     return engine in fam.no_model
 
 
 def engine_unquantized(family: str) -> tuple[Keep, ...]:
     """The kept classes of family `family` (a manifest's "family") that vLLM builds unquantized."""
-    fam = next((f for f in FAMILIES if f.name == family), GENERIC)
+    fam = _BY_NAME.get(family, GENERIC)
     return tuple(k for k in ALWAYS + fam.keep if k.engine_unquantized)
 
 
