@@ -91,3 +91,35 @@ def test_an_existing_out_is_refused_before_any_training(tmp_path, run_cli):
     res = run_cli("draft", DEMO, "-o", tmp_path / "x", "--steps", "1")
     assert res.code == 1 and "already exists" in res.err and "--overwrite" in res.err
     assert "distill draft" not in res.err  # refused up front: no training step ran
+
+
+def test_a_run_killed_in_self_generation_keeps_the_decoded_chunks(tmp_path, run_cli, monkeypatch):
+    """Self-generation is saved chunk by chunk (tfcompile/draft/train.py SelfGenerated): a kill after
+    the first chunk resumes there, decodes only the rest and writes the uninterrupted run's bytes; a
+    chunk that does not continue this run's prompts is refused, naming the file."""
+    from tfcompile.draft import train
+
+    monkeypatch.setattr(train, "GEN_BATCH", 2)  # 4 self-generated sequences: 2 chunks
+    res = run_cli("draft", DEMO, "-o", tmp_path / "a", *SMALL, "-q")
+    assert res.code == 0, res.err
+    resume, saved = tmp_path / "resume", train.SelfGenerated.save
+
+    def save_then_die(self, c, ids):
+        saved(self, c, ids)
+        if c == 0:
+            raise RuntimeError("killed")  # dies after chunk 0 is on disk
+
+    monkeypatch.setattr(train.SelfGenerated, "save", save_then_die)
+    assert run_cli("draft", DEMO, "-o", tmp_path / "b", *SMALL, "--resume-dir", resume, "-q").code == 2
+    assert sorted(p.name for p in resume.glob("selfgen-*")) == ["selfgen-00000.safetensors"]
+    monkeypatch.setattr(train.SelfGenerated, "save", saved)
+    loaded, load = [], train.SelfGenerated.load
+    monkeypatch.setattr(train.SelfGenerated, "load",
+                        lambda self, c, p, t: loaded.append((c, r := load(self, c, p, t))) or r)
+    assert run_cli("draft", DEMO, "-o", tmp_path / "b", *SMALL, "--resume-dir", resume, "-q").code == 0
+    assert [(c, r is not None) for c, r in loaded] == [(0, True), (1, False)]  # chunk 0 read, chunk 1 decoded
+    assert _files(tmp_path / "b") == _files(tmp_path / "a")
+    # a chunk of other prompts (here: chunk 1's file in chunk 0's place) is refused with a hint
+    (resume / "selfgen-00000.safetensors").write_bytes((resume / "selfgen-00001.safetensors").read_bytes())
+    res = run_cli("draft", DEMO, "-o", tmp_path / "c", *SMALL, "--resume-dir", resume, "-q")
+    assert res.code == 1 and "selfgen-00000.safetensors" in res.err and "hint:" in res.err

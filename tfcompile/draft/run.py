@@ -145,7 +145,7 @@ def _train(model: Path, cfg: DraftConfig, target_artifact: Path | None, tmp: Pat
         fp = {"config": cfg.record(), "target": target_identity(Path(target_artifact or model)),
               "torch": torch.__version__, "threads": torch.get_num_threads()}
         resume = ResumeDir.open(cfg.resume_dir, fp)
-    tokens, data = training_tokens(cfg, load_tokenizer(model), target)
+    tokens, data = training_tokens(cfg, load_tokenizer(model), target, resume)
     t_data = time.perf_counter()
     draft = build_draft(target, cfg_json, cfg, tokens).to(dev)
     metrics = Path(cfg.metrics) if cfg.metrics else (resume.path / "metrics.jsonl" if resume else None)

@@ -13,32 +13,49 @@ never its held-out split) and `self_blocks` sequences the target continues itsel
 from `self_prompt` tokens of further text blocks (EAGLE-3 trains on the target's own
 outputs). Which sequences a step uses is distill's BlockOrder (a pure function of seed and
 step), the loop is distill's (optimizer, schedule, clipping, checkpoints, Ctrl-C), so a
-resumed run ends bit-identical to an uninterrupted one on the same machine and thread count.
+resumed run ends bit-identical to an uninterrupted one on the same machine and thread count. The
+self-generated sequences are kept in the resume folder chunk by chunk as they are decoded
+(SelfGenerated): generation is most of a large run's data time (SmolLM2, 3,840 sequences: over an
+hour on 2 cores), and a run killed in it resumes at the first missing chunk.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load, save
 
 from tfcompile.distill.data import BlockOrder, load_data
 from tfcompile.distill.train import Loop, Segment, deterministic
 from tfcompile.draft.config import DraftConfig
 from tfcompile.draft.eagle3 import Eagle3Draft
+from tfcompile.errors import UserError
+from tfcompile.io.atomic import write_atomic
+
+
+GEN_BATCH = 64  # rows greedy_continue decodes together: also one chunk of a resume folder
 
 
 @torch.no_grad()
-def greedy_continue(model, prompts: torch.Tensor, total: int, batch: int = 64) -> torch.Tensor:
+def greedy_continue(model, prompts: torch.Tensor, total: int, batch: int | None = None, saved=None) -> torch.Tensor:
     """int64 [N, total]: each prompt row [N, P] continued by the model's greedy decoding.
 
     batch: rows decoded together. Wider batches amortize per-op overhead: SmolLM2-135M, 64 prompts of
     32 tokens continued by 16, one thread, load 10 (2026-12-05, /tmp script, medians of 3): 19.1 s at
-    batch 64 against 24.9 s at 16, the same tokens."""
+    batch 64 against 24.9 s at 16, the same tokens.
+    saved: a SelfGenerated store (a resume folder): chunks it holds are read back, each new chunk is
+    written as soon as it is decoded, so a killed run loses at most one chunk of generation."""
     from transformers import DynamicCache  # lazy: transformers (~2 s to import)
 
     dev = next(model.parameters()).device
     out = []
-    for rows in prompts.split(batch):
+    for c, rows in enumerate(prompts.split(batch or GEN_BATCH)):
+        done = None if saved is None else saved.load(c, rows, total)
+        if done is not None:
+            out.append(done)
+            continue
         ids = rows.to(dev)
         cache = DynamicCache(config=model.config)
         nxt = ids
@@ -49,11 +66,47 @@ def greedy_continue(model, prompts: torch.Tensor, total: int, batch: int = 64) -
             nxt = logits.argmax(-1, keepdim=True)
             ids = torch.cat([ids, nxt], 1)
         out.append(ids.cpu())
+        if saved is not None:
+            saved.save(c, out[-1])
     return torch.cat(out)
 
 
-def training_tokens(cfg: DraftConfig, tokenizer, target) -> tuple[torch.Tensor, dict]:
-    """int64 [text_blocks + self_blocks, seq_len] and the data record."""
+class SelfGenerated:
+    """The target's own continuations kept in a resume folder (`selfgen-{chunk:05d}.safetensors`,
+    tensor `ids` int64 [rows, total]; written to a temporary name, fsynced, renamed; read by
+    safetensors, no pickle). The folder's fingerprint (config, target, torch, threads) already
+    pins what a chunk holds; each chunk is checked again against its prompts when it is read."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.resumed = 0  # chunks read back in this run
+
+    def _file(self, c: int) -> Path:
+        return self.path / f"selfgen-{c:05d}.safetensors"
+
+    def load(self, c: int, prompts: torch.Tensor, total: int) -> torch.Tensor | None:
+        f = self._file(c)
+        if not f.is_file():
+            return None
+        try:
+            ids = load(f.read_bytes())["ids"]
+        except Exception as e:  # noqa: BLE001 - a damaged file: name it
+            raise UserError(f"--resume-dir: cannot read {f} ({type(e).__name__}: {e})",
+                            hint=f"delete {f} to generate its sequences again") from None
+        p = prompts.shape[1]
+        if ids.dtype != torch.int64 or tuple(ids.shape) != (len(prompts), total) or not torch.equal(ids[:, :p], prompts):
+            raise UserError(f"--resume-dir: {f} does not continue this run's prompts (shape {tuple(ids.shape)})",
+                            hint=f"delete {f} to generate its sequences again")
+        self.resumed += 1
+        return ids
+
+    def save(self, c: int, ids: torch.Tensor) -> None:
+        write_atomic(self._file(c), save({"ids": ids.contiguous()}))
+
+
+def training_tokens(cfg: DraftConfig, tokenizer, target, resume=None) -> tuple[torch.Tensor, dict]:
+    """int64 [text_blocks + self_blocks, seq_len] and the data record. resume: the run's ResumeDir,
+    where the self-generated sequences are kept as they are decoded."""
     blocks = cfg.text_blocks + cfg.self_blocks
     data = load_data(cfg.data, tokenizer, target, blocks=blocks, seq_len=cfg.seq_len, heldout_tokens=0,
                      heldout_seq_len=cfg.seq_len, heldout_percent=10.0, seed=cfg.seed)
@@ -61,7 +114,8 @@ def training_tokens(cfg: DraftConfig, tokenizer, target) -> tuple[torch.Tensor, 
     prompts = data.train[cfg.text_blocks:blocks, : cfg.self_prompt]
     parts = [text]
     if len(prompts):
-        parts.append(greedy_continue(target, prompts, cfg.seq_len))
+        saved = None if resume is None else SelfGenerated(resume.path)
+        parts.append(greedy_continue(target, prompts, cfg.seq_len, saved=saved))
     tokens = torch.cat(parts)
     return tokens, {"source": data.source, "text_sequences": len(text), "self_sequences": len(prompts),
                     "seq_len": cfg.seq_len, "tokens": int(tokens.numel())}
