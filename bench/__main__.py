@@ -61,7 +61,7 @@ SUITE: dict[str, tuple[str, str]] = {
     "acc_gptq_spread": ("studies", "accuracy.md"),
     "acc_rtn_spread": ("studies", "accuracy.md"),
     "acc_rotation": ("studies", "accuracy.md"),
-    "mxfp4_hadamard": ("studies", "accuracy.md"),
+    "fp4_hadamard": ("studies", "accuracy.md"),
     "fp8_rounding": ("studies", "accuracy.md"),
     "draft_step": ("studies", "performance.md"),
     "draft_probe": ("studies", "accuracy.md"),
