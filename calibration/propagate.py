@@ -40,7 +40,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from collections.abc import Callable, Mapping
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -99,12 +99,16 @@ class Block:
     batch's input as the quantized layers before it made it ([(hidden, kwargs)], on the loop's
     device); the original model's output of this layer per batch (`targets`); and quantized
     module (checkpoint name) -> where its weight lives inside the layer (`Slot`: a whole
-    parameter, or an expert's slice of a fused expert parameter)."""
+    parameter, or an expert's slice of a fused expert parameter). Under torchrun a rank holds only
+    its batches: `batch_ids` are their global numbers (None: 0, 1, ... in one process) and `world`
+    the ranks that hold the others."""
     index: int
     layer: torch.nn.Module
     inputs: list
     targets: list
     slots: dict[str, Slot]
+    batch_ids: list[int] | None = None
+    world: Any = LOCAL
 
 
 class Overrides:
@@ -154,8 +158,10 @@ class LayerPropagation:
         """The solver tunes against the layer's outputs (`Block`): the loop keeps the original stream."""
         return bool(getattr(self.solver, "needs_block", False))
 
-    def block(self, i: int, layer: torch.nn.Module, inputs: list, targets: list) -> Block:
-        """Layer i's `Block` (the layer bound to its original weights)."""
+    def block(self, i: int, layer: torch.nn.Module, inputs: list, targets: list,
+              batch_ids: list[int] | None = None) -> Block:
+        """Layer i's `Block` (the layer bound to its original weights); batch_ids: the global
+        numbers of this rank's batches (None: one process holds them all)."""
         prefix = f"{self.path}.{i}."
         params = {n: tuple(p.shape) for n, p in layer.named_parameters()}
         slots = {}
@@ -169,7 +175,7 @@ class LayerPropagation:
                 slots[module] = Slot(name[len(prefix):])
             elif (slot := _expert_slot(layer, self.names.to_model(module), prefix, t.shape)) is not None:
                 slots[module] = slot
-        return Block(i, layer, inputs, targets, slots)
+        return Block(i, layer, inputs, targets, slots, batch_ids, self.world)
 
     def solve(self, i: int, rec: Recorders, block: Block | None = None) -> dict[str, torch.Tensor]:
         """Layer i's statistics are complete: quantize its groups, share the weights, and point

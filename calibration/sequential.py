@@ -122,8 +122,6 @@ def observe_sequential(model_dir: Path, ckpt, modules: set[str], *, data: str, s
     # learned rounding (a solver with needs_block): the unquantized model's activations, kept beside
     # the quantized stream as each block's target (one more copy of the activations)
     originals = list(inputs) if propagation is not None and propagation.needs_block else None
-    if originals is not None and world.distributed:
-        raise Unsupported("learned rounding under torchrun (each rank holds only its batches)")
     n_rounds = rounds(len(starts), world.size)
     passes = 1 if propagation is None else 2
     progress.task(f"calibrate {len(layers)} layers x {len(starts)} batches", len(layers) * n_rounds * passes)
@@ -144,7 +142,8 @@ def observe_sequential(model_dir: Path, ckpt, modules: set[str], *, data: str, s
                 if originals is not None:  # the original model's stream: this layer's targets, next inputs
                     with rec.paused():
                         originals = [(_first(layer(h, **kw)), kw) for h, kw in originals]
-                    block = propagation.block(i, layer, inputs, [h for h, _ in originals])
+                    block = propagation.block(i, layer, inputs, [h for h, _ in originals],
+                                              batch_ids=mine(len(starts), world.rank, world.size))
                 if propagation is None:
                     unbind(layer)
                     ckpt.release()

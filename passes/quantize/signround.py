@@ -31,6 +31,8 @@ import torch
 from torch.func import functional_call
 
 from tfcompile.calibration.propagate import Slot
+from tfcompile.dist import LOCAL
+from tfcompile.dist.collect import broadcast_into
 from tfcompile.dist.devices import one_torch_thread
 from tfcompile.io.checkpoint import Checkpoint
 from tfcompile.io.jsonfile import JsonDict
@@ -83,25 +85,59 @@ def _first(out):
     return out[0] if isinstance(out, (tuple, list)) else out
 
 
+class Batches:
+    """A block's calibration batches, held by one process or spread over torchrun's ranks (each
+    rank holds the inputs and targets of its own batches). Every rank runs the same tuning: the
+    step's batch is drawn from the global numbers, the rank holding it computes the gradient and
+    broadcasts it (the others' zero buffers are overwritten: no sum, so the bits are the holder's),
+    and a score is the mean of every batch's loss gathered and added in global order, as one
+    process adds them. N ranks therefore keep the one-process parameters bit for bit."""
+
+    def __init__(self, count: int, batch_ids: list[int] | None, world, tag: str):
+        ids = list(range(count)) if batch_ids is None else list(batch_ids)
+        self.world, self.tag, self.local = world, tag, {g: j for j, g in enumerate(ids)}
+        held = world.all_objects(f"{tag}/batches", ids) if world.distributed else [ids]
+        self.holder = {g: r for r, rank_ids in enumerate(held) for g in rank_ids}
+        self.count = len(self.holder)
+
+    def mean(self, losses: dict[int, float], k: int) -> float:
+        """Mean of the per-batch losses (this rank's: global number -> loss) over every batch."""
+        merged: dict[int, float] = {}
+        for part in (self.world.all_objects(f"{self.tag}/score{k}", losses) if self.world.distributed
+                     else [losses]):
+            merged.update(part)
+        return sum(merged[g] for g in range(self.count)) / self.count
+
+    def share_grads(self, params: list[torch.Tensor], g: int) -> None:
+        """Batch g's gradients, computed by the rank holding it, in every rank's `params`."""
+        if not self.world.distributed:
+            return
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        broadcast_into(self.world, [p.grad for p in params], self.holder[g])
+
+
 def tune_block(layer: torch.nn.Module, rounders: dict[str, LearnedRounding], slots: dict[str, Slot], inputs: list,
-               targets: list, *, iters: int, lr: float, seed: int) -> JsonDict:
+               targets: list, *, iters: int, lr: float, seed: int, batches: Batches | None = None) -> JsonDict:
     """SignSGD on the rounders' V and alpha (module docstring). `rounders`: quantized module ->
     its rounder, whose weight sits at `slots[module]` in the layer (a whole parameter, or an
     expert's slice of a fused one: the fused tensor is rebuilt around the fake-quantized slices
     every step, so the gradient reaches each expert through its routed tokens only; an expert no
     batch routes to gets a zero gradient, sign 0, and stays at its start). `inputs`:
-    [(hidden, kwargs)] per calibration batch (the quantized stream), `targets`: the original
-    block's outputs. Leaves every rounder at its best scored parameters; returns the block losses
-    (start, kept).
+    [(hidden, kwargs)] per calibration batch this process holds (the quantized stream), `targets`:
+    the original block's outputs; `batches`: where every batch lives (None: all here). Leaves
+    every rounder at its best scored parameters; returns the block losses (start, kept).
 
     On the CPU it runs on one torch thread: most of its ops are elementwise on one weight, where an
     OpenMP team on a busy 2-core machine costs more than it gives (as GPTQ's sweep), and the bits
     then do not depend on the machine's thread count."""
+    batches = batches or Batches(len(inputs), None, LOCAL, "")
     cpu = all(p.device.type == "cpu" for p in layer.parameters())
     with torch.inference_mode(False), torch.enable_grad(), one_torch_thread(cpu):
         whole = {slots[m].param: m for m in rounders if slots[m] == Slot(slots[m].param)}
         fixed = {n: p.detach().clone().float() for n, p in layer.named_parameters() if n not in whole}
-        batches = [(_clone(h), _clone(kw), _clone(t)) for (h, kw), t in zip(inputs, targets)]
+        held = [(_clone(h), _clone(kw), _clone(t)) for (h, kw), t in zip(inputs, targets)]
         params = [p for r in rounders.values() for p in r.params()]
 
         def fake_weights() -> dict[str, torch.Tensor]:
@@ -113,23 +149,25 @@ def tune_block(layer: torch.nn.Module, rounders: dict[str, LearnedRounding], slo
                 slots[m].view(out).copy_(rounders[m].fake())  # autograd: CopySlices
             return out
 
-        def loss_on(b: int, weights: dict | None = None) -> torch.Tensor:
-            h, kw, t = batches[b]
+        def loss_on(g: int, weights: dict | None = None) -> torch.Tensor:
+            h, kw, t = held[batches.local[g]]
             weights = weights or fake_weights()
             return (_first(functional_call(layer, weights, (h,), kw)) - t).pow(2).mean()
 
-        def score() -> float:  # the mean loss over every calibration batch
+        def score(k: int) -> float:  # the mean loss over every calibration batch
             with torch.no_grad():
                 weights = fake_weights()
-                return sum(float(loss_on(b, weights)) for b in range(len(batches))) / len(batches)
+                return batches.mean({g: float(loss_on(g, weights)) for g in batches.local}, k)
 
-        start = best = score()
+        start = best = score(0)
         kept = [p.detach().clone() for p in params]
         gen = torch.Generator().manual_seed(seed)
         every = max(1, iters // CHECKPOINTS)
         for it in range(iters):
-            b = int(torch.randint(len(batches), (1,), generator=gen))
-            loss_on(b).backward()
+            g = int(torch.randint(batches.count, (1,), generator=gen))
+            if g in batches.local:
+                loss_on(g).backward()
+            batches.share_grads(params, g)
             step = lr * (1.0 - it / iters)  # linear decay to 0 (auto-round's LinearLR)
             with torch.no_grad():
                 for p in params:
@@ -138,7 +176,7 @@ def tune_block(layer: torch.nn.Module, rounders: dict[str, LearnedRounding], slo
             for r in rounders.values():
                 r.clamp_()
             if (it + 1) % every == 0 or it + 1 == iters:
-                if (s := score()) < best:
+                if (s := score(it + 1)) < best:
                     best, kept = s, [p.detach().clone() for p in params]
         with torch.no_grad():
             for p, k in zip(params, kept):
@@ -177,7 +215,10 @@ class SignRoundLayerSolver:
             return self._solve(modules, owned, block)
 
     def _solve(self, modules, owned, block):
-        jobs = [j for k, j in self.jobs.items() if j.group.members[0].module in modules and owned(k)]
+        # a block is tuned whole: under torchrun every rank tunes all its groups on the same steps
+        # (Batches) and hands back the codes and weights of the groups it owns
+        spread = block is not None and block.world.distributed
+        jobs = [j for k, j in self.jobs.items() if j.group.members[0].module in modules and (spread or owned(k))]
         # tuned where the layer loop keeps the layer and its activations (calibrate.device)
         device = block.inputs[0][0].device if block is not None and block.inputs else self.device
         t0 = time.perf_counter()
@@ -199,11 +240,15 @@ class SignRoundLayerSolver:
                     row.append((t, q))
             groups.append((job, row))
         if rounders and block is not None:
+            batches = Batches(len(block.inputs), block.batch_ids, block.world, f"signround/{block.index}")
             self.losses[str(block.index)] = tune_block(
                 block.layer, rounders, block.slots, block.inputs, block.targets, iters=self.cfg.signround_iters,
-                lr=self.cfg.signround_lr or 1.0 / self.cfg.signround_iters, seed=self.cfg.signround_seed + block.index)
+                lr=self.cfg.signround_lr or 1.0 / self.cfg.signround_iters, seed=self.cfg.signround_seed + block.index,
+                batches=batches)
         codes, weights = {}, {}
         for job, row in groups:
+            if not owned(job.group.key):
+                continue
             qs = [x.finish() if isinstance(x, LearnedRounding) else x for _, x in row]
             if any(isinstance(x, LearnedRounding) for _, x in row):  # the others: pack's RTN is the same
                 codes[job.group.key] = codes_of(qs)

@@ -34,7 +34,10 @@ RECIPES = {
              "--set", "quantize.gptq_expert_batch=2",  # the MoE's 4 experts: 2 solve batches, 2 owners
              "--set", "calibrate.propagate=true"],
 }
-AWQ = ["--format", "nvfp4a16", "--algorithm", "awq", *CALIB]  # whole-model loop; statistics on their owners
+AWQ = ["--format", "nvfp4a16", "--algorithm", "awq", *CALIB]
+# learned rounding: every rank tunes each block on the same steps, the batch's holder hands out its
+# gradient (passes/quantize/signround.py Batches); 40 steps so that blocks keep tuned codes, not RTN's
+SIGNROUND = ["--format", "nvfp4a16", "--algorithm", "signround", *CALIB, "--set", "quantize.signround_iters=40"]  # whole-model loop; statistics on their owners
 DISTILL = ["--format", "nvfp4a16", "--steps", "2", "--batch", "2", "--grad-accum", "2", "--data", "random",
            "--set", "distill.seq_len=32", "--set", "distill.heldout_tokens=0"]
 
@@ -50,6 +53,7 @@ def _jobs(models: dict[str, Path], out: Path, nproc: int) -> list[tuple[list[str
     jobs = [(["quantize", src, "-o", out / f"{m}-{r}", "-q", *args], None)
             for m, src in models.items() for r, args in RECIPES.items()]
     jobs.append((["quantize", models["demo"], "-o", out / "demo-awq", "-q", *AWQ], None))
+    jobs += [(["quantize", models[m], "-o", out / f"{m}-signround", "-q", *SIGNROUND], None) for m in ("demo", "moe")]
     jobs.append((["quantize", models["demo"], "-o", out / "demo-gptq-noprop", "-q", *RECIPES["gptq"],
                   "--set", "calibrate.propagate=false"], None))
     # W4A4 RTN observed through the quantized layers: each layer's input amax read on every rank
@@ -83,7 +87,7 @@ def test_n_processes_write_the_one_process_artifact(nproc, models, reference, tm
     res = run_matrix(nproc, _jobs(models, tmp_path, nproc), tmp_path)
     assert res.returncode == 0, res.stderr[-4000:]
     jobs = sorted(p.name for p in reference.iterdir() if p.is_dir() and (nproc <= 2 or "distill" not in p.name))
-    assert len(jobs) == 12 + (nproc <= 2)
+    assert len(jobs) == 14 + (nproc <= 2)
     for job in jobs:
         one, many = tree(reference / job), tree(tmp_path / job)
         assert sorted(many) == sorted(one), job
@@ -98,6 +102,13 @@ def test_n_processes_write_the_one_process_artifact(nproc, models, reference, tm
     assert any(prop[f] != noprop[f] for f in prop if f.endswith(".safetensors"))  # propagation changed codes
     prop, noprop = (tree(reference / j) for j in ("demo-calibrated-prop", "demo-calibrated"))
     assert any(prop[f] != noprop[f] for f in prop if f.endswith(".safetensors"))  # and input scales
+    from tfcompile.cli.main import main
+
+    for m in ("demo", "moe"):  # the blocks were tuned: codes other than round-to-nearest's
+        plain = tmp_path / "plain" / m
+        assert main(["quantize", str(models[m]), "-o", str(plain), "--format", "nvfp4a16", "-q"]) == 0
+        rtn, tuned = tree(plain), tree(reference / f"{m}-signround")
+        assert any(rtn[f] != tuned[f] for f in tuned if f.endswith(".safetensors")), m
     awq = json.loads((reference / "demo-awq" / "tfcompile" / "manifest.json").read_text())
     assert '"algorithm": "awq"' in json.dumps(awq)  # folded groups, not all skipped
     one, many = (json.loads((d / "eval.json").read_text()) for d in (reference, tmp_path))

@@ -75,6 +75,17 @@ def broadcast(world, tensor: torch.Tensor | None) -> torch.Tensor:
     return buf
 
 
+def broadcast_into(world, tensors: list[torch.Tensor], src: int) -> None:
+    """Rank `src`'s values of `tensors` (contiguous CPU tensors every rank holds with the same shapes
+    and dtypes) copied into every rank's, in place, in list order."""
+    if not world.distributed:
+        return
+    for t in tensors:
+        if not t.is_contiguous():
+            raise ValueError("broadcast_into needs contiguous tensors (it writes through their storage)")
+        _dist().broadcast(as_bytes(t), src=src)
+
+
 def share_tensors(world, mine: Mapping[str, torch.Tensor], name: str) -> dict[str, torch.Tensor]:
     """Every rank's CPU tensors on every rank (names unique across ranks): each broadcast from
     the rank that has it, in rank and name order."""
