@@ -74,6 +74,7 @@ def engine_problems(doc: Mapping, engine: str, *, target: str | None = None, tp:
     out += _unshared_global_scales(doc, engine)
     out += _weight_only_mxfp4(doc, engine, target)
     out += _target(doc, engine, target)
+    out += _online_transform(doc, engine, tp)
     return out
 
 
@@ -225,6 +226,24 @@ def _weight_only_mxfp4(doc: Mapping, engine: str, target: str | None) -> list[En
                           "quantized although the artifact says weight-only (vLLM #56770)",
                           "`tfcompile eval --served-on vllm:sm_100a` scores what vLLM serves there; on sm_90a "
                           "it runs weight-only (Marlin)")]
+
+
+def _online_transform(doc: Mapping, engine: str, tp: int) -> list[EngineProblem]:
+    """An online input transform (quantize.online_hadamard: the weights are stored as W R) served by an engine
+    that does not apply x R computes garbage; vLLM applies it on one GPU only."""
+    t = doc["scheme"].get("online_transform")
+    if not t:
+        return []
+    if not SERVING_ENGINES[engine].online_transforms:
+        return [EngineProblem(engine, True, f"{engine} does not apply compressed-tensors' online transforms "
+                              f"(transform_config): the weights are stored as W R for an online {t.get('type')} "
+                              f"transform of order {t.get('order')}, so its outputs would be wrong",
+                              "serve it with vllm, or quantize without quantize.online_hadamard")]
+    if tp > 1:
+        return [EngineProblem(engine, True, f"{engine} applies online transforms only without tensor parallelism "
+                              "(compressed_tensors/transform/module.py: 'Online transforms with tensor "
+                              "parallelism is not supported')", "serve it at --tp 1")]
+    return []
 
 
 def _target(doc: Mapping, engine: str, target: str | None) -> list[EngineProblem]:
