@@ -60,7 +60,7 @@ def online_unsupported(recipe: Recipe, cfg, scheme: Scheme | None) -> list[Unsup
     by = sorted({i.by for i in recipe_intents(recipe, SingleScheme)})
     if by:
         out.append(Unsupported(f"{name}: {', '.join(by)} would use the stored W R without the online x R "
-                               "(only the compressed-tensors view and vLLM apply it)", f"drop {', '.join(by)}, or {OFF}"))
+                               "(only the compressed-tensors view and vLLM apply it)", f"drop the options that schedule {', '.join(by)}, or {OFF}"))
     views = [v for i in recipe_intents(recipe, ExtraViews) for v in i.views]
     if views:
         out.append(Unsupported(f"{name}: the {', '.join(views)} view cannot carry the online transform "
