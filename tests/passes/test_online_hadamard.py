@@ -168,3 +168,17 @@ def test_engines_that_cannot_serve_it():
     for engine, tp in (("sglang", 1), ("trtllm", 1), ("vllm", 2)):
         probs = engine_problems(doc, engine, tp=tp)
         assert len(probs) == 1 and probs[0].error and probs[0].hint, (engine, probs)
+
+
+def test_readers_that_would_skip_the_transform_refuse(tiny_llama_src, run_cli, tmp_path):
+    """The runtime's QuantLinear and the ONNX graph would run W R without x R: refused, with a hint."""
+    from tfcompile.errors import UserError
+    from tfcompile.runtime.loader import load_artifact
+
+    out = tmp_path / "art"
+    assert run_cli("quantize", str(tiny_llama_src), "-o", str(out), "--format", "mxfp4", "-q", *ON).code == 0
+    with pytest.raises(UserError, match="online input transform") as e:
+        load_artifact(out, "cpu")
+    assert e.value.hint
+    r = run_cli("export-onnx", str(out), "-o", str(tmp_path / "m.onnx"))
+    assert r.code == 1 and "online input transform" in r.err and "\nhint: " in r.err, r.err[-2000:]
