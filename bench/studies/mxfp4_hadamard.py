@@ -15,6 +15,11 @@ activation side runs at inference): an engine must apply it online (docs/accurac
 and the methods": only vLLM, through compressed-tensors' transform_config).
 
     python -m bench run mxfp4_hadamard [--max-tokens 8192] [--only VARIANT...] [--render] [--write-docs]
+
+`--artifacts` measures what `tfcompile quantize --set quantize.online_hadamard=32` writes instead (real
+artifacts, GPTQ, mxfp4a16 and mxfp4; the transform_config vLLM reads), scored by `HeldOut.score_artifact`
+(tfcompile eval's emulation, the online x R included) as the other SmolLM2 rows are, into the section
+ARTIFACT_HEADING of docs/accuracy.md.
 """
 
 from __future__ import annotations
@@ -140,6 +145,61 @@ def body(res: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+ARTIFACT_HEADING = "## SmolLM2-135M-Instruct: MXFP4 artifacts with an online block-Hadamard transform"
+ARTIFACT_FORMATS = ("mxfp4a16", "mxfp4")
+EMULATED = {"mxfp4a16": "W4A16 GPTQ + Hadamard-32", "mxfp4": "W4A4 GPTQ + Hadamard-32"}  # the study's rows
+
+
+def artifact_command(fmt: str, src, out) -> list[str]:
+    return ["tfcompile", "quantize", str(src), "-o", str(out), "--format", fmt, "--algorithm", "gptq", "--calib",
+            "python-doc", "--calib-samples", "16", "--calib-seq-len", "512", "--set", "quantize.online_hadamard=32",
+            "-q", "--overwrite"]
+
+
+def measure_artifacts(max_tokens: int) -> dict:
+    """Quantize SmolLM2 with the transform (wall seconds of the whole process) and score each artifact."""
+    import subprocess
+    import tempfile
+
+    from tfcompile.fixtures.smollm2 import smollm2_checkpoint
+
+    src, res = smollm2_checkpoint(), STORE.load() or {}
+    held = HeldOut(src, max_tokens=max_tokens, dtype="bfloat16")
+    rows = res.setdefault("artifacts", {})
+    with tempfile.TemporaryDirectory(prefix="mxfp4-hadamard-") as tmp:
+        for fmt in ARTIFACT_FORMATS:
+            t0 = time.perf_counter()
+            subprocess.run(artifact_command(fmt, src, f"{tmp}/{fmt}"), check=True)
+            seconds = time.perf_counter() - t0
+            m = held.score_artifact(f"{tmp}/{fmt}")
+            rows[fmt] = {"kl": round(m["kl_mean"], 4), "ppl": round(m["perplexity"], 3),
+                         "ppl_increase": round(m["ppl_increase"], 4), "top1": round(m["top1_agreement"], 4),
+                         "quantize_s": round(seconds, 1), "load": round(os.getloadavg()[0], 1)}
+            print(fmt, rows[fmt], file=sys.stderr, flush=True)
+            STORE.save(res)
+    res["artifact_machine"] = f"{machine_line()}, {torch.get_num_threads()} torch threads"
+    STORE.save(res)
+    return res
+
+
+def artifact_body(res: dict) -> str:
+    cmd = " ".join(artifact_command("FORMAT", "SMOLLM2", "OUT")[:-1])
+    lines = [f"Command: `{cmd}` for FORMAT in mxfp4a16, mxfp4, each artifact scored by `HeldOut(SMOLLM2, "
+             "max_tokens=8192, dtype=\"bfloat16\").score_artifact(OUT)` (bench/heldout.py: tfcompile eval's "
+             "emulation, x R included; the first 8192 held-out python-doc tokens against the bf16 reference) "
+             "as the other SmolLM2 rows; all of it: `python -m bench run mxfp4_hadamard --artifacts --write-docs`. "
+             f"Machine: {res.get('artifact_machine', '?')} (shared: quantize seconds are not a benchmark).\n",
+             "| artifact | KL (nats/token) | perplexity | change | top-1 agreement | quantize s (1-min load) | "
+             "emulated in the study (KL, change) |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for fmt in [f for f in ARTIFACT_FORMATS if f in res.get("artifacts", {})]:
+        v, e = res["artifacts"][fmt], res.get("variants", {}).get(EMULATED[fmt], {})
+        emu = f"{e['kl']:.4f}, {100 * e['ppl_increase']:+.2f}%" if e else "-"
+        lines.append(f"| {fmt} GPTQ + online Hadamard-32 | {v['kl']:.4f} | {v['ppl']:.3f} | "
+                     f"{100 * v['ppl_increase']:+.2f}% | {v['top1']:.4f} | {v['quantize_s']:.0f} ({v['load']:.0f}) "
+                     f"| {emu} |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     import argparse
 
@@ -148,7 +208,14 @@ def main() -> None:
     ap.add_argument("--only", nargs="+", default=[], choices=list(VARIANTS), metavar="VARIANT")
     ap.add_argument("--write-docs", action="store_true", help="rewrite the table of docs/accuracy.md's section")
     ap.add_argument("--render", action="store_true", help="measure nothing: the stored rows only")
+    ap.add_argument("--artifacts", action="store_true", help="measure tfcompile's artifacts with the transform")
     args = ap.parse_args()
+    if args.artifacts:
+        res = STORE.load() if args.render else measure_artifacts(args.max_tokens)
+        print(artifact_body(res))
+        if args.write_docs:
+            replace_doc_section(ARTIFACT_HEADING, artifact_body(res), ACCURACY_DOC)
+        return
     res = STORE.load() if args.render else measure(args.max_tokens, args.only)
     print(body(res))
     if args.write_docs:
