@@ -25,6 +25,7 @@ only to Linear layers (not fused MoE experts), and not under tensor parallelism 
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from typing import Mapping
@@ -62,10 +63,15 @@ def rotate_hessian(h: torch.Tensor, order: int) -> torch.Tensor:
     return h if not order else _right(_right(h, order).mT, order).float()
 
 
+@functools.lru_cache(maxsize=8)
+def _unnormalized(order: int) -> torch.Tensor:
+    return sylvester(order).float()
+
+
 def transform_inputs(x: torch.Tensor, order: int) -> torch.Tensor:
     """x R in x's dtype, computed as compressed-tensors' online `HadamardTransform.forward` computes
     it (factory/hadamard.py: the unnormalized matrix in float32, then / sqrt(b))."""
-    h = sylvester(order).float().to(x.device)
+    h = _unnormalized(order).to(x.device)
     y = (x.float().unflatten(-1, (-1, order)) @ h).flatten(-2) / torch.tensor(order, dtype=torch.float64).sqrt()
     return y.to(x.dtype)
 
