@@ -60,7 +60,7 @@ class QuantizeConfig:
     # order b of an online block-Hadamard transform inside every quantized Linear's K (0: none): the
     # weights are stored as W R (R = I (x) H_b / sqrt(b)), the engine applies x R at run time, from the
     # transform_config written into config.json (tfcompile/rotate/online.py; vLLM only)
-    online_hadamard: int = 0
+    online_hadamard: int = field(default=0, metadata={"omit_default": True})
     # GPTQ solves and the AWQ search run here (--device); the packed bytes are encoded on the CPU
     device: str = field(default="auto", metadata={"runtime": True})
 
