@@ -26,7 +26,7 @@ from tfcompile.ir import ALGORITHMS, CalibStats, Job, OutSpec, Program, QuantGro
 from tfcompile.kernels.formats import E4M3_MAX, round_scale_up
 from tfcompile.passes.quantize import four_over_six, output_scales
 from tfcompile.passes.quantize.online import check_online, online_unsupported
-from tfcompile.pipeline.intents import LayerSolve, WeightRounding
+from tfcompile.pipeline.intents import LayerSolve, OnlineTransform, WeightRounding
 from tfcompile.pipeline.passes import PassResult, Selection, Unsupported, register_pass
 from tfcompile.recipe import Recipe
 from tfcompile.schemes import SCHEMES
@@ -149,7 +149,8 @@ def _intents(cfg: QuantizeConfig) -> tuple:
     """What the other passes may know before quantize runs: how weights round, and what the
     calibration loop hands the algorithm's layer solver (tfcompile/pipeline/intents.py)."""
     return (WeightRounding(cfg.algorithm, cfg.mx_rule),
-            LayerSolve(cfg.algorithm, cfg, cfg.device, cfg.gptq_expert_batch))
+            LayerSolve(cfg.algorithm, cfg, cfg.device, cfg.gptq_expert_batch),
+            *((OnlineTransform(cfg.online_hadamard),) if cfg.online_hadamard else ()))
 
 
 @register_pass("quantize", config=QuantizeConfig, requires=("source", "model", "plan"), produces=("program",),

@@ -182,3 +182,10 @@ def test_readers_that_would_skip_the_transform_refuse(tiny_llama_src, run_cli, t
     assert e.value.hint
     r = run_cli("export-onnx", str(out), "-o", str(tmp_path / "m.onnx"))
     assert r.code == 1 and "online input transform" in r.err and "\nhint: " in r.err, r.err[-2000:]
+
+
+def test_plan_estimate_asks_the_engines_about_it(tiny_llama_src, run_cli):
+    r = run_cli("plan", str(tiny_llama_src), "--format", "mxfp4a16", "--estimate", "--json", *ON)
+    assert r.code == 0, r.err[-2000:]
+    engines = r.json()["engines"]
+    assert engines["sglang"]["verdict"] == "refuses" and engines["vllm"]["verdict"] != "refuses", engines

@@ -280,11 +280,13 @@ def check_engines(doc: Mapping, engines: Iterable[str], **kw) -> list[EngineProb
     return [p for e in engines for p in engine_problems(doc, e, **kw)]
 
 
-def plan_view(plan, kv_cache: str | None = None) -> dict:
+def plan_view(plan, kv_cache: str | None = None, online: int = 0) -> dict:
     """The manifest fields these rules read, from a `QuantPlan` (tfcompile/ir.py) before anything is
-    quantized: `plan --estimate` asks the engines from config.json alone. `kv_cache`: calibrate.kv_cache."""
+    quantized: `plan --estimate` asks the engines from config.json alone. `kv_cache`: calibrate.kv_cache;
+    `online`: the order of quantize.online_hadamard (0: none)."""
     kv = {"dtype": get_kv_format(kv_cache).dtype} if kv_cache else None
-    return {"scheme": {"name": plan.scheme.name, "kv_cache": kv}, "family": plan.family,
+    transform = {"online_transform": {"type": "hadamard", "order": online}} if online else {}
+    return {"scheme": {"name": plan.scheme.name, "kv_cache": kv, **transform}, "family": plan.family,
             "layers": [{"module": t.module, "shape": list(t.shape), "format": plan.scheme_of(g).name}
                        for g in plan.groups for t in g.members],
             "groups": [[t.module for t in g.members] for g in plan.groups if len(g.members) > 1]}
