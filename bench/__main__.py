@@ -62,6 +62,7 @@ SUITE: dict[str, tuple[str, str]] = {
     "acc_rtn_spread": ("studies", "accuracy.md"),
     "acc_rotation": ("studies", "accuracy.md"),
     "fp4_hadamard": ("studies", "accuracy.md"),
+    "online_hadamard_artifacts": ("studies", "accuracy.md"),
     "fp8_rounding": ("studies", "accuracy.md"),
     "draft_step": ("studies", "performance.md"),
     "draft_probe": ("studies", "accuracy.md"),

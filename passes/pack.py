@@ -39,6 +39,7 @@ from tfcompile.families.names import per_decoder_layer
 from tfcompile.layout import artifact_files as layout_files
 from tfcompile.layout.view import EngineView
 from tfcompile.artifact.mixed_config import ct_mixed_config
+from tfcompile.rotate import online
 from tfcompile.pipeline.intents import ExtraViews, ShardSize
 from tfcompile.pipeline.passes import PassResult, Unsupported, register_pass
 from tfcompile.recipe import Recipe
@@ -272,6 +273,9 @@ def _write_configs(out: Path, ctx, cfg: PackConfig) -> dict[str, str]:
     else:
         ct = dict(base, quantization_config=ct_quantization_config(ctx.plan.scheme, ignore, kv,
                                                                    ctx.program.kv_format))
+    if ctx.program.online_hadamard:  # the engine's x R (tfcompile/rotate/online.py); lm_head is never transformed
+        ct["quantization_config"]["transform_config"] = online.transform_config(
+            ctx.program.online_hadamard, sorted(set(ignore) | {"lm_head"}))
     written["config.json"] = write_json(out / "config.json", ct)
     if "modelopt" in cfg.export:
         hf_quant, mo_cfg = modelopt_quant_config(ctx.plan.scheme, ignore + list(ctx.plan.embeddings), kv,

@@ -47,6 +47,9 @@ class Engine:
     # reads a weight-only MXFP4 checkpoint as W4A4 where a W4A4 kernel exists (vLLM 0.32, #56770)
     mxfp4a16_as_w4a4: bool
     checked_by_default: bool  # quantize checks it (and warns) when no --engine is named
+    # applies compressed-tensors' online transforms (transform_config) to Linear inputs, on one GPU only (vLLM:
+    # compressed_tensors/transform/linear.py, module.py "Online transforms with tensor parallelism is not supported")
+    online_transforms: bool = False
 
     @property
     def kv_dtypes(self) -> frozenset[str]:
@@ -70,7 +73,8 @@ ENGINES: dict[str, Engine] = {e.name: e for e in (
             # this text is the row's `rules_source` in kv_cache.json (artifact bytes): kept as written; the
             # fact is in docs/formats.md "Engine layouts"
             "scales collapse to their max (REFERENCE.md §6)"),
-    ), fp8_block_partitions=True, builds_unquantized=True, mxfp4a16_as_w4a4=True, checked_by_default=True),
+    ), fp8_block_partitions=True, builds_unquantized=True, mxfp4a16_as_w4a4=True, checked_by_default=True,
+       online_transforms=True),
     Engine("sglang", (
         BackendRules(
             "sglang", "flashinfer", ("NHD",), "any", 1, (64, 128, 256), 8,

@@ -217,6 +217,9 @@ class Program:
     # "none" | "output": NVFP4/MXFP4 scales chosen by the layer's output error under the group's
     # input second moment (quantize.scale_search: passes/quantize/output_scales.py)
     scale_search: str = "none"
+    # order b of the online block-Hadamard transform inside every quantized Linear's K (0: none): the
+    # algorithms quantize W R under R^T H R (tfcompile/rotate/online.py, quantize.online_hadamard)
+    online_hadamard: int = 0
 
     def owner(self, key: str) -> int | None:
         """Under torchrun: the rank that holds what group `key` is computed from, its solved codes or

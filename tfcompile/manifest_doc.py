@@ -25,6 +25,7 @@ from tfcompile.io.sources import source_format
 from tfcompile.ir import LayerStats
 from tfcompile.machine import cpu_profile
 from tfcompile.pipeline.context import Context
+from tfcompile.rotate.online import record as online_record
 from tfcompile.schemes import get_kv_format
 
 _DEPS = ("torch", "safetensors", "compressed-tensors", "nvidia-modelopt", "triton", "numpy")
@@ -70,7 +71,9 @@ def manifest_doc(ctx: Context) -> JsonDict:
                    "activations": scheme.act, "mx_rule": ctx.program.mx_rule if scheme.weights.has_rule else None,
                    "kv_cache": {"dtype": get_kv_format(ctx.program.kv_format).dtype,
                                 "strategy": ctx.program.kv_strategy}
-                   if ctx.program.kv_strategy else None},
+                   if ctx.program.kv_strategy else None,
+                   **({"online_transform": online_record(ctx.program.online_hadamard)}
+                      if ctx.program.online_hadamard else {})},
         "kv_modules": list(ctx.program.kv_modules),
         "views": list(art.views),
         "groups": [[t.module for t in g.members] for g in plan.groups if len(g.members) > 1],

@@ -35,6 +35,7 @@ from tfcompile.passes.quantize.gptq_moe import run_gptq_experts, setting, solved
 from tfcompile.passes.quantize.output_scales import global_candidates, output_error, search_group
 from tfcompile.passes.quantize.rtn import quantize_weight, run_rtn, searched_scales
 from tfcompile.reporter import Reporter
+from tfcompile.rotate.online import rotate_hessian
 
 DAMP = 0.01
 BLOCK = 128
@@ -202,6 +203,8 @@ def run_gptq(job: Job, program: Program, source: Checkpoint) -> tuple[dict[str, 
     if codes is not None:
         return _run_solved(job, program, source, codes)
     h = _whole(hessians(program).get(job.group.key), job.group.key)
+    if h is not None:  # the Hessian of the inputs the stored W R sees, x R (identity without a transform)
+        h = rotate_hessian(h, program.online_hadamard)
     if h is None:  # too few calibration tokens reached it: RTN, and say so (warned by _warn_rtn)
         out, stats = run_rtn(job, program, source)
         return out, [dict(x, algorithm="rtn (no Hessian)") for x in stats]

@@ -25,7 +25,8 @@ from tfcompile.io.dtypes import torch_dtype_of
 from tfcompile.ir import ALGORITHMS, CalibStats, Job, OutSpec, Program, QuantGroup, QuantPlan, Split, torch_dtype
 from tfcompile.kernels.formats import E4M3_MAX, round_scale_up
 from tfcompile.passes.quantize import four_over_six, output_scales
-from tfcompile.pipeline.intents import LayerSolve, WeightRounding
+from tfcompile.passes.quantize.online import check_online, online_unsupported
+from tfcompile.pipeline.intents import LayerSolve, OnlineTransform, WeightRounding
 from tfcompile.pipeline.passes import PassResult, Selection, Unsupported, register_pass
 from tfcompile.recipe import Recipe
 from tfcompile.schemes import SCHEMES
@@ -56,6 +57,10 @@ class QuantizeConfig:
     # -9% where the rounding offsets alone reached -63%: docs/accuracy.md)
     signround_scales: bool = False
     sqnr_rows: int = 16  # rows per Linear sampled for the manifest's weight SQNR (0 = all)
+    # order b of an online block-Hadamard transform inside every quantized Linear's K (0: none): the
+    # weights are stored as W R (R = I (x) H_b / sqrt(b)), the engine applies x R at run time, from the
+    # transform_config written into config.json (tfcompile/rotate/online.py; vLLM only)
+    online_hadamard: int = field(default=0, metadata={"omit_default": True})
     # GPTQ solves and the AWQ search run here (--device); the packed bytes are encoded on the CPU
     device: str = field(default="auto", metadata={"runtime": True})
 
@@ -79,6 +84,7 @@ def _supports(recipe: Recipe, cfg: QuantizeConfig) -> list[Unsupported]:
         reasons.append(Unsupported(f"quantize.nvfp4_scales {cfg.nvfp4_scales} needs an NVFP4 format, not {fmt}",
                                    "use --format nvfp4 or nvfp4a16, or drop the setting"))
     reasons += _scale_search_unsupported(cfg, fmt)
+    reasons += online_unsupported(recipe, cfg, SCHEMES.get(fmt))
     if algo is None or algo.supports is None or fmt not in SCHEMES:
         return reasons
     reason = algo.supports(SCHEMES[fmt])
@@ -143,7 +149,8 @@ def _intents(cfg: QuantizeConfig) -> tuple:
     """What the other passes may know before quantize runs: how weights round, and what the
     calibration loop hands the algorithm's layer solver (tfcompile/pipeline/intents.py)."""
     return (WeightRounding(cfg.algorithm, cfg.mx_rule),
-            LayerSolve(cfg.algorithm, cfg, cfg.device, cfg.gptq_expert_batch))
+            LayerSolve(cfg.algorithm, cfg, cfg.device, cfg.gptq_expert_batch),
+            *((OnlineTransform(cfg.online_hadamard),) if cfg.online_hadamard else ()))
 
 
 @register_pass("quantize", config=QuantizeConfig, requires=("source", "model", "plan"), produces=("program",),
@@ -190,7 +197,8 @@ def quantize(ctx, cfg: QuantizeConfig, reporter) -> PassResult:
                       kv_strategy, kv_modules, statistics=dict(calib.statistics) if calib is not None else {},
                       settings=algorithm_settings(cfg, cfg.algorithm), device=device,
                       nvfp4_weights=nvfp4_weights(cfg), kv_format=calib.kv_format if kv_jobs else "fp8",
-                      solved=codes, scale_search=cfg.scale_search)
+                      solved=codes, scale_search=cfg.scale_search, online_hadamard=cfg.online_hadamard)
+    check_online(plan, program)
     extra = {}
     if algo.prepare is not None:  # plan-time work of the algorithm (AWQ: search and fold)
         program, extra = algo.prepare(plan, calib, ctx.source, program, reporter)

@@ -21,6 +21,7 @@ from tfcompile.io.checkpoint import Checkpoint
 from tfcompile.ir import Job, LayerStats, Program, QuantTarget, load_target, register_algorithm
 from tfcompile.kernels.formats import QTensor, dequantize_rows
 from tfcompile.passes.quantize.output_scales import search_group
+from tfcompile.rotate.online import rotate_weight
 from tfcompile.schemes import Scheme
 
 # (w [N, K], program, group global scale, source tensor name, model dtype) -> QTensor
@@ -50,12 +51,13 @@ def run_rtn(job: Job, program: Program, source: Checkpoint, quantizer: QuantizeF
 
     `quantizer` replaces round-to-nearest (the `mse` and `gptq` algorithms pass theirs).
     `weights` ([N, K] per member) replace the source's (AWQ passes W * s, float32); scales
-    stay in the source dtype."""
+    stay in the source dtype. Under an online transform (`program.online_hadamard`) the source's
+    weights are quantized as W R (tfcompile/rotate/online.py)."""
     quantizer = quantizer or quantize_weight
     scheme, members = program.scheme, job.group.members
     src = [load_target(source, t) for t in members]
     model_dtype = src[0].dtype
-    weights = src if weights is None else weights
+    weights = [rotate_weight(w, program.online_hadamard) for w in src] if weights is None else weights
     gscale = program.weights.group_global_scale(weights, [t.source for t in members])
     amax = group_input_amax(program, members)
     searched, extra = searched_scales(job, program, weights, model_dtype) if quantizer is quantize_weight \
@@ -64,7 +66,8 @@ def run_rtn(job: Job, program: Program, source: Checkpoint, quantizer: QuantizeF
     for t, w in zip(members, weights):
         q = searched.pop(0) if searched else quantizer(w, program, gscale, t.source, model_dtype)
         out.update(ct_tensors(q, scheme, t.module, amax, model_dtype))
-        stats.append(dict(layer_stats(t, w, q, scheme, program.sqnr_rows), **extra))
+        stats.append(dict(layer_stats(t, w, q, scheme, program.sqnr_rows), **extra,
+                          **({"online_hadamard": program.online_hadamard} if program.online_hadamard else {})))
     return out, stats
 
 

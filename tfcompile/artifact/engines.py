@@ -74,6 +74,7 @@ def engine_problems(doc: Mapping, engine: str, *, target: str | None = None, tp:
     out += _unshared_global_scales(doc, engine)
     out += _weight_only_mxfp4(doc, engine, target)
     out += _target(doc, engine, target)
+    out += _online_transform(doc, engine, tp)
     return out
 
 
@@ -227,6 +228,24 @@ def _weight_only_mxfp4(doc: Mapping, engine: str, target: str | None) -> list[En
                           "it runs weight-only (Marlin)")]
 
 
+def _online_transform(doc: Mapping, engine: str, tp: int) -> list[EngineProblem]:
+    """An online input transform (quantize.online_hadamard: the weights are stored as W R) served by an engine
+    that does not apply x R computes garbage; vLLM applies it on one GPU only."""
+    t = doc["scheme"].get("online_transform")
+    if not t:
+        return []
+    if not SERVING_ENGINES[engine].online_transforms:
+        return [EngineProblem(engine, True, f"{engine} does not apply compressed-tensors' online transforms "
+                              f"(transform_config): the weights are stored as W R for an online {t.get('type')} "
+                              f"transform of order {t.get('order')}, so its outputs would be wrong",
+                              "serve it with vllm, or quantize without quantize.online_hadamard")]
+    if tp > 1:
+        return [EngineProblem(engine, True, f"{engine} applies online transforms only without tensor parallelism "
+                              "(compressed_tensors/transform/module.py: 'Online transforms with tensor "
+                              "parallelism is not supported')", "serve it at --tp 1")]
+    return []
+
+
 def _target(doc: Mapping, engine: str, target: str | None) -> list[EngineProblem]:
     if target != "sm_90a":
         return []
@@ -261,11 +280,13 @@ def check_engines(doc: Mapping, engines: Iterable[str], **kw) -> list[EngineProb
     return [p for e in engines for p in engine_problems(doc, e, **kw)]
 
 
-def plan_view(plan, kv_cache: str | None = None) -> dict:
+def plan_view(plan, kv_cache: str | None = None, online: int = 0) -> dict:
     """The manifest fields these rules read, from a `QuantPlan` (tfcompile/ir.py) before anything is
-    quantized: `plan --estimate` asks the engines from config.json alone. `kv_cache`: calibrate.kv_cache."""
+    quantized: `plan --estimate` asks the engines from config.json alone. `kv_cache`: calibrate.kv_cache;
+    `online`: the order of quantize.online_hadamard (0: none)."""
     kv = {"dtype": get_kv_format(kv_cache).dtype} if kv_cache else None
-    return {"scheme": {"name": plan.scheme.name, "kv_cache": kv}, "family": plan.family,
+    transform = {"online_transform": {"type": "hadamard", "order": online}} if online else {}
+    return {"scheme": {"name": plan.scheme.name, "kv_cache": kv, **transform}, "family": plan.family,
             "layers": [{"module": t.module, "shape": list(t.shape), "format": plan.scheme_of(g).name}
                        for g in plan.groups for t in g.members],
             "groups": [[t.module for t in g.members] for g in plan.groups if len(g.members) > 1]}

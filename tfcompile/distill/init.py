@@ -50,6 +50,10 @@ class InitWeights:
         if name != plan.scheme.name:
             raise RecipeError(f"distill.init {path}: the artifact is {name}, the run quantizes to "
                               f"{plan.scheme.name}", hint=f"quantize the init artifact with --format {plan.scheme.name}")
+        if manifest["scheme"].get("online_transform"):  # quantize.online_hadamard: W R, not W
+            raise RecipeError(f"distill.init {path}: the artifact's weights are stored for an online input "
+                              "transform; the student's are not", hint="start from an artifact quantized without "
+                                                                       "quantize.online_hadamard")
         if manifest.get("rotate"):  # the rotate pass's record (passes/rotate.py)
             raise RecipeError(f"distill.init {path}: the artifact's weights are rotated; the teacher's are not",
                               hint="start from an artifact quantized without rotate.kind")

@@ -42,7 +42,7 @@ from tfcompile.dist.partition import hessian_owners, shard_owner
 from tfcompile.io.writer import TensorSpec, plan_shards
 from tfcompile.ir import ALGORITHMS, LAYER_SOLVERS, CalibStats, ModelInfo, SolveCost
 from tfcompile.pipeline.context import Context
-from tfcompile.pipeline.intents import (CalibrationRun, EngineChecks, KVCacheScales, LayerSolve, ShardSize,
+from tfcompile.pipeline.intents import (CalibrationRun, EngineChecks, KVCacheScales, LayerSolve, OnlineTransform, ShardSize,
                                         TrainsOnTheSource)
 from tfcompile.pipeline.passes import REGISTRY, PassSpec, recipe_intent
 from tfcompile.reporter import NullReporter
@@ -105,7 +105,9 @@ def estimate(model: Path, recipe, devices: str = "cpu", nodes: int = 1) -> dict:
     checks = recipe_intent(recipe, EngineChecks)
     if checks is not None and checks.engines:  # what the engines would refuse, before any work
         kv = recipe_intent(recipe, KVCacheScales)
-        doc["engines"] = _engines(plan, checks, kv.kind if kv is not None else None)
+        online = recipe_intent(recipe, OnlineTransform)
+        doc["engines"] = _engines(plan, checks, kv.kind if kv is not None else None,
+                                  online.order if online is not None else 0)
     return doc
 
 
@@ -138,10 +140,10 @@ def _memory(passes: dict, cluster: Cluster, node: dict) -> dict:
             "fits": fits(cluster, node, mem_host, mem_dev)}
 
 
-def _engines(plan, checks: EngineChecks, kv_cache: str | None) -> dict:
+def _engines(plan, checks: EngineChecks, kv_cache: str | None, online: int = 0) -> dict:
     """verify.engines (default vllm, sglang) at verify.engine_target / engine_tp, on the plan
     (tfcompile/artifact/engines.py: the rules quantize and `verify --engine` apply)."""
-    problems = check_engines(plan_view(plan, kv_cache), checks.engines, target=checks.target, tp=checks.tp)
+    problems = check_engines(plan_view(plan, kv_cache, online), checks.engines, target=checks.target, tp=checks.tp)
     return {"tp": checks.tp, "target": checks.target, **engine_record(problems, checks.engines)}
 
 

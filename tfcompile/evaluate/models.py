@@ -42,6 +42,7 @@ from tfcompile.io.hf_config import load_hf_config, transformers_class
 from tfcompile.io.jsonfile import JsonDict
 from tfcompile.io.sources.model import is_published, load_decoded_model
 from tfcompile.kernels.formats import dequantize
+from tfcompile.rotate import online
 from tfcompile.schemes import Scheme, get_scheme
 _EXPERT = re.compile(r"^(?P<parent>.*experts)\.(?P<e>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)$")
 _EXPERT_BIAS = re.compile(r"^(?P<parent>.*experts)\.(?P<e>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.bias$")
@@ -168,11 +169,13 @@ def _build_artifact(path: Path, ckpt: Checkpoint, manifest: dict, scheme: Scheme
     modules = dict(model.named_modules())
     loaded |= _load_expert_biases(ckpt, modules, [n for n in plain if _EXPERT_BIAS.match(n)], names)
     expert_acts: dict[str, ActFn] = {}  # per-expert Linear (model names) -> its input quantization
+    transforms = _online_transforms(path, ckpt)  # the engine's x R before the activations' quantization
     for name, (n, k) in sorted(layers.items()):
         w = dequantize(qtensor_of(ckpt, schemes[name], name, n, k), torch.float32)
         served = get_scheme(act_as[schemes[name].name]) if schemes[name].name in act_as else schemes[name]
         act = _act_fn(ckpt, served, name)
         key = _act_key(ckpt, served, name) if act is not None else None
+        act, key = _with_transform(act, key, online.module_order(transforms, name))
         name = names.to_model(name)
         mod = modules.get(name)
         if isinstance(mod, nn.Linear):
@@ -199,6 +202,25 @@ def _build_artifact(path: Path, ckpt: Checkpoint, manifest: dict, scheme: Scheme
                                    transform=lambda name, x: expert_acts[name](x) if name in expert_acts else x)
     _check_complete(path, model, loaded)
     return cand
+
+
+def _online_transforms(path: Path, ckpt: Checkpoint) -> list:
+    """config.json's online input transforms (quantization_config.transform_config, what vLLM applies:
+    tfcompile/rotate/online.py); EvalError for one this emulation does not reproduce."""
+    try:
+        return online.input_transforms(ckpt.config.get("quantization_config"))
+    except online.UnsupportedTransform as e:
+        raise EvalError(f"{path}: {e}", hint="tfcompile eval emulates the block-Hadamard transform tfcompile "
+                                             "writes (quantize.online_hadamard); score this artifact in its engine") from None
+
+
+def _with_transform(act: ActFn | None, key: tuple | None, order: int) -> tuple[ActFn | None, tuple | None]:
+    """The Linear's input treatment with the online transform x R (order b) before it: Q_a(x R)."""
+    if not order:
+        return act, key
+    if act is None:
+        return (lambda x: online.transform_inputs(x, order)), ("online_hadamard", order)
+    return (lambda x: act(online.transform_inputs(x, order))), (key, "online_hadamard", order)
 
 
 def _act_fn(ckpt: Checkpoint, scheme: Scheme, m: str) -> ActFn | None:

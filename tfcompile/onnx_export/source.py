@@ -49,6 +49,10 @@ def view_from_path(path: Path) -> ArtifactView:
                                   "quantize`, or a bf16/fp16/fp32 checkpoint")
         return ArtifactView(path, cfg, None, {})
     doc = load_manifest(path)  # VerifyError (a UserError) for a damaged manifest
+    if doc["scheme"].get("online_transform"):  # quantize.online_hadamard: W R stored, x R left to the engine
+        raise OnnxExportError(f"{path}: the weights are stored for an online input transform "
+                              f"({doc['scheme']['online_transform']}) the ONNX graph would not apply",
+                              hint="export an artifact quantized without quantize.online_hadamard")
     layers = {la["module"]: (int(la["shape"][0]), int(la["shape"][1])) for la in doc.get("layers", [])}
     return ArtifactView(path, read_config(path), get_scheme(doc["scheme"]["name"]), layers,
                         tuple(doc.get("kv_modules", [])))

@@ -83,6 +83,13 @@ class LayerSolve:
 
 
 @dataclass(frozen=True)
+class OnlineTransform:
+    """Every quantized Linear is stored as W R for an online block-Hadamard transform of `order` that the
+    engine applies to its input (quantize.online_hadamard: tfcompile/rotate/online.py)."""
+    order: int
+
+
+@dataclass(frozen=True)
 class ExtraViews:
     """Views of the weights written beside the artifact (e.g. the modelopt view), one scheme each."""
     views: tuple[str, ...]

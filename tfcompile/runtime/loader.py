@@ -71,6 +71,10 @@ def load_artifact(path: str | Path, device: str | torch.device = "cpu", kernels:
     path, device = Path(path), torch.device(device)
     manifest = load_manifest(path)
     scheme = get_scheme(manifest["scheme"]["name"])
+    if manifest["scheme"].get("online_transform"):  # weights stored as W R (tfcompile/rotate/online.py)
+        raise UserError(f"{path}: the weights are stored for an online input transform "
+                        f"({manifest['scheme']['online_transform']}), which the runtime's QuantLinear does not apply",
+                        hint=f"score it with `tfcompile eval {path}` (it emulates the transform), serve it with vLLM")
     ckpt = open_checkpoint(path)
     try:
         names = set(ckpt.names())
