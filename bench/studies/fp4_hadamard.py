@@ -23,6 +23,7 @@ and the methods": only vLLM, through compressed-tensors' transform_config).
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import time
@@ -69,8 +70,10 @@ def hessians(model, ids_list, orders) -> tuple[dict[str, torch.Tensor], dict[tup
     return {n: h.float() for n, h in out.items()}, amax
 
 
+@functools.lru_cache(maxsize=16)
 def transform(k: int, order: int) -> torch.Tensor:
-    """R [K, K]: block-diagonal Hadamard of `order` (0: the identity)."""
+    """R [K, K]: block-diagonal Hadamard of `order` (0: the identity); built once per (K, order), as
+    the calibration hooks ask for it on every batch of every Linear (read only)."""
     if not order:
         return torch.eye(k)
     return torch.block_diag(*[rotation(order, "hadamard", 0).float()] * (k // order))

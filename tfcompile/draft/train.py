@@ -79,7 +79,6 @@ class SelfGenerated:
 
     def __init__(self, path: Path):
         self.path = Path(path)
-        self.resumed = 0  # chunks read back in this run
 
     def _file(self, c: int) -> Path:
         return self.path / f"selfgen-{c:05d}.safetensors"
@@ -97,7 +96,6 @@ class SelfGenerated:
         if ids.dtype != torch.int64 or tuple(ids.shape) != (len(prompts), total) or not torch.equal(ids[:, :p], prompts):
             raise UserError(f"--resume-dir: {f} does not continue this run's prompts (shape {tuple(ids.shape)})",
                             hint=f"delete {f} to generate its sequences again")
-        self.resumed += 1
         return ids
 
     def save(self, c: int, ids: torch.Tensor) -> None:
