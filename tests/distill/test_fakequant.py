@@ -29,13 +29,13 @@ def test_weight_fake_quant_is_packs_quantization(fmt):
     ws = [_weight(0), _weight(1)]  # a two-member fusion group
     gscale = scheme.weights.group_global_scale(ws)  # pack's (rtn.run_rtn)
     if scheme.weight == "nvfp4":  # distillation's, from its float32 master weights: the same value
-        assert torch.equal(group_global_scale(scheme, [w.float() for w in ws]), gscale)
+        assert torch.equal(group_global_scale(scheme.weights, [w.float() for w in ws]), gscale)
     rule = F.DEFAULT_MXFP8_RULE if scheme.weight == "mxfp8" else F.DEFAULT_MX_RULE
     program = Program(scheme, "rtn", (), {}, rule, 0)
     for w in ws:
         packed = F.dequantize(quantize_weight(w, program, gscale, "w", torch.bfloat16))
         for impl in ("reference", "auto"):
-            ours = quant_dequant_weight(w.float(), scheme, gscale, program.mx_rule, torch.bfloat16, impl)
+            ours = quant_dequant_weight(w.float(), scheme.weights, gscale, program.mx_rule, torch.bfloat16, impl)
             assert torch.equal(ours, packed), (fmt, impl)
 
 
@@ -72,7 +72,7 @@ def test_fake_quant_weight_and_storage_rounding_pass_gradients():
     ws = to_storage(w, torch.bfloat16)
     assert torch.equal(ws, w.detach().bfloat16().float())
     g = F.nvfp4_global_scale(ws.detach().abs().amax().reshape(1))
-    q = fake_quant_weight(ws, scheme, g, "floor", torch.bfloat16)
+    q = fake_quant_weight(ws, scheme.weights, g, "floor", torch.bfloat16)
     assert not torch.equal(q, ws.detach())  # it did quantize
     q.sum().backward()
     assert torch.equal(w.grad, torch.ones_like(w))

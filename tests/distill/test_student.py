@@ -80,7 +80,7 @@ def test_nvfp4_group_shares_global_scale_and_export_is_what_pack_quantizes(tiny_
     assert torch.equal(g, nvfp4_global_scale(amax.reshape(1)))
     with torch.no_grad():  # the student's weight is the quantization of the exported tensor
         w = q[1].quantized_weight()
-    assert torch.equal(w, quant_dequant_weight(exported[q[1].name + ".weight"].float(), q[1].spec.scheme, g,
+    assert torch.equal(w, quant_dequant_weight(exported[q[1].name + ".weight"].float(), q[1].spec.weights, g,
                                                q[1].spec.rule, torch.bfloat16, "reference"))
 
 

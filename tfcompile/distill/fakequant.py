@@ -10,11 +10,12 @@ the student's outputs are identical either way. Backward is the straight-through
 estimator: d(fq(x))/dx = 1 (Bengio et al. 2013), because rounding has a zero
 derivative almost everywhere.
 
-Weights and activations go through the scheme's own quantizers (`Scheme.weights`,
-`Scheme.acts`; kernels/formats/quantizer.py), the objects pack and `tfcompile
-eval` use, so the rules are the artifact's by construction:
+Weights and activations go through the quantizers pack and `tfcompile eval` use
+(`Program.weights`: the scheme's, or four over six's under
+quantize.nvfp4_scales=four_over_six; `Scheme.acts`; kernels/formats/quantizer.py),
+so the rules are the artifact's by construction:
 - NVFP4: one global scale per fusion group (q/k/v, gate/up), 2688 / the group's
-  max |w|, recomputed from the current weights at every forward (no gradient
+  max |w| (4/6: 1536 / max |w|, each block's max mapped to 6 or 4), recomputed from the current weights at every forward (no gradient
   flows through it: it is a max over ~1e5 elements).
 - MXFP4 / MXFP8: E8M0 block scales by the recipe's rule (floor or ceil).
 - FP8: scale amax/448 rounded up to the model dtype, data quantized with it.
@@ -31,7 +32,7 @@ from typing import Callable
 import torch
 
 from tfcompile.kernels import formats as F
-from tfcompile.schemes import Scheme
+from tfcompile.kernels.formats.quantizer import WeightQuantizer
 
 Fn = Callable[[torch.Tensor], torch.Tensor]
 
@@ -60,23 +61,23 @@ def to_storage(w: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return ste(w, lambda t: t.to(dtype).float())
 
 
-def quant_dequant_weight(w: torch.Tensor, scheme: Scheme, gscale: torch.Tensor | None, rule: str,
+def quant_dequant_weight(w: torch.Tensor, weights: WeightQuantizer, gscale: torch.Tensor | None, rule: str,
                          model_dtype: torch.dtype, impl: str = "reference") -> torch.Tensor:
     """[N, K] float32 (already rounded to the model dtype) -> its dequantized artifact value."""
-    q = scheme.weights.quantize(w, global_scale=gscale, rule=rule, scale_dtype=model_dtype, impl=impl)
+    q = weights.quantize(w, global_scale=gscale, rule=rule, scale_dtype=model_dtype, impl=impl)
     return F.dequantize(q, torch.float32)
 
 
-def fake_quant_weight(w: torch.Tensor, scheme: Scheme, gscale: torch.Tensor | None, rule: str,
+def fake_quant_weight(w: torch.Tensor, weights: WeightQuantizer, gscale: torch.Tensor | None, rule: str,
                       model_dtype: torch.dtype, impl: str = "reference") -> torch.Tensor:
     """STE fake quantization of a weight [N, K] (float32, storage-rounded)."""
-    return ste(w, lambda t: quant_dequant_weight(t, scheme, gscale, rule, model_dtype, impl))
+    return ste(w, lambda t: quant_dequant_weight(t, weights, gscale, rule, model_dtype, impl))
 
 
-def group_global_scale(scheme: Scheme, weights: list[torch.Tensor]) -> torch.Tensor | None:
-    """NVFP4: 2688 / max |w| over the fusion group, (1,) float32, as pack computes it; per-tensor
-    FP8: the group's one weight scale (largest amax / 448); else None."""
-    return scheme.weights.group_global_scale([w.detach() for w in weights])
+def group_global_scale(weights: WeightQuantizer, group: list[torch.Tensor]) -> torch.Tensor | None:
+    """NVFP4: 2688 / max |w| over the fusion group (4/6: 1536 / max |w|), (1,) float32, as pack computes
+    it; per-tensor FP8: the group's one weight scale (largest amax / 448); else None."""
+    return weights.group_global_scale([w.detach() for w in group])
 
 
 def act_fake_quant_fn(act: str | None, static_amax: float | None, module: str,

@@ -46,8 +46,9 @@ ALPHA_MIN = 0.3  # scales mode: never clip a block below 30% of its max (as the 
 
 @dataclass(frozen=True)
 class QuantSpec:
-    """How one Linear is quantized: the scheme, MX rule and checkpoint dtype."""
+    """How one Linear is quantized: the scheme, its weight quantizer, MX rule and checkpoint dtype."""
     scheme: object  # tfcompile.schemes.Scheme
+    weights: object  # WeightQuantizer: Program.weights, the one pack uses (4/6 under nvfp4_scales=four_over_six)
     rule: str
     dtype: torch.dtype
     impl: str = "auto"  # tfcompile.kernels.formats impl: "auto" (fused kernels) | "reference"
@@ -85,7 +86,7 @@ class GroupState:
         key = tuple(p._version for m in self.members for p in m.trainable())  # bumped by optimizer steps
         if key != self._key or self._value is None:
             with torch.no_grad():
-                self._value = group_global_scale(self.spec.scheme, [m.effective_weight() for m in self.members])
+                self._value = group_global_scale(self.spec.weights, [m.effective_weight() for m in self.members])
             self._key = key
         return self._value
 
@@ -136,7 +137,7 @@ class FakeQuantLinear(nn.Module):
     def quantized_weight(self) -> torch.Tensor:
         w = self.effective_weight()
         s = self.spec
-        wq = fake_quant_weight(w, s.scheme, self.group.global_scale(), s.rule, s.dtype, s.impl)
+        wq = fake_quant_weight(w, s.weights, self.group.global_scale(), s.rule, s.dtype, s.impl)
         if self.mode == "scales":  # LSQ path: adds exactly 0 forward, (Q(w) - w) / alpha backward
             a = self._alpha()
             n, k = w.shape
@@ -242,7 +243,7 @@ def build_student(model: nn.Module, plan, program, *, train: str, lora_rank: int
     prefix ""), adding them to `into`; groups `into` holds already are skipped."""
     student = into or Student.frozen(model)
     scheme = plan.scheme
-    spec = QuantSpec(scheme, program.mx_rule, dtype, impl)
+    spec = QuantSpec(scheme, program.weights, program.mx_rule, dtype, impl)
     modules = dict(model.named_modules())
     for group in plan.groups:
         if only is not None and (not group.key.startswith(only) or group.members[0].module in student.linears):
