@@ -254,14 +254,17 @@ def markdown(rows: list[dict], drafts: dict, args, prompts: int, new_tokens: int
         if getattr(args, flag):
             drafts_arg += f" --{flag.replace('_', '-')} {getattr(args, flag).name}"
     trains = not all(getattr(args, f"{d}_draft") for d in args.drafts)  # else the training flags do nothing
+    recs = [d["record"] for d in drafts.values()]  # what the measured drafts were trained with
+    vocab = " / ".join(sorted({str(r["draft"]["draft_vocab"]) for r in recs})) or DRAFT_VOCAB
+    ttt = " / ".join(sorted({str(r["config"]["ttt_steps"]) for r in recs})) or 3
     train = f"--steps {args.steps} --text-blocks {args.text_blocks} --self-blocks {args.self_blocks} --lr {args.lr} "
     lines = [f"Command: `nice -n 19 python bench/draft.py {train if trains else ''}{drafts_arg.strip()} --prompts {prompts} "
              "--write-docs`. Target: "
              "SmolLM2-135M-Instruct (bf16 fixture, weights carry GGUF Q4_1 rounding) and its `tfcompile quantize` "
              "nvfp4 (W4A4) / nvfp4a16 artifacts (16 x 512 calibration tokens), served as `tfcompile eval` serves "
              "them. Drafts: `tfcompile draft` with the flags of the training table below (one EAGLE-3 decoder "
-             f"layer started from the target's (`--init target`), 3 chain steps trained, draft vocabulary {DRAFT_VOCAB} "
-             f"of 49152, {args.threads} torch thread per process), against bf16 or with `--target-artifact` "
+             f"layer started from the target's (`--init target`), {ttt} chain steps trained, draft vocabulary {vocab} "
+             f"of 49152), against bf16 or with `--target-artifact` "
              f"nvfp4. Acceptance: {prompts} prompts of 64 tokens of python-doc's held-out split (never trained on), "
              f"{new_tokens} tokens decoded greedily each; acceptance length = tokens per target forward; exact: "
              "whether every speculative output equals the target's own greedy decoding token for token. "

@@ -25,10 +25,11 @@ from bench.heldout import ACCURACY_DOC, HeldOut, Results
 
 STORE = Results("smollm2-online-hadamard-artifacts")
 HEADING = "## SmolLM2-135M-Instruct: artifacts with an online block-Hadamard transform"
-CASES = ("mxfp4a16/32", "mxfp4/32", "nvfp4a16/64", "nvfp4a16/64/damp0.001", "nvfp4a16/64/seed1")  # format / order[/variant]
+CASES = ("mxfp4a16/32", "mxfp4/32", "nvfp4a16/64", "nvfp4a16/64/seed1", "nvfp4a16/64/damp0.001",
+         "nvfp4a16/64/damp0.001/seed1", "nvfp4a16/64/damp0.001/seed2")  # format / order[/variants]
 # a variant's flags on top of the case's command: the GPTQ dampening of the best plain nvfp4a16 row, and a
 # second calibration draw (the spread of GPTQ solves on these 8192 tokens is about 1.6% of bf16's perplexity)
-VARIANTS = {"damp0.001": ["--set", "quantize.gptq_damp=0.001"], "seed1": ["--calib-seed", "1"]}
+VARIANTS = {"damp0.001": ["--set", "quantize.gptq_damp=0.001"], "seed1": ["--calib-seed", "1"], "seed2": ["--calib-seed", "2"]}
 # the study's emulated rows of the same recipe (docs/accuracy.md, bench/studies/fp4_hadamard.py): KL, change
 EMULATED = {"mxfp4a16/32": (0.1051, 0.0587), "mxfp4/32": (0.4011, 0.4110), "nvfp4a16/64": (0.0719, 0.0381)}
 
