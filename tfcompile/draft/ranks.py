@@ -18,8 +18,9 @@ holds the whole target and the whole draft (the draft is one decoder layer). The
   For P = N = 2 the result is one process's with `--batch-parts 2` bit for bit: one process
   accumulates g0 + g1, the all-reduce of two ranks adds the same two tensors (a + b = b + a
   exactly), and the division by 2 is exact. For N > 2 the all-reduce sums in another order
-  (a ring): deterministic for a fixed N, equal to one process within float32 rounding per step;
-  the record then names N (training.processes).
+  (a ring), and with P = k N (k > 1) each rank adds its k parts before the all-reduce: deterministic
+  for a fixed N, equal to one process within float32 rounding per step; the record then names N
+  (training.processes).
 """
 
 from __future__ import annotations
@@ -47,6 +48,13 @@ def resolve_parts(cfg, world: World):
                         f"cut into {parts} equal parts, {parts // n} per process)",
                         hint=f"make --batch a multiple of {parts}, e.g. --batch {parts * max(1, cfg.batch // parts)}")
     return dataclasses.replace(cfg, batch_parts=parts)
+
+
+def same_as_one_process(cfg, world: World) -> bool:
+    """Whether this run's bits are one process's with the same --batch-parts: one process, or two
+    computing one part each (the all-reduce adds the two gradients as one process accumulates
+    them). Otherwise the record names the number of processes."""
+    return world.size == 1 or world.size == cfg.batch_parts == 2
 
 
 def owner(chunk: int, world: World) -> int:

@@ -24,7 +24,7 @@ from tfcompile.distill.checkpoint import ResumeDir
 from tfcompile.draft.config import DEFAULT_DRAFT_VOCAB, DraftConfig, aux_layers, shape_of
 from tfcompile.draft.eagle3 import Eagle3Draft
 from tfcompile.draft.format import WEIGHTS, load_draft, speculators_config, write_draft
-from tfcompile.draft.ranks import resolve_parts
+from tfcompile.draft.ranks import resolve_parts, same_as_one_process
 from tfcompile.draft.train import draft_vocab, train_draft, training_tokens
 from tfcompile.errors import UserError
 from tfcompile.evaluate.models import load_candidate, load_checkpoint_model
@@ -180,7 +180,7 @@ def _train(model: Path, cfg: DraftConfig, target_artifact: Path | None, tmp: Pat
                               speculative_tokens=cfg.ttt_steps)
     files = write_draft(tmp, draft.cpu(), spec)
     kept = {k: v for k, v in training.items() if k != "resumed_at"}
-    if world.size > 2:  # the all-reduce's order changes the bits (ranks.py); N <= 2 writes one process's
+    if not same_as_one_process(cfg, world):  # the sums' order changes the bits (ranks.py)
         kept["processes"] = world.size
     record = {"tfcompile": __version__, "method": cfg.method, "config": cfg.record(),
               "target": {"model": str(model), "artifact": None if target_artifact is None else str(target_artifact),
