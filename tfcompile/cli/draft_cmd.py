@@ -30,7 +30,12 @@ def _ints(value: str | None) -> tuple[int, ...]:
 @click.option("--revision", metavar="REV", help="Branch, tag or commit of a Hub MODEL.")
 @click.option("--method", type=click.Choice(["eagle3"]), default="eagle3", show_default=True)
 @click.option("--steps", type=int, default=200, show_default=True, help="Optimizer steps.")
-@click.option("--batch", type=int, default=4, show_default=True, help="Sequences per step.")
+@click.option("--batch", type=int, default=4, show_default=True,
+              help="Sequences per step (under torchrun a multiple of the number of processes).")
+@click.option("--batch-parts", type=int, default=0, metavar="P",
+              help="Compute each step's batch in P equal parts (one forward and backward each; under torchrun "
+              "each process computes P/N of them) [default: the number of processes]. One process with "
+              "--batch-parts 2 writes the bytes of a 2-process torchrun run.")
 @click.option("--seq-len", type=int, default=128, show_default=True, help="Tokens per training sequence.")
 @click.option("--data", default="python-doc", show_default=True,
               help="Training text: python-doc (its train split), a UTF-8 file, a saved or cached data set.")
@@ -57,7 +62,7 @@ def _ints(value: str | None) -> tuple[int, ...]:
 @click.option("--overwrite", is_flag=True, help="Replace an existing OUT.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress on stderr.")
-def draft_cmd(model, out, target_artifact, revision, method, steps, batch, seq_len, data, text_blocks, self_blocks,
+def draft_cmd(model, out, target_artifact, revision, method, steps, batch, batch_parts, seq_len, data, text_blocks, self_blocks,
               self_prompt, ttt_steps, draft_vocab, aux_layers, init, init_from, lr, seed, resume_dir, checkpoint_every, metrics, device, overwrite,
               as_json, quiet):
     """Train an EAGLE-3 draft for MODEL (or for --target-artifact as served) and write OUT."""
@@ -67,7 +72,7 @@ def draft_cmd(model, out, target_artifact, revision, method, steps, batch, seq_l
 
     paths = {"model": model, "quiet": quiet}
     resolve_params(paths, ("model",), revision)
-    cfg = DraftConfig(method=method, steps=steps, batch=batch, seq_len=seq_len, data=data, text_blocks=text_blocks,
+    cfg = DraftConfig(method=method, steps=steps, batch=batch, batch_parts=batch_parts, seq_len=seq_len, data=data, text_blocks=text_blocks,
                       self_blocks=self_blocks, self_prompt=self_prompt, ttt_steps=ttt_steps,
                       draft_vocab=draft_vocab, aux_layers=_ints(aux_layers), init=init, init_from=str(init_from or ""), lr=lr, seed=seed,
                       resume_dir=str(resume_dir or ""), checkpoint_every=checkpoint_every, metrics=str(metrics or ""), device=device)

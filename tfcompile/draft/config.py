@@ -25,6 +25,11 @@ class DraftConfig:
     method: str = "eagle3"
     steps: int = 200  # optimizer steps
     batch: int = 4  # sequences per step
+    # equal parts a step's batch is computed in, one forward and backward each (gradients averaged);
+    # 0: the number of processes (under torchrun each rank computes P / N parts: ranks.py). Recorded
+    # resolved (left out when 1): the bits of a step depend on it; the number of processes does not
+    # change them for N <= 2
+    batch_parts: int = 0
     seq_len: int = 128  # tokens per training sequence
     data: str = "python-doc"  # the training text (distill's loaders: python-doc train split, FILE, ...)
     text_blocks: int = 256  # sequences of training text
@@ -63,6 +68,9 @@ class DraftConfig:
             if getattr(self, name) < 1:
                 raise UserError(f"draft {name} must be >= 1 (got {getattr(self, name)})",
                                 hint=f"give a positive --{name.replace('_', '-')}")
+        if self.batch_parts < 0:
+            raise UserError(f"draft batch_parts must be >= 0 (got {self.batch_parts})",
+                            hint="give --batch-parts P with P dividing --batch, or 0 for the number of processes")
         if not 0 < self.self_prompt < self.seq_len:
             raise UserError(f"draft self_prompt {self.self_prompt} must lie in (0, seq_len={self.seq_len})",
                             hint="lower --self-prompt or raise --seq-len")
@@ -77,7 +85,10 @@ class DraftConfig:
     def record(self) -> dict:
         """The config without runtime fields (manifest, resume fingerprint)."""
         d = asdict(self)
-        return {f.name: _plain(d[f.name]) for f in fields(self) if not f.metadata.get("runtime")}
+        rec = {f.name: _plain(d[f.name]) for f in fields(self) if not f.metadata.get("runtime")}
+        if self.batch_parts <= 1:  # one part (or not resolved yet): the computation from before the option,
+            del rec["batch_parts"]  # so one process's record and resume fingerprint keep their bytes
+        return rec
 
 
 def _plain(v):

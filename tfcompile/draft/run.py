@@ -18,10 +18,13 @@ import torch
 
 from tfcompile import __version__
 from tfcompile.dist.devices import resolve_device
+from tfcompile.dist.failure import note_pass, supervise
+from tfcompile.dist.world import World, current
 from tfcompile.distill.checkpoint import ResumeDir
 from tfcompile.draft.config import DEFAULT_DRAFT_VOCAB, DraftConfig, aux_layers, shape_of
 from tfcompile.draft.eagle3 import Eagle3Draft
 from tfcompile.draft.format import WEIGHTS, load_draft, speculators_config, write_draft
+from tfcompile.draft.ranks import resolve_parts, same_as_one_process
 from tfcompile.draft.train import draft_vocab, train_draft, training_tokens
 from tfcompile.errors import UserError
 from tfcompile.evaluate.models import load_candidate, load_checkpoint_model
@@ -127,45 +130,82 @@ def init_from_target(draft: Eagle3Draft, target) -> None:
 
 
 def run_draft(model: Path, out: Path, cfg: DraftConfig, *, target_artifact: Path | None = None,
-              overwrite: bool = False, reporter=None) -> dict:
+              overwrite: bool = False, reporter=None, world: World | None = None) -> dict:
     """Train and write the draft; returns the record plus `timings` (not written). OUT is checked
-    and locked before anything runs (atomic_output_dir), and appears only when the draft is whole."""
-    with atomic_output_dir(out, overwrite, protect=(Path(model),)) as tmp:
-        record, timings = _train(Path(model), cfg, target_artifact, tmp, reporter or NullReporter())
+    and locked before anything runs (atomic_output_dir), and appears only when the draft is whole.
+
+    Under torchrun (`world`, default tfcompile.dist.current()) every rank trains (ranks.py), rank 0
+    alone holds OUT: it checks and locks it before the others start, and publishes it once every
+    rank has finished; a failed or killed rank fails every rank (dist/failure.py) and nothing is
+    published. --batch is checked against the world size first (UserError with a hint)."""
+    world = world if world is not None else current()
+    world.begin_run()
+    reporter = reporter or NullReporter()
+    with supervise(world):
+        note_pass(world, "draft")
+        cfg = resolve_parts(cfg, world)
+        if not world.is_root:
+            world.barrier("draft output checked")  # rank 0 holds OUT's lock: refused before any work
+            record, timings = _train(Path(model), cfg, target_artifact, None, reporter, world)
+            world.barrier("draft trained")
+        else:
+            with atomic_output_dir(out, overwrite, protect=(Path(model),)) as tmp:
+                world.barrier("draft output checked")
+                record, timings = _train(Path(model), cfg, target_artifact, tmp, reporter, world)
+                world.barrier("draft trained")  # every rank finished: publish
+        world.barrier("draft published")  # nobody reports success before OUT exists
     return {**record, "output": str(out), "timings": timings}
 
 
-def _train(model: Path, cfg: DraftConfig, target_artifact: Path | None, tmp: Path, reporter) -> tuple[dict, dict]:
+def _train(model: Path, cfg: DraftConfig, target_artifact: Path | None, tmp: Path | None, reporter,
+           world: World) -> tuple[dict, dict]:
+    """Train; rank 0 (tmp) writes the draft and its record there. (record, timings): {} on other ranks."""
     t0 = time.perf_counter()
-    dev = resolve_device(cfg.device)
+    dev = resolve_device(cfg.device, world)
     target, cfg_json, served = load_target(model, target_artifact)
     target.to(dev)
-    resume = None
-    if cfg.resume_dir:
-        fp = {"config": cfg.record(), "target": target_identity(Path(target_artifact or model)),
-              "torch": torch.__version__, "threads": torch.get_num_threads()}
-        resume = ResumeDir.open(cfg.resume_dir, fp)
-    tokens, data = training_tokens(cfg, load_tokenizer(model), target, resume)
+    resume = _resume(cfg, Path(target_artifact or model), world) if cfg.resume_dir else None
+    tokens, data = training_tokens(cfg, load_tokenizer(model), target, resume, world)
     t_data = time.perf_counter()
     draft = build_draft(target, cfg_json, cfg, tokens).to(dev)
     metrics = Path(cfg.metrics) if cfg.metrics else (resume.path / "metrics.jsonl" if resume else None)
     training = train_draft(draft, target, tokens, cfg, keep=_keep(draft), resume=resume, metrics_path=metrics,
-                           reporter=reporter)
+                           reporter=reporter, world=world)
     t_train = time.perf_counter()
+    timings = {"data_s": round(t_data - t0, 2), "train_s": round(t_train - t_data, 2),
+               "resumed_at": training["resumed_at"], "threads": torch.get_num_threads(), "processes": world.size}
+    if tmp is None:
+        return {}, timings
     spec = speculators_config(cfg_json, draft.s, verifier=str(target_artifact or model),
                               speculative_tokens=cfg.ttt_steps)
     files = write_draft(tmp, draft.cpu(), spec)
+    kept = {k: v for k, v in training.items() if k != "resumed_at"}
+    if not same_as_one_process(cfg, world):  # the sums' order changes the bits (ranks.py)
+        kept["processes"] = world.size
     record = {"tfcompile": __version__, "method": cfg.method, "config": cfg.record(),
               "target": {"model": str(model), "artifact": None if target_artifact is None else str(target_artifact),
                          "served_as": served},
-              "data": data, "training": {k: v for k, v in training.items() if k != "resumed_at"},
+              "data": data, "training": kept,
               "draft": {**_sizes(draft), "bytes": (tmp / WEIGHTS).stat().st_size}, "files": files}
     (tmp / "tfcompile").mkdir()
     write_json(tmp / RECORD, record)
-    timings = {"data_s": round(t_data - t0, 2), "train_s": round(t_train - t_data, 2),
-               "wall_s": round(time.perf_counter() - t0, 2), "resumed_at": training["resumed_at"],
-               "threads": torch.get_num_threads()}
-    return record, timings
+    return record, {**timings, "wall_s": round(time.perf_counter() - t0, 2)}
+
+
+def _resume(cfg: DraftConfig, target: Path, world: World) -> ResumeDir:
+    """The --resume-dir: created (or checked) by rank 0 first, then checked by the others. Its
+    fingerprint holds the number of processes, as distill's does: a checkpoint continues only
+    the computation that wrote it."""
+    fp = {"config": cfg.record(), "target": target_identity(target), "torch": torch.__version__,
+          "threads": torch.get_num_threads()}
+    if world.distributed:  # one process's fingerprint as before (its folders resume across this change)
+        fp["processes"] = world.size
+    if not world.is_root:
+        world.barrier("draft resume dir")
+    resume = ResumeDir.open(cfg.resume_dir, fp)
+    if world.is_root:
+        world.barrier("draft resume dir")
+    return resume
 
 
 def _keep(draft: Eagle3Draft) -> torch.Tensor | None:

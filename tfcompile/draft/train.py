@@ -17,20 +17,28 @@ resumed run ends bit-identical to an uninterrupted one on the same machine and t
 self-generated sequences are kept in the resume folder chunk by chunk as they are decoded
 (SelfGenerated): generation is most of a large run's data time (SmolLM2, 3,840 sequences: over an
 hour on 2 cores), and a run killed in it resumes at the first missing chunk.
+
+Under torchrun (ranks.py) the generation chunks and the cache's chunks are computed round robin
+and broadcast, and each step's batch is trained in `batch_parts` parts spread over the ranks.
 """
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load, save
 
+from tfcompile.dist.failure import inject_fault
+from tfcompile.dist.world import LOCAL, World
 from tfcompile.distill.data import BlockOrder, load_data
+from tfcompile.distill.ddp import agree_stop
 from tfcompile.distill.train import Loop, Segment, deterministic
 from tfcompile.draft.config import DraftConfig
 from tfcompile.draft.eagle3 import Eagle3Draft
+from tfcompile.draft.ranks import average_grads, broadcast_chunks, mean_parts, my_parts, owner, part_rows
 from tfcompile.errors import UserError
 from tfcompile.io.atomic import write_atomic
 
@@ -39,36 +47,47 @@ GEN_BATCH = 64  # rows greedy_continue decodes together: also one chunk of a res
 
 
 @torch.no_grad()
-def greedy_continue(model, prompts: torch.Tensor, total: int, batch: int | None = None, saved=None) -> torch.Tensor:
+def greedy_continue(model, prompts: torch.Tensor, total: int, batch: int | None = None, saved=None,
+                    world: World = LOCAL) -> torch.Tensor:
     """int64 [N, total]: each prompt row [N, P] continued by the model's greedy decoding.
 
     batch: rows decoded together. Wider batches amortize per-op overhead: SmolLM2-135M, 64 prompts of
     32 tokens continued by 16, one thread, load 10 (2026-12-05, /tmp script, medians of 3): 19.1 s at
     batch 64 against 24.9 s at 16, the same tokens.
     saved: a SelfGenerated store (a resume folder): chunks it holds are read back, each new chunk is
-    written as soon as it is decoded, so a killed run loses at most one chunk of generation."""
-    from transformers import DynamicCache  # lazy: transformers (~2 s to import)
-
-    dev = next(model.parameters()).device
-    out = []
-    for c, rows in enumerate(prompts.split(batch or GEN_BATCH)):
+    written as soon as it is decoded, so a killed run loses at most one chunk of generation.
+    world: under torchrun chunk c is decoded (or read back, or saved) by rank c mod N alone and
+    broadcast from it (ranks.py): every rank returns the same tokens, one process's."""
+    chunks = list(prompts.split(batch or GEN_BATCH))
+    out = [torch.empty(len(rows), total, dtype=torch.int64) for rows in chunks]  # others' chunks: received
+    for c, rows in enumerate(chunks):
+        if owner(c, world) != world.rank:
+            continue
         done = None if saved is None else saved.load(c, rows, total)
         if done is not None:
-            out.append(done)
+            out[c] = done
             continue
-        ids = rows.to(dev)
-        cache = DynamicCache(config=model.config)
-        nxt = ids
-        while ids.shape[1] < total:
-            # logits_to_keep=1: the head runs on the last position only (the prompt's prefill
-            # would otherwise compute P x V logits per row and keep one)
-            logits = model(input_ids=nxt, cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
-            nxt = logits.argmax(-1, keepdim=True)
-            ids = torch.cat([ids, nxt], 1)
-        out.append(ids.cpu())
+        out[c] = _decode(model, rows, total)
         if saved is not None:
-            saved.save(c, out[-1])
+            saved.save(c, out[c])
+    broadcast_chunks(out, world)
     return torch.cat(out)
+
+
+def _decode(model, rows: torch.Tensor, total: int) -> torch.Tensor:
+    """One chunk's greedy continuation: int64 [rows, total] on the CPU, from prompts [rows, P]."""
+    from transformers import DynamicCache  # lazy: transformers (~2 s to import)
+
+    ids = rows.to(next(model.parameters()).device)
+    cache = DynamicCache(config=model.config)
+    nxt = ids
+    while ids.shape[1] < total:
+        # logits_to_keep=1: the head runs on the last position only (the prompt's prefill
+        # would otherwise compute P x V logits per row and keep one)
+        logits = model(input_ids=nxt, cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+        nxt = logits.argmax(-1, keepdim=True)
+        ids = torch.cat([ids, nxt], 1)
+    return ids.cpu()
 
 
 class SelfGenerated:
@@ -102,9 +121,10 @@ class SelfGenerated:
         write_atomic(self._file(c), save({"ids": ids.contiguous()}))
 
 
-def training_tokens(cfg: DraftConfig, tokenizer, target, resume=None) -> tuple[torch.Tensor, dict]:
+def training_tokens(cfg: DraftConfig, tokenizer, target, resume=None, world: World = LOCAL) -> tuple[torch.Tensor, dict]:
     """int64 [text_blocks + self_blocks, seq_len] and the data record. resume: the run's ResumeDir,
-    where the self-generated sequences are kept as they are decoded."""
+    where the self-generated sequences are kept as they are decoded (by the rank that decodes them).
+    Every rank loads the same text (a pure function of data, seed and tokenizer)."""
     blocks = cfg.text_blocks + cfg.self_blocks
     data = load_data(cfg.data, tokenizer, target, blocks=blocks, seq_len=cfg.seq_len, heldout_tokens=0,
                      heldout_seq_len=cfg.seq_len, heldout_percent=10.0, seed=cfg.seed)
@@ -113,7 +133,7 @@ def training_tokens(cfg: DraftConfig, tokenizer, target, resume=None) -> tuple[t
     parts = [text]
     if len(prompts):
         saved = None if resume is None else SelfGenerated(resume.path)
-        parts.append(greedy_continue(target, prompts, cfg.seq_len, saved=saved))
+        parts.append(greedy_continue(target, prompts, cfg.seq_len, saved=saved, world=world))
     tokens = torch.cat(parts)
     return tokens, {"source": data.source, "text_sequences": len(text), "self_sequences": len(prompts),
                     "seq_len": cfg.seq_len, "tokens": int(tokens.numel())}
@@ -135,17 +155,23 @@ class TargetCache:
     (SmolLM2-135M, H = 576: 9.2 KB; 163,840 tokens: 1.5 GB), allocated once and filled."""
 
     def __init__(self, target, tokens: torch.Tensor, aux: tuple[int, ...], keep: torch.Tensor | None,
-                 chunk: int = 8):
+                 chunk: int = 8, world: World = LOCAL):
         dev = next(target.parameters()).device
         n, t, h = tokens.shape[0], tokens.shape[1], int(target.config.get_text_config().hidden_size)
         # filled in place: concatenating per-chunk pieces at the end would hold the cache twice
         self.fused = torch.empty(n, t, len(aux) * h)
         self.last = torch.empty(n, t, h)
+        starts = range(0, n, chunk)  # fixed chunks: the cache is a function of tokens alone
         with torch.no_grad():
-            for i in range(0, n, chunk):  # fixed chunks: the cache is a function of tokens alone
+            for c, i in enumerate(starts):
+                if owner(c, world) != world.rank:  # under torchrun: rank c mod N computes chunk c
+                    continue
                 out = target.get_decoder()(input_ids=tokens[i:i + chunk].to(dev), output_hidden_states=True)
                 self.fused[i:i + chunk] = torch.cat([out.hidden_states[j] for j in aux], -1).float().cpu()
                 self.last[i:i + chunk] = out.last_hidden_state.float().cpu()  # = hidden_states[-1], after the norm
+        # the others' chunks, received in place (dim-0 slices of contiguous tensors are contiguous)
+        for x in (self.fused, self.last):
+            broadcast_chunks([x[i:i + chunk] for i in starts], world)
         self.head, self.keep = target.get_output_embeddings(), keep
 
     def batch(self, idx: torch.Tensor, dev) -> tuple[torch.Tensor, torch.Tensor]:
@@ -180,24 +206,38 @@ def ttt_loss(draft: Eagle3Draft, ids: torch.Tensor, fused: torch.Tensor, logp: t
 
 
 def train_draft(draft: Eagle3Draft, target, tokens: torch.Tensor, cfg: DraftConfig, *, keep,
-                resume, metrics_path, reporter) -> dict:
-    """Train `draft` in place; returns {steps, tokens, resumed_at, final: last step's loss parts}."""
+                resume, metrics_path, reporter, world: World = LOCAL) -> dict:
+    """Train `draft` in place; returns {steps, tokens, resumed_at, final: last step's loss parts}.
+    Under torchrun (ranks.py) each rank computes its parts of every step's batch, the gradients are
+    averaged over the ranks, only rank 0 writes checkpoints and metrics, and a signal seen by any
+    rank stops every rank at the same step boundary."""
     dev = next(draft.parameters()).device
     order = BlockOrder(len(tokens), cfg.batch, 1, cfg.seed)
     keep = None if keep is None else keep.to(dev)
-    cache = TargetCache(target, tokens, draft.s.aux_layers, keep)
+    cache = TargetCache(target, tokens, draft.s.aux_layers, keep, world=world)
+    params = draft.trainable()
+    mine = my_parts(cfg, world)
 
     def step_fn(local: int) -> dict:
-        idx = order.blocks(local, 0)
-        ids = tokens[idx].to(dev)
-        fused, logp = cache.batch(torch.as_tensor(idx), dev)
-        loss, parts = ttt_loss(draft, ids, fused, logp, cfg.ttt_steps, cfg.ttt_decay)
-        loss.backward()
-        return parts
+        idx = order.blocks(local, 0)  # [batch], the step's sequences
+        sums: dict[str, float] = {}
+        for part in mine:  # one forward and backward per part: the gradients accumulate
+            rows = part_rows(idx, part, cfg)  # [batch / P]
+            fused, logp = cache.batch(rows, dev)
+            loss, parts = ttt_loss(draft, tokens[rows].to(dev), fused, logp, cfg.ttt_steps, cfg.ttt_decay)
+            loss.backward()
+            for k, v in parts.items():
+                sums[k] = sums.get(k, 0.0) + v
+        average_grads(params, cfg, world)
+        return mean_parts(sums, cfg, world)
 
-    params = draft.trainable()
-    loop = Loop(cfg, resume=resume, metrics_path=metrics_path, reporter=reporter, total_steps=cfg.steps,
-                tokens_per_step=cfg.batch * cfg.seq_len)
+    loop = Loop(cfg, resume=resume, metrics_path=metrics_path if world.is_root else None, reporter=reporter,
+                total_steps=cfg.steps, tokens_per_step=cfg.batch * cfg.seq_len)
+    if world.distributed:
+        loop.saves = world.is_root  # every rank reads the checkpoint, rank 0 writes it
+        loop.agree = functools.partial(agree_stop, world=world)
+        # TFCOMPILE_FAULT=RANK:draft-step-K:raise|kill fails that rank after step K (tests)
+        loop.after_step = lambda step: inject_fault(world, f"draft-step-{step}")
     loop.adopt(params)
     with deterministic():
         loop.run(Segment("draft", params, 0, cfg.steps, step_fn))
