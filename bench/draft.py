@@ -70,7 +70,10 @@ FINDINGS = (
 
 # vLLM's CPU build serving the draft (bench/draft_vllm.py, same 8 held-out prompts, 64 tokens, k = 4)
 VLLM = (
-    "For the previous round's drafts (2026-12-05; not rerun for draft-big), vLLM 0.32's CPU build ran EAGLE-3 "
+    "vLLM 0.32's CPU build serves draft-big as written (`python bench/draft_vllm.py --draft draft-big --k 4 "
+    "--prompts 16`, bf16 target, the same 16 prompts, 81 s at load 0.5, 2026-12-06): its own counters give 1 + "
+    "accepted / drafts = 2.306 (448 drafts, 585 of 1,792 draft tokens accepted) against 2.344 from the reference "
+    "decoder at k = 4. For the previous round's drafts (2026-12-05), vLLM 0.32's CPU build ran EAGLE-3 "
     "speculative decoding with the draft as written (`speculative_config="
     "{\"method\": \"eagle3\", \"model\": DRAFT, \"num_speculative_tokens\": 4}`; its CPU platform maps the "
     "EAGLE Triton kernels to CPU implementations; bf16 target, `python bench/draft_vllm.py --draft DIR --k 4`): "
