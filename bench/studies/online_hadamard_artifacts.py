@@ -78,8 +78,7 @@ def body(res: dict) -> str:
     for case in [c for c in CASES if c in res.get("artifacts", {})]:
         v = res["artifacts"][case]
         fmt, order, *variant = case.split("/")
-        kl, inc = EMULATED.get(f"{fmt}/{order}", (None, None)) if not variant else (None, None)
-        emulated = "-" if kl is None else f"{kl:.4f}, {100 * inc:+.2f}%"
+        emulated = "-" if case not in EMULATED else f"{EMULATED[case][0]:.4f}, {100 * EMULATED[case][1]:+.2f}%"
         label = f"{fmt} GPTQ + online Hadamard-{order}" + "".join(f" ({' '.join(VARIANTS[x])})" for x in variant)
         lines.append(f"| {label} | {v['kl']:.4f} | {v['ppl']:.3f} | "
                      f"{100 * v['ppl_increase']:+.2f}% | {v['top1']:.4f} | {v['quantize_s']:.0f} ({v['load']:.0f}) "

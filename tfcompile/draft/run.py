@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -144,15 +145,12 @@ def run_draft(model: Path, out: Path, cfg: DraftConfig, *, target_artifact: Path
     with supervise(world):
         note_pass(world, "draft")
         cfg = resolve_parts(cfg, world)
-        if not world.is_root:
-            world.barrier("draft output checked")  # rank 0 holds OUT's lock: refused before any work
-            record, timings = _train(Path(model), cfg, target_artifact, None, reporter, world)
-            world.barrier("draft trained")
-        else:
-            with atomic_output_dir(out, overwrite, protect=(Path(model),)) as tmp:
-                world.barrier("draft output checked")
-                record, timings = _train(Path(model), cfg, target_artifact, tmp, reporter, world)
-                world.barrier("draft trained")  # every rank finished: publish
+        # rank 0 alone checks and locks OUT (tmp: its staging folder); the others hold None
+        staging = atomic_output_dir(out, overwrite, protect=(Path(model),)) if world.is_root else nullcontext()
+        with staging as tmp:
+            world.barrier("draft output checked")  # OUT refused before any rank does work
+            record, timings = _train(Path(model), cfg, target_artifact, tmp, reporter, world)
+            world.barrier("draft trained")  # every rank finished: rank 0 publishes
         world.barrier("draft published")  # nobody reports success before OUT exists
     return {**record, "output": str(out), "timings": timings}
 
