@@ -66,6 +66,7 @@ SUITE: dict[str, tuple[str, str]] = {
     "fp8_rounding": ("studies", "accuracy.md"),
     "draft_step": ("studies", "performance.md"),
     "draft_probe": ("studies", "accuracy.md"),
+    "draft_widen_vocab": ("studies", "accuracy.md"),
     "draft_vllm": ("peers", "accuracy.md"),
     "signround_step": ("studies", "performance.md"),
     "common": ("lib", ""),

@@ -26,13 +26,14 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-from common import cpu_busy, replace_doc_section  # noqa: E402
+from common import cpu_busy, machine_description, replace_doc_section  # noqa: E402
 from heldout import ACCURACY_DOC as DOC, CALIB_SAMPLES as SAMPLES, CALIB_SEQ as SEQ, HeldOut, Results, bench_parser  # noqa: E402,E501
 
 STORE = Results("smollm2-distill")
 HEADING = "## SmolLM2: quantization-aware distillation"
 CALIB = ["--calib", "python-doc", "--calib-samples", str(SAMPLES), "--calib-seq-len", str(SEQ)]
 # blocks of 256 tokens, 4 per step: what a ~25-35 min run on the loaded 2-core machine affords
+FOS = ["--set", "quantize.nvfp4_scales=four_over_six"]  # student and pack: the 4/6 block-scale rule
 BATCH = ["--batch", "4", "--set", "distill.seq_len=256", "--set", "distill.heldout_tokens=0"]
 
 # row -> (format, label, command: "quantize" | "distill", extra arguments, init row or None)
@@ -43,6 +44,22 @@ ROWS: dict[str, tuple[str, str, str, list[str], str | None]] = {
                               ["--lr", "1e-4", *BATCH], "nvfp4a16/gptq"),
     "nvfp4a16/distill-rtn": ("nvfp4a16", "distill from rtn (weights, KL, lr 1e-4)", "distill",
                              ["--lr", "1e-4", *BATCH], None),
+    # W4A4: the activations' static global scale comes from the same calibration in every row
+    # RTN's default for W4A4 NVFP4 searches its scales by output error (quantize.scale_search=output);
+    # max-based scales are the RTN issue 28 measures recovery against
+    "nvfp4/rtn-max": ("nvfp4", "rtn, max-based scales", "quantize",
+                      ["--set", "quantize.scale_search=none", *CALIB], None),
+    "nvfp4/rtn": ("nvfp4", "rtn (default: scales searched by output error)", "quantize", [*CALIB], None),
+    "nvfp4/gptq-fos": ("nvfp4", "gptq + 4/6", "quantize", ["--algorithm", "gptq", *FOS, *CALIB], None),
+    "nvfp4/distill-gptq-fos": ("nvfp4", "distill from gptq + 4/6 (weights, KL, lr 1e-4)", "distill",
+                               ["--lr", "1e-4", *FOS, *CALIB, *BATCH], "nvfp4/gptq-fos"),
+    "mxfp4/rtn": ("mxfp4", "rtn", "quantize", [], None),
+    "mxfp4/gptq": ("mxfp4", "gptq", "quantize", ["--algorithm", "gptq", *CALIB], None),
+    "mxfp4/distill-gptq": ("mxfp4", "distill from gptq (weights, KL, lr 1e-4)", "distill",
+                           ["--lr", "1e-4", *BATCH], "mxfp4/gptq"),
+    # a second stage: the distilled artifact as the start, new training blocks (seed 1), the schedule again
+    "mxfp4/distill-gptq-2": ("mxfp4", "distill from the row above (2nd stage: seed 1, lr 1e-4)", "distill",
+                             ["--lr", "1e-4", "--seed", "1", *BATCH], "mxfp4/distill-gptq"),
 }
 
 
@@ -56,7 +73,8 @@ def run_row(model: Path, work: Path, name: str, steps: int, reuse: bool = False)
                 "reused": True, "load_before": round(os.getloadavg()[0], 1)}
     extra = []
     if cmd == "distill":
-        extra = ["--steps", str(steps)]
+        # a killed row resumes where it stopped when rerun with the same --work
+        extra = ["--steps", str(steps), "--resume-dir", str(work / f"{out.name}.resume")]
         if init:
             src = work / init.replace("/", "-")
             if not (src / "tfcompile" / "manifest.json").is_file():
@@ -71,7 +89,9 @@ def run_row(model: Path, work: Path, name: str, steps: int, reuse: bool = False)
     if res.returncode != 0:
         raise SystemExit(f"failed: {' '.join(argv)}\n{res.stderr[-3000:]}")
     doc = json.loads(res.stdout)
+    m = machine_description()
     row = {"argv": argv[1:], "wall_s": round(seconds, 1), "busy_cores": round(busy, 2),
+           "cpu": f"{m['cpu']}, {m.get('capability', '?')}", "date": m["date"],
            "load_before": round(load, 1), "load_after": round(os.getloadavg()[0], 1)}
     if cmd == "distill":
         st, rec = doc["passes"]["distill"], doc["distill"]
@@ -82,41 +102,37 @@ def run_row(model: Path, work: Path, name: str, steps: int, reuse: bool = False)
 
 def table(results: dict) -> str:
     lines = ["| format | method | steps | train tokens | KL (nats/token) | perplexity | change | RTN's increase "
-             "recovered | top-1 agreement | wall s | load |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "recovered | top-1 agreement | wall s | load | CPU |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     ref = next(iter(results.values()), None)
     if ref:
-        lines.append(f"| bf16 (reference) | - | - | - | 0 | {ref['reference_perplexity']:.3f} | 0 | - | 1 | - | - |")
+        lines.append(f"| bf16 (reference) | - | - | - | 0 | {ref['reference_perplexity']:.3f} | 0 | - | 1 | - | - | - |")
     for name in [n for n in ROWS if n in results]:
         r = results[name]
-        rtn = results.get(f"{r['format']}/rtn")
+        rtn = results.get(f"{r['format']}/rtn-max") or results.get(f"{r['format']}/rtn")
         rec = f"{100 * (1 - r['ppl_increase'] / rtn['ppl_increase']):.0f}%" if rtn else "-"
         lines.append(f"| {r['format']} | {r['method']} | {r.get('steps', '-')} | "
                      f"{r.get('train_tokens') or '-'} | {r['kl_mean']:.4f} | {r['perplexity']:.3f} | "
                      f"{100 * r['ppl_increase']:+.2f}% | {rec} | {r['top1_agreement']:.4f} | "
                      f"{'-' if r['wall_s'] is None else round(r['wall_s'])} | "
-                     f"{r['load_before']} |")
+                     f"{r['load_before']} | {r.get('cpu', '-')} |")
     return "\n".join(lines)
 
 
-def body(results: dict, tokens: int, steps: int) -> str:
-    """The docs section: how it was run, the machine, the table."""
-    import platform
-
+def body(results: dict, tokens: int) -> str:
+    """The docs section: how it was run, the table (each row names the CPU it ran on)."""
     import torch
 
-    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                if ln.startswith("model name")), platform.processor())
-    return (f"Command: `python bench/acc_distill_smollm2.py --steps {steps} --work DIR --write-docs` (`--only ROW` "
+    return (f"Command: `python bench/acc_distill_smollm2.py --steps N --work DIR --write-docs` (`--only ROW` "
             f"remeasures rows; `--reuse` scores a quantize row DIR holds already). Model, held-out text "
             f"(the first {tokens} tokens of the python3.11-doc held-out split, rows of 256) and scoring as in "
-            f"\"SmolLM2-135M-Instruct: quantization accuracy\" (bench/heldout.py, bf16); GPTQ calibrates on "
-            f"{SAMPLES} x {SEQ} tokens of the calib split. Distillation trains on the train split (never the "
-            f"held-out text): {steps} AdamW steps of 4 x 256 tokens, warmup 10 then cosine, KL(teacher || "
-            f"student), `distill.train=weights`. Machine: {cpu}, {torch.backends.cpu.get_cpu_capability()}, "
-            f"{torch.get_num_threads()} torch threads, torch {torch.__version__}, 2 cores shared with other "
-            f"jobs (load: the 1-minute load average when the row started). Wall s: the whole `tfcompile` "
-            f"command (load, calibration or distillation, pack, verify); recovered: 1 - (row's perplexity "
-            f"increase) / (rtn's), in this table.\n\n" + table(results) + "\n")
+            f"\"SmolLM2-135M-Instruct: quantization accuracy\" (bench/heldout.py, bf16); GPTQ and the W4A4 "
+            f"activation scales calibrate on {SAMPLES} x {SEQ} tokens of the calib split. Distillation trains on "
+            f"the train split (never the held-out text): the steps column's AdamW steps of 4 x 256 tokens, warmup "
+            f"10 then cosine, KL(teacher || student), `distill.train=weights`, 2 torch threads, torch "
+            f"{torch.__version__}. Each row names its CPU; load is the 1-minute load average when the row "
+            f"started (the machine is shared). Wall s: the whole `tfcompile` command (load, calibration or "
+            f"distillation, pack, verify); recovered: 1 - (row's perplexity increase) / (RTN's with max-based "
+            f"scales), in this table.\n\n" + table(results) + "\n")
 
 
 def main() -> int:
@@ -147,7 +163,7 @@ def main() -> int:
                 STORE.save(results)
     print(table(results))
     if args.write_docs:
-        replace_doc_section(HEADING, body(results, args.max_tokens, args.steps), DOC)
+        replace_doc_section(HEADING, body(results, args.max_tokens), DOC)
     return 0
 
 

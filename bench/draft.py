@@ -37,6 +37,16 @@ KS = (2, 4, 6)
 CALIB = ["--calib", "python-doc", "--calib-samples", "16", "--calib-seq-len", "512"]
 
 
+# the draft vocabulary, widened after training (2026-12-06)
+WIDEN = (
+    'Nor is the draft vocabulary the bound (bench/studies/draft_widen_vocab.py, 2026-12-06): 4.5% of the '
+    "tokens the bf16 target generates on these 16 prompts lie outside draft-big's 4,096 ids (draft_probe's "
+    "coverage 0.955) and can never be proposed; since the draft scores its vocabulary with the target's own "
+    'lm_head rows, frozen, the same trained layer widened to 16,384 ids (99.2% of held-out tokens inside) or '
+    'to all 49,152 needs no training, and gives 2.000 / 2.366 / 2.429 for both widths (against 1.976 / 2.344 /'
+    " 2.412): +0.02 at every k, inside one standard error, while the draft's cost per token against the "
+    "target's rises from 0.06 to 0.10 (16,384) and 0.20 (49,152), so the modelled speedup falls (k = 4: 1.89 "
+    "-> 1.71 -> 1.33). The misses are the chain's, on tokens the draft can propose.")
 # This reading (2026-12-06, draft-big: 786,432 training tokens, 16 prompts x 64 tokens): rewrite when the figures change.
 FINDINGS = (
     "Reading: the draft now **ties the n-gram floor at k = 2 and trails it at k = 4 and 6** (-0.02, -0.06 and -0.19 "
@@ -66,7 +76,7 @@ FINDINGS = (
     "for a second draft of this size); on the 2026-12-04 drafts (d) beat (c) on nvfp4 by +0.055 (s.e. 0.039) / "
     "+0.044 (0.046) / +0.044 (0.046) at k = 2 / 4 / 6, about 1.4 standard errors: consistent with the hypothesis, "
     "not a proof of it. Every speculative output in this table equals the target's own greedy decoding token for "
-    "token (exact = True).")
+    "token (exact = True). " + WIDEN)
 
 # vLLM's CPU build serving the draft (bench/draft_vllm.py, same 8 held-out prompts, 64 tokens, k = 4)
 VLLM = (
@@ -144,7 +154,8 @@ def build(work: Path, smol: Path, args) -> dict:
     exe = Path(sys.executable).with_name("tfcompile")
     jobs = {}
     # --bf16-draft / --nvfp4-draft: a draft trained elsewhere (e.g. continued with --init-from) is measured as is
-    given = {f"draft-{k}": Path(v) for k, v in (("bf16", args.bf16_draft), ("nvfp4", args.nvfp4_draft)) if v}
+    given = {f"draft-{k}": Path(v) for k, v in (("bf16", args.bf16_draft), ("nvfp4", args.nvfp4_draft),
+                                                 ("nvfp4a16", args.nvfp4a16_draft)) if v}
     for name, extra in (("draft-bf16", []), ("draft-nvfp4", ["--target-artifact", work / "smol-nvfp4"])):
         if name.removeprefix("draft-") not in args.drafts or name in given:
             continue
@@ -165,6 +176,8 @@ def build(work: Path, smol: Path, args) -> dict:
     made = {}
     for name in [n for n in ("draft-bf16", "draft-nvfp4") if n.removeprefix("draft-") in args.drafts]:
         made[name] = trained(given.get(name, work / draft_name(name, args)))
+    if "draft-nvfp4a16" in given:  # measured as given only: no training here
+        made["draft-nvfp4a16"] = trained(given["draft-nvfp4a16"])
     return made
 
 
@@ -186,13 +199,15 @@ def measure_all(work: Path, smol: Path, drafts: dict, prompts: int, new_tokens: 
 
     rows = prompts_of(None, load_tokenizer(smol), count=prompts, prompt_len=64, vocab=49152)
     bf, nv = (drafts or {}).get("draft-bf16", {}).get("path"), (drafts or {}).get("draft-nvfp4", {}).get("path")
+    nv16 = (drafts or {}).get("draft-nvfp4a16", {}).get("path")
     cases = [("a", "n-gram", "bf16", smol, "ngram"),
              ("b", "EAGLE-3 trained vs bf16", "bf16", smol, bf),
              ("a", "n-gram", "nvfp4", work / "smol-nvfp4", "ngram"),
              ("c", "EAGLE-3 trained vs bf16", "nvfp4", work / "smol-nvfp4", bf),
              ("d", "EAGLE-3 trained vs nvfp4 served", "nvfp4", work / "smol-nvfp4", nv),
              ("a", "n-gram", "nvfp4a16", work / "smol-nvfp4a16", "ngram"),
-             ("c", "EAGLE-3 trained vs bf16", "nvfp4a16", work / "smol-nvfp4a16", bf)]
+             ("c", "EAGLE-3 trained vs bf16", "nvfp4a16", work / "smol-nvfp4a16", bf),
+             ("d", "EAGLE-3 trained vs nvfp4a16 served", "nvfp4a16", work / "smol-nvfp4a16", nv16)]
     cases = [c for c in cases if c[4] is not None]  # drafts None: the n-gram rows only (--ngram-only)
     out, models, refs = [], {}, {}
     for case, drafter, served, path, spec in cases:
@@ -233,8 +248,10 @@ def comparisons(rows: list[dict]) -> list[str]:
 
     find = {(r["case"], r["served"]): r for r in rows}
     out = []
-    if ("d", "nvfp4") in find and ("c", "nvfp4") in find:
-        out.append(f"(d) minus (c) on nvfp4 at k = {' / '.join(map(str, KS))}: {diff(find['d', 'nvfp4'], find['c', 'nvfp4'])}.")
+    for served in ("nvfp4", "nvfp4a16"):
+        if ("d", served) in find and ("c", served) in find:
+            out.append(f"(d) minus (c) on {served} at k = {' / '.join(map(str, KS))}: "
+                       f"{diff(find['d', served], find['c', served])}.")
     for r in rows:
         floor = find.get(("a", r["served"]))
         if r["case"] != "a" and floor is not None:
@@ -252,7 +269,7 @@ def flags(c: dict) -> str:
 
 def markdown(rows: list[dict], drafts: dict, args, prompts: int, new_tokens: int) -> str:
     drafts_arg = "" if set(args.drafts) == {"bf16", "nvfp4"} else " --drafts " + " ".join(args.drafts)
-    for flag in ("bf16_draft", "nvfp4_draft"):
+    for flag in ("bf16_draft", "nvfp4_draft", "nvfp4a16_draft"):
         if getattr(args, flag):
             drafts_arg += f" --{flag.replace('_', '-')} {getattr(args, flag).name}"
     trains = not all(getattr(args, f"{d}_draft") for d in args.drafts)  # else the training flags do nothing
@@ -315,6 +332,8 @@ def main() -> None:
     ap.add_argument("--bf16-draft", type=Path, help="measure this draft as the bf16-trained one (cases b, c) "
                     "instead of training one; its CLI JSON must lie beside it as DIR.cli.json")
     ap.add_argument("--nvfp4-draft", type=Path, help="the same for the nvfp4-trained draft (case d)")
+    ap.add_argument("--nvfp4a16-draft", type=Path, help="a draft trained against the nvfp4a16 artifact elsewhere "
+                    "(case d on nvfp4a16; measured as given, never trained here)")
     ap.add_argument("--only", nargs="+", default=(), choices=("bf16", "nvfp4", "nvfp4a16"),
                     help="measure these served targets only (results-<target>.json; run several at once)")
     ap.add_argument("--cases", nargs="+", default=(), choices=("a", "b", "c", "d"),
