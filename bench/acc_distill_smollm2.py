@@ -5,13 +5,15 @@ as bench/acc_smollm2.py scores its table (bench/heldout.py: the first --max-toke
 python3.11-doc held-out split, rows of 256, `tfcompile eval --dtype bfloat16`'s loader and
 metrics), so its figures sit beside "SmolLM2-135M-Instruct: quantization accuracy". Distillation
 trains on the corpus' train split (distill.data python-doc; never the held-out text); a row with
-`--init` starts the student from the weights of an earlier row's artifact (the GPTQ one: built in
-the same --work folder first; tfcompile/distill/init.py).
+`--init` starts the student from the weights of an earlier row's artifact (a GPTQ one, or an
+earlier distillation for a second stage: built in the same --work folder first;
+tfcompile/distill/init.py), and each distill row keeps a --resume-dir there (a killed row resumes
+when rerun with the same --work).
 
     python bench/acc_distill_smollm2.py [--steps 24] [--only ROW ...] [--work DIR] [--write-docs] [--list]
 
 Results are kept in $TFCOMPILE_CACHE/bench/smollm2-distill.json (keyed by row name, with the
-machine's load, the steps, tokens and wall seconds), so `--only` remeasures some rows and keeps
+machine's CPU and load, the steps, tokens and wall seconds), so `--only` remeasures some rows and keeps
 the others; the docs section ("## SmolLM2: quantization-aware distillation") is written from it.
 """
 
