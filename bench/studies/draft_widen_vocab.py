@@ -39,21 +39,15 @@ def training_ids(resume: Path, smol: Path, target):
 
 
 def widened(draft, head, tokens, size: int):
-    """A copy of `draft` whose vocabulary is the `size` most frequent ids of `tokens`."""
-    import torch
-
+    """A copy of `draft` whose vocabulary is the `size` most frequent ids of `tokens` (build_draft's rule)."""
     from tfcompile.draft.eagle3 import Eagle3Draft
-    from tfcompile.draft.train import draft_vocab
+    from tfcompile.draft.run import set_vocabulary
 
-    vocab = draft.s.vocab
     new = Eagle3Draft(dataclasses.replace(draft.s, draft_vocab=size))
-    state = {k: v for k, v in draft.state_dict().items() if k not in ("lm_head.weight", "d2t", "t2d")}
-    keep = draft_vocab(tokens, vocab, size) if size < vocab else None
-    state["lm_head.weight"] = head if keep is None else head[keep]
-    if keep is not None:
-        state["d2t"] = keep - torch.arange(size)
-        state["t2d"] = torch.zeros(vocab, dtype=torch.bool).index_fill_(0, keep, True)
-    new.load_state_dict(state, strict=True)
+    trained = {k: v for k, v in draft.state_dict().items() if k not in ("lm_head.weight", "d2t", "t2d")}
+    missing, extra = new.load_state_dict(trained, strict=False)
+    assert not extra and set(missing) <= {"lm_head.weight", "d2t", "t2d"}, (missing, extra)
+    set_vocabulary(new, head, tokens)
     return new
 
 

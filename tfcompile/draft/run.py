@@ -78,20 +78,27 @@ def build_draft(target, cfg_json: dict, cfg: DraftConfig, tokens: torch.Tensor) 
     aux = aux_layers(int(cfg_json["num_hidden_layers"]), tuple(cfg.aux_layers))
     torch.manual_seed(cfg.seed)
     draft = Eagle3Draft(shape_of(cfg_json, size, aux))
-    keep = draft_vocab(tokens, vocab, size) if size < vocab else None
-    head = target.get_output_embeddings().weight.detach().float().cpu()
     with torch.no_grad():
         draft.embed_tokens.weight.copy_(target.get_input_embeddings().weight.detach().float())
-        draft.lm_head.weight.copy_(head if keep is None else head[keep])
-        if keep is not None:
-            draft.d2t.copy_(keep - torch.arange(size))
-            draft.t2d.zero_()
-            draft.t2d[keep] = True
+    set_vocabulary(draft, target.get_output_embeddings().weight.detach().float().cpu(), tokens)
     if cfg.init == "target":
         init_from_target(draft, target)
     for p in (draft.embed_tokens.weight, draft.lm_head.weight):
         p.requires_grad_(False)
     return draft
+
+
+@torch.no_grad()
+def set_vocabulary(draft: Eagle3Draft, head: torch.Tensor, tokens: torch.Tensor) -> None:
+    """The draft's vocabulary: the draft_vocab most frequent ids of `tokens` (all ids when it is the
+    target's), scored by the target's `head` rows [V, H] for them; d2t / t2d map them."""
+    size, vocab = draft.s.draft_vocab, draft.s.vocab
+    keep = draft_vocab(tokens, vocab, size) if size < vocab else None
+    draft.lm_head.weight.copy_(head if keep is None else head[keep])
+    if keep is not None:
+        draft.d2t.copy_(keep - torch.arange(size))
+        draft.t2d.zero_()
+        draft.t2d[keep] = True
 
 
 def continue_from(path: Path, cfg_json: dict) -> Eagle3Draft:
