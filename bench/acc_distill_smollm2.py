@@ -46,6 +46,15 @@ ROWS: dict[str, tuple[str, str, str, list[str], str | None]] = {
                               ["--lr", "1e-4", *BATCH], "nvfp4a16/gptq"),
     "nvfp4a16/distill-rtn": ("nvfp4a16", "distill from rtn (weights, KL, lr 1e-4)", "distill",
                              ["--lr", "1e-4", *BATCH], None),
+    "nvfp4a16/gptq-fos": ("nvfp4a16", "gptq + 4/6", "quantize", ["--algorithm", "gptq", *FOS, *CALIB], None),
+    "nvfp4a16/distill-gptq-fos": ("nvfp4a16", "distill from gptq + 4/6 (weights, KL, lr 1e-4)", "distill",
+                                  ["--lr", "1e-4", *FOS, *BATCH], "nvfp4a16/gptq-fos"),
+    "mxfp4a16/rtn": ("mxfp4a16", "rtn", "quantize", [], None),
+    "mxfp4a16/gptq": ("mxfp4a16", "gptq", "quantize", ["--algorithm", "gptq", *CALIB], None),
+    "mxfp4a16/distill-gptq": ("mxfp4a16", "distill from gptq (weights, KL, lr 1e-4)", "distill",
+                              ["--lr", "1e-4", *BATCH], "mxfp4a16/gptq"),
+    "mxfp4a16/distill-gptq-2": ("mxfp4a16", "distill from the row above (2nd stage: seed 1, lr 1e-4)", "distill",
+                                ["--lr", "1e-4", "--seed", "1", *BATCH], "mxfp4a16/distill-gptq"),
     # W4A4: the activations' static global scale comes from the same calibration in every row
     # RTN's default for W4A4 NVFP4 searches its scales by output error (quantize.scale_search=output);
     # max-based scales are the RTN issue 28 measures recovery against
