@@ -22,7 +22,7 @@ from tfcompile.ir import torch_dtype
 from tfcompile.pipeline.intents import RunsTheModel, SingleScheme, TrainsOnTheSource, WeightRounding
 from tfcompile.pipeline.passes import PassResult, Unsupported, get_pass, given, recipe_intent, register_pass
 from tfcompile.recipe import Recipe
-from tfcompile.schemes import SCHEMES
+from tfcompile.schemes import DISTILL_STARTS, SCHEMES
 
 
 def _supports(recipe: Recipe, cfg: DistillConfig) -> list[Unsupported]:
@@ -35,6 +35,11 @@ def _supports(recipe: Recipe, cfg: DistillConfig) -> list[Unsupported]:
         reasons.append(Unsupported(f"distill trains from round-to-nearest weights; quantize.algorithm is "
                                    f"{algorithm!r}",
                                    "drop --algorithm (distillation re-quantizes its weights with RTN rules)"))
+    if cfg.init in DISTILL_STARTS and not cfg.init_artifact:  # tfcompile/cli/distill_start.py sets it
+        reasons.append(Unsupported(f"distill.init {cfg.init}: the start artifact is built by `tfcompile distill`, "
+                                   "and this run has none",
+                                   f"run `tfcompile distill --init {cfg.init}`, or `tfcompile quantize --algorithm "
+                                   f"{cfg.init} -o A` first and give --init A"))
     fmt = recipe.quant_format()
     # one learnable clip per block: the formats with block scales
     if cfg.train == "scales" and fmt in SCHEMES and not SCHEMES[fmt].weights.block_scaled:

@@ -8,6 +8,7 @@ import click
 
 from tfcompile.cli.flags import ArtifactOptions, artifact_options, distill_options, load_options, recipe_options
 from tfcompile.cli.output import emit_json
+from tfcompile.cli.distill_start import distill_start
 from tfcompile.cli.runner import ArtifactRun
 from tfcompile.recipe.options import RunOptions
 
@@ -21,7 +22,8 @@ def distill(art: ArtifactOptions, run: RunOptions) -> None:
     """Quantize MODEL with quantization-aware distillation against the original; write OUT."""
     job = ArtifactRun(art, run, notes=True)
     try:
-        ctx = job.run()
+        with distill_start(job, run) as start:  # distill.init=gptq: its artifact first
+            ctx = job.run()
     except KeyboardInterrupt:
         resume_dir = run.settings.get("distill", {}).get("resume_dir")
         if resume_dir:
@@ -34,7 +36,7 @@ def distill(art: ArtifactOptions, run: RunOptions) -> None:
         b, a = held["before"], held["after"]
         lines.append(f"held-out ({a['tokens']} tokens): KL {b['kl_mean']:.5f} -> {a['kl_mean']:.5f} nats/token, "
                      f"perplexity {b['perplexity']:.3f} -> {a['perplexity']:.3f} "
-                     f"(reference {a['reference_perplexity']:.3f}), round-to-nearest -> distilled")
+                     f"(reference {a['reference_perplexity']:.3f}), start -> distilled")
     job.print_summary(ctx, *lines)
     if job.art.as_json:
-        emit_json(job.result(ctx, distill=record))
+        emit_json(job.result(ctx, distill=record, **({"start": start} if start else {})))

@@ -172,7 +172,8 @@ recipe_options = settings_group([
                  help="Recipe file (TOML or JSON). [env: TFCOMPILE_RECIPE]"),
     click.option("--preset", metavar="NAME", help="Named recipe under everything else: `best` takes, per "
                  "format, the method with the lowest KL measured on SmolLM2 (docs/accuracy.md; e.g. GPTQ + 4/6 "
-                 "on 128 x 512 tokens; adds calibration). --recipe, the options and --set override it."),
+                 "on 128 x 512 tokens; adds calibration; in `distill`: GPTQ's artifact as the start, then the measured schedule). "
+                 "--recipe, the options and --set override it."),
     click.option("--set", "sets", multiple=True, metavar="PASS.FIELD=VALUE",
                  help="Set a pass option, e.g. --set pack.max_shard_mb=2000."),
     setting("select.ignore", "--ignore", multiple=True, metavar="PATTERN",
@@ -286,8 +287,9 @@ distill_options = settings_group([
             case_sensitive=False), help="What trains: the weights (default), the quantization scales only, "
             "or LoRA adapters merged before packing."),
     setting("distill.init", "--init", type=click.Path(path_type=Path), help="Start the student from this "
-            "artifact's weights (a tfcompile artifact of the same model and format, e.g. a GPTQ one; default: "
-            "the checkpoint's, round-to-nearest)."),
+            "artifact's weights (a tfcompile artifact of the same model and format, e.g. a GPTQ one), or `gptq`: "
+            "build that GPTQ artifact first, with this run's settings (default: the checkpoint's weights, "
+            "round-to-nearest)."),
     setting("distill.mode", "--mode", type=click.Choice(["model", "layerwise"], case_sensitive=False),
             help="model: logit distillation (default); layerwise: each decoder layer against the teacher "
             "layer's output."),

@@ -34,8 +34,12 @@ class DistillConfig:
     # weights: also train what the artifact keeps unquantized (norms, embeddings, untied lm_head)
     train_unquantized: bool = False
     # a tfcompile artifact of the same model and format whose dequantized weights the student starts
-    # from (e.g. a GPTQ artifact; tfcompile/distill/init.py); "" = the checkpoint's own (RTN)
+    # from (e.g. a GPTQ artifact; tfcompile/distill/init.py), or "gptq": `tfcompile distill` builds that
+    # artifact first with this run's own settings (tfcompile/cli/distill_start.py); "" = the checkpoint's
+    # own weights (RTN)
     init: str = field(default="", metadata={"omit_default": True})  # recorded only when set
+    # the artifact distill.init = "gptq" was built into (set by tfcompile/cli/distill_start.py; where, not what)
+    init_artifact: str = runtime("")
     lora_rank: int = 16
     lora_alpha: float = 16.0  # LoRA update scale = lora_alpha / lora_rank
     mode: str = "model"  # model: logit distillation of the whole model | layerwise: block by block

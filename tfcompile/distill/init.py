@@ -25,10 +25,18 @@ from torch import nn
 
 from tfcompile.artifact.manifest import MANIFEST, has_manifest, load_manifest
 from tfcompile.artifact.naming import layer_scheme, qtensor_of
+from tfcompile.schemes import DISTILL_STARTS
 from tfcompile.errors import RecipeError
 from tfcompile.io.checkpoint import open_checkpoint
 from tfcompile.kernels.formats import dequantize
 from tfcompile.schemes import get_scheme
+
+
+def init_path(cfg) -> str:
+    """Where the start artifact of DistillConfig `cfg` is: distill.init, or, where that names an
+    algorithm (distill.init=gptq), the artifact tfcompile/cli/distill_start.py built for it (the
+    distill pass refuses a run without one before any pass runs: passes/distill.py)."""
+    return cfg.init_artifact if cfg.init in DISTILL_STARTS else cfg.init
 
 
 class InitWeights:

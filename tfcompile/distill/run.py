@@ -31,7 +31,7 @@ from tfcompile.distill.ddp import agree_stop, check_data_parallel, data_parallel
 from tfcompile.distill.fsdp import Holder, choose, counts, reshard, shard
 from tfcompile.distill.data import BlockOrder, load_data
 from tfcompile.distill.heldout import heldout_metrics, sig
-from tfcompile.distill.init import InitWeights
+from tfcompile.distill.init import InitWeights, init_path
 from tfcompile.distill.lazy import build_sharded, can_build
 from tfcompile.distill.layerwise import run_layerwise
 from tfcompile.distill.loss import ce_loss, hidden_mse, kl_loss
@@ -79,7 +79,7 @@ def distill_checkpoint(ctx: Inputs, cfg: DistillConfig, reporter: Reporter, work
     device = resolve_device(cfg.device, world)
     if world.distributed:
         check_data_parallel(cfg, world)
-    init = InitWeights.open(cfg.init, ctx.plan) if cfg.init else None
+    init = InitWeights.open(init_path(cfg), ctx.plan) if cfg.init else None
     convert = functools.partial(_convert, init=init, plan=ctx.plan, program=ctx.program, train=cfg.train,
                                 lora_rank=cfg.lora_rank, lora_alpha=cfg.lora_alpha, seed=cfg.seed,
                                 dtype=ctx.dtype, impl=cfg.impl)

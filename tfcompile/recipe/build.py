@@ -19,7 +19,7 @@ from tfcompile.io.bounded import MAX_DEPTH, json_depth, read_regular, unicode_te
 from tfcompile.pipeline.passes import REGISTRY, SCHEDULE, Selection, Settings, get_pass
 from tfcompile.recipe import RECIPE_VERSION, PassEntry, Recipe, build_config
 from tfcompile.recipe.options import DEFAULT_FORMAT, RunOptions
-from tfcompile.schemes import format_name, get_scheme, preset_sets
+from tfcompile.schemes import DISTILL_STARTS, format_name, get_scheme, preset_sets
 
 
 def implied_settings(sel: Selection) -> dict[str, dict[str, Any]]:
@@ -93,12 +93,12 @@ def _check_types(data: dict, path: Path) -> None:
                               hint='e.g. format = "nvfp4", pipeline = ["load", "select", ...], [passes.pack]')
 
 
-def options_recipe(run: RunOptions) -> Recipe:
+def options_recipe(run: RunOptions, without: Iterable[str] = ()) -> Recipe:
     """The recipe of a run's options (the CLI's, or a library caller's): the format defaults to
-    nvfp4 when neither a format nor a recipe file is given."""
+    nvfp4 when neither a format nor a recipe file is given. `without`: as build_recipe's."""
     fmt = run.fmt if run.fmt is not None or run.recipe_file is not None else DEFAULT_FORMAT
     return build_recipe(fmt=fmt, recipe_file=run.recipe_file, preset=run.preset, sets=run.sets, skip=run.skip,
-                        until=run.until, overrides=run.pass_settings(), device=run.device)
+                        until=run.until, overrides=run.pass_settings(), device=run.device, without=without)
 
 
 def build_recipe(
@@ -111,23 +111,31 @@ def build_recipe(
     until: str | None = None,
     overrides: Mapping[str, Mapping[str, Any]] | None = None,
     device: str | None = None,
+    without: Iterable[str] = (),
 ) -> Recipe:
     """Presets < `preset` (--preset: schemes.PRESETS) < recipe file < CLI options (`overrides`,
     `device`) < --set; then --skip/--until. `device` (--device) sets the `device` of every
-    scheduled pass that has one."""
+    scheduled pass that has one. `without`: passes whose settings, from any source, are dropped
+    after the preset is chosen (the start of a distillation: tfcompile/cli/distill_start.py)."""
     data = load_recipe_file(recipe_file) if recipe_file else {"version": RECIPE_VERSION}
     fmt = fmt or data.get("format")
     fmt = format_name(fmt)  # --format NVFP4 = nvfp4 (names are lower case)
-    edits = _preset_edits(preset, fmt) if preset else []
-    edits += [(n, t, f"recipe passes.{n}") for n, t in (data.get("passes") or {}).items()]
+    edits = [(n, t, f"recipe passes.{n}") for n, t in (data.get("passes") or {}).items()]
     edits += [(n, t, f"option for pass {n}") for n, t in (overrides or {}).items()]
     for item in sets:
         name, key, raw = _parse_set(item)
         edits.append((name, {key: _parse_value(raw)}, f"--set {item}"))
-    edits = _route_exports(edits)
+    # under everything else; a run that distills takes the preset's distillation recipe
+    given = _given(edits)
+    edits = (_preset_edits(preset, fmt, "distill" in given) if preset else []) + edits
+    # distill.init=gptq: settings of passes this run does not schedule (its calibration) are the start's
+    # (tfcompile/cli/distill_start.py), as are the preset's
+    for_start = str(_given(edits).get("distill", {}).get("init", "")) in DISTILL_STARTS
+    without = set(without)
+    edits = _route_exports([e for e in edits if e[0] not in without])
     # The preset's shape follows the settings, wherever they came from (the passes declare how)
     settings = _given(edits)
-    pipeline = list(data.get("pipeline") or (preset_pipeline(fmt, settings) if fmt else []))
+    pipeline = [n for n in data.get("pipeline") or (preset_pipeline(fmt, settings) if fmt else []) if n not in without]
     if not pipeline:
         raise RecipeError("no pipeline: give --format or a recipe with `format` or `pipeline`",
                           hint="e.g. tfcompile quantize --format nvfp4 MODEL -o OUT")
@@ -147,8 +155,8 @@ def build_recipe(
         if name not in values and fmt and spec is not None and spec.unscheduled is not None:
             if isinstance(table, Mapping) and set(table) <= _runtime_fields(spec.config):
                 continue  # a run-wide policy (e.g. calibrate.strict): moot where the pass does not run
-            if where.startswith("--preset"):  # e.g. the preset's calibration, for an algorithm the user replaced
-                continue
+            if where.startswith("--preset") or for_start:  # e.g. the preset's calibration, for an algorithm
+                continue  # the user replaced; the start's calibration
             raise _unscheduled(spec, fmt, where, values)
         _merge(values, name, table, where)
     _check_format_agrees(fmt, values)
@@ -158,13 +166,14 @@ def build_recipe(
     return Recipe(RECIPE_VERSION, fmt or "custom", entries)
 
 
-def _preset_edits(preset: str, fmt: str | None) -> list[tuple[str, dict, str]]:
-    """--preset NAME's settings for `fmt` as edits (pass, {field: value}, where)."""
+def _preset_edits(preset: str, fmt: str | None, distill: bool) -> list[tuple[str, dict, str]]:
+    """--preset NAME's settings for `fmt` as edits (pass, {field: value}, where); `distill`: the run
+    distills (schemes.DISTILL_PRESETS)."""
     if not fmt:
         raise RecipeError(f"--preset {preset} chooses settings per format, and no format is given",
                           hint=f"add --format, e.g. --format nvfp4 --preset {preset}")
     edits = []
-    for item in preset_sets(preset, fmt):
+    for item in preset_sets(preset, fmt, distill):
         name, key, raw = _parse_set(item)
         edits.append((name, {key: _parse_value(raw)}, f"--preset {preset} ({item})"))
     return edits
