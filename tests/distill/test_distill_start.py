@@ -61,6 +61,14 @@ def test_resume_dir_keeps_the_start_and_a_rerun_reuses_it(tiny_llama_src, fast, 
     assert other.code == 1 and "holds another run" in other.err and "hint:" in other.err, other.err
 
 
+def test_a_bad_distillation_fails_before_the_start_is_built(tiny_llama_src, fast, tmp_path, run_cli):
+    """--algorithm gptq on the distillation itself is refused before minutes of GPTQ, with nothing written."""
+    res = run_cli("distill", tiny_llama_src, "-o", tmp_path / "out", "--format", "nvfp4a16", *fast, *CALIB,
+                  "--init", "gptq", "--algorithm", "gptq")
+    assert res.code == 1 and "distill trains from round-to-nearest weights" in res.err and "hint:" in res.err
+    assert "building the start artifact" not in res.err and sorted(p.name for p in tmp_path.iterdir()) == []
+
+
 def test_init_gptq_without_the_command_is_refused(tiny_llama_src, fast, tmp_path):
     """The library's run_pipeline does not build the start: the distill pass names the way out."""
     from tfcompile.api import run_pipeline

@@ -24,8 +24,8 @@ from typing import Iterator
 
 from tfcompile.cli.runner import ArtifactRun
 from tfcompile.errors import RecipeError
-from tfcompile.schemes import DISTILL_STARTS
 from tfcompile.recipe.options import RunOptions
+from tfcompile.schemes import DISTILL_STARTS
 
 # passes the start does not need: it is read back as weights, never served, evaluated or exported
 NOT_IN_START = ("distill", "emit", "emit_cutlass", "onnx", "eval", "report")
@@ -46,8 +46,12 @@ def distill_start(job: ArtifactRun, run: RunOptions) -> Iterator[dict | None]:
         raise RecipeError(f"distill.init {cfg.init} under torchrun: the start artifact is built by one "
                          "process", hint=f"build it first: `tfcompile quantize --algorithm {cfg.init} ... -o A` "
                                          "(or under torchrun), then `torchrun ... tfcompile distill --init A`")
+    from tfcompile.pipeline import manager
+
     start_run = dataclasses.replace(run, sets=(*run.sets, f"quantize.algorithm={cfg.init}"), skip=(), until=None)
     recipe = options_recipe(start_run, without=NOT_IN_START)
+    manager.validate(recipe)  # both runs' schedules and settings, before minutes of GPTQ
+    manager.validate(_with_init_artifact(job.recipe, Path("start")))
     with _start_dir(job, recipe, cfg) as (where, kept):
         out = where / "artifact"
         t0, reused = time.perf_counter(), (out / "tfcompile" / "manifest.json").is_file()
