@@ -24,6 +24,7 @@ from typing import Iterator
 
 from tfcompile.cli.runner import ArtifactRun
 from tfcompile.errors import RecipeError
+from tfcompile.io.locks import work_dir
 from tfcompile.recipe.options import RunOptions
 from tfcompile.schemes import DISTILL_STARTS
 
@@ -36,7 +37,7 @@ START = "init-{}"  # RESUME_DIR/init-gptq
 def distill_start(job: ArtifactRun, run: RunOptions) -> Iterator[dict | None]:
     """Build the start artifact when job's distill.init names an algorithm, and point job's recipe
     at it for the `with` body; yields the start's --json record (None: nothing to build)."""
-    from tfcompile.recipe.build import options_recipe
+    from tfcompile.recipe.build import options_recipe  # lazy: the pass registry imports torch
 
     cfg = job.recipe.config("distill")
     if cfg.init not in DISTILL_STARTS or cfg.init_artifact:
@@ -46,7 +47,7 @@ def distill_start(job: ArtifactRun, run: RunOptions) -> Iterator[dict | None]:
         raise RecipeError(f"distill.init {cfg.init} under torchrun: the start artifact is built by one "
                          "process", hint=f"build it first: `tfcompile quantize --algorithm {cfg.init} ... -o A` "
                                          "(or under torchrun), then `torchrun ... tfcompile distill --init A`")
-    from tfcompile.pipeline import manager
+    from tfcompile.pipeline import manager  # lazy: the pipeline imports torch
 
     start_run = dataclasses.replace(run, sets=(*run.sets, f"quantize.algorithm={cfg.init}"), skip=(), until=None)
     recipe = options_recipe(start_run, without=NOT_IN_START)
@@ -74,9 +75,8 @@ def distill_start(job: ArtifactRun, run: RunOptions) -> Iterator[dict | None]:
 def _start_dir(job: ArtifactRun, recipe, cfg) -> Iterator[tuple[Path, bool]]:
     """(folder for the start, whether it outlives the run): RESUME_DIR/init-ALG, claimed for this
     start and checkpoint, or a work folder next to OUT (swept if the run dies: io/locks.py)."""
-    from tfcompile.io.checkpoint import open_checkpoint
-    from tfcompile.io.locks import work_dir
-    from tfcompile.io.resume import claim, source_identity
+    from tfcompile.io.checkpoint import open_checkpoint  # lazy: safetensors and torch
+    from tfcompile.io.resume import claim, source_identity  # lazy: torch
 
     if cfg.resume_dir:
         src = open_checkpoint(job.art.model)
