@@ -56,3 +56,51 @@ def test_cli_plan_takes_the_preset(run_cli):
     assert f"quantize.algorithm={quantize['config']['algorithm']}" in preset_sets("best", "nvfp4a16")
     bad = run_cli("plan", "--format", "nvfp4a16", "--preset", "nope")
     assert bad.code != 0 and "unknown preset" in bad.err and "hint:" in bad.err
+
+
+# the bench's options, as the recipe fields they set (bench/acc_distill_smollm2.py ROWS)
+_BENCH_FLAGS = {"--lr": ("distill", "lr", float), "--batch": ("distill", "batch", int), "--seed": ("distill", "seed", int),
+                "--algorithm": ("quantize", "algorithm", str), "--calib": ("calibrate", "data", str),
+                "--calib-samples": ("calibrate", "samples", int), "--calib-seq-len": ("calibrate", "seq_len", int)}
+
+
+def _bench_recipe(fmt: str, args: list[str], **distill) -> dict:
+    sets, tables, it = [], {"distill": dict(distill)} if distill else {}, iter(args)
+    for a in it:
+        if a == "--set":
+            sets.append(next(it))
+        else:
+            name, field, typ = _BENCH_FLAGS[a]
+            tables.setdefault(name, {})[field] = typ(next(it))
+    return build_recipe(fmt=fmt, sets=sets, overrides=tables).to_dict()
+
+
+@pytest.mark.parametrize("fmt,start,row", [("mxfp4", "mxfp4/gptq", "mxfp4/distill-gptq"),
+                                           ("nvfp4", "nvfp4/gptq-fos", "nvfp4/distill-gptq-fos")])
+def test_distill_preset_is_the_measured_rows_recipe(fmt, start, row):
+    """`distill --preset best` (DISTILL_PRESETS) and its GPTQ start are, field for field, the recipes of
+    the two bench rows docs/accuracy.md measured (GPTQ's artifact, then `distill --init` it), but for
+    init (gptq, not a path), the calibration data (`auto`: python-doc where it is installed) and the
+    held-out figures (the bench skips them; they change no weight)."""
+    import dataclasses
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tfcompile.cli.distill_start import NOT_IN_START
+    from tfcompile.recipe.build import options_recipe
+    from tfcompile.recipe.options import RunOptions
+
+    code = "import json, acc_distill_smollm2 as b; print(json.dumps(b.ROWS))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[2] / "bench",
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)
+    assert rows[row][4] == start  # the distill row starts from that artifact
+    run = RunOptions(fmt=fmt, preset="best", settings={"distill": {}},
+                     sets=("calibrate.data=python-doc", "distill.heldout_tokens=0"))
+    preset_start = options_recipe(dataclasses.replace(run, sets=(*run.sets, "quantize.algorithm=gptq")),
+                                  without=NOT_IN_START).to_dict()
+    assert preset_start == _bench_recipe(fmt, rows[start][3])
+    assert options_recipe(run).to_dict() == _bench_recipe(fmt, rows[row][3], steps=120, init="gptq")
