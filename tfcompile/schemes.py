@@ -195,6 +195,7 @@ _DISTILL_GPTQ = ("distill.init=gptq", "calibrate.seq_len=512", "distill.steps=12
                  "distill.seq_len=256", "distill.lr=1e-4")
 DISTILL_PRESETS: dict[str, dict[str, tuple[str, ...]]] = {"best": {
     "nvfp4": (*_DISTILL_GPTQ, "quantize.nvfp4_scales=four_over_six"),  # the student trains with the 4/6 rule
+    "mxfp4a16": _DISTILL_GPTQ,
     "mxfp4": _DISTILL_GPTQ,
 }}
 
