@@ -77,7 +77,8 @@ def _bench_recipe(fmt: str, args: list[str], **distill) -> dict:
 
 @pytest.mark.parametrize("fmt,start,row", [("mxfp4", "mxfp4/gptq", "mxfp4/distill-gptq"),
                                            ("mxfp4a16", "mxfp4a16/gptq", "mxfp4a16/distill-gptq"),
-                                           ("nvfp4", "nvfp4/gptq-fos", "nvfp4/distill-gptq-fos")])
+                                           ("nvfp4", "nvfp4/gptq-fos", "nvfp4/distill-gptq-fos"),
+                                           ("nvfp4a16", "nvfp4a16/gptq-fos", "nvfp4a16/distill-gptq-fos")])
 def test_distill_preset_is_the_measured_rows_recipe(fmt, start, row):
     """`distill --preset best` (DISTILL_PRESETS) and its GPTQ start are, field for field, the recipes of
     the two bench rows docs/accuracy.md measured (GPTQ's artifact, then `distill --init` it), but for
