@@ -53,6 +53,10 @@ ROWS: dict[str, tuple[str, str, str, list[str], str | None]] = {
     "mxfp4a16/gptq": ("mxfp4a16", "gptq", "quantize", ["--algorithm", "gptq", *CALIB], None),
     "mxfp4a16/distill-gptq": ("mxfp4a16", "distill from gptq (weights, KL, lr 1e-4)", "distill",
                               ["--lr", "1e-4", *BATCH], "mxfp4a16/gptq"),
+    "mxfp4a16/distill-rtn": ("mxfp4a16", "distill from rtn (weights, KL, lr 1e-4)", "distill",
+                             ["--lr", "1e-4", *BATCH], None),
+    "mxfp4a16/distill-gptq-ce": ("mxfp4a16", "distill from gptq (weights, KL + 0.1 CE, lr 1e-4)", "distill",
+                                 ["--lr", "1e-4", "--set", "distill.ce_weight=0.1", *BATCH], "mxfp4a16/gptq"),
     "mxfp4a16/distill-gptq-2": ("mxfp4a16", "distill from the row above (2nd stage: seed 1, lr 1e-4)", "distill",
                                 ["--lr", "1e-4", "--seed", "1", *BATCH], "mxfp4a16/distill-gptq"),
     # W4A4: the activations' static global scale comes from the same calibration in every row
