@@ -25,11 +25,10 @@ from torch import nn
 
 from tfcompile.artifact.manifest import MANIFEST, has_manifest, load_manifest
 from tfcompile.artifact.naming import layer_scheme, qtensor_of
-from tfcompile.schemes import DISTILL_STARTS
 from tfcompile.errors import RecipeError
 from tfcompile.io.checkpoint import open_checkpoint
 from tfcompile.kernels.formats import dequantize
-from tfcompile.schemes import get_scheme
+from tfcompile.schemes import DISTILL_STARTS, get_scheme
 
 
 def init_path(cfg) -> str:
