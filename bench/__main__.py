@@ -67,6 +67,7 @@ SUITE: dict[str, tuple[str, str]] = {
     "draft_step": ("studies", "performance.md"),
     "draft_probe": ("studies", "accuracy.md"),
     "draft_widen_vocab": ("studies", "accuracy.md"),
+    "distill_other_text": ("studies", "accuracy.md"),
     "draft_vllm": ("peers", "accuracy.md"),
     "signround_step": ("studies", "performance.md"),
     "common": ("lib", ""),
