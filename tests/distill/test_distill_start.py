@@ -84,19 +84,23 @@ def _values(recipe) -> dict:
 
 
 @pytest.mark.parametrize("fmt", sorted(DISTILL_PRESETS["best"]))
-def test_distill_preset_is_the_distillation_and_its_start_is_gptq(fmt):
-    """`distill --preset best` takes DISTILL_PRESETS (init gptq, the measured schedule); its start
-    is the same recipe without distill and with GPTQ; `quantize --preset best` is unchanged."""
+def test_distill_preset_is_the_distillation_and_its_start(fmt):
+    """`distill --preset best` takes DISTILL_PRESETS (the measured schedule; W4A4: init gptq); a GPTQ
+    start is the same recipe without distill and with GPTQ; `quantize --preset best` is unchanged."""
     run = RunOptions(fmt=fmt, preset="best", settings={"distill": {}})
     values = _values(options_recipe(run))
     for item in preset_sets("best", fmt, distill=True):
         (name, field), raw = item.split("=", 1)[0].split("."), item.split("=", 1)[1]
         if name in values:  # calibrate: scheduled where the format calibrates (nvfp4's activations)
             assert values[name][field] == _parse_value(raw), item
-    assert values["distill"]["init"] == "gptq" and values["quantize"]["algorithm"] == "rtn"
+    assert values["distill"]["steps"] == 120 and values["quantize"]["algorithm"] == "rtn"
+    # weight-only formats start from the checkpoint's own weights (RTN's start), W4A4 from GPTQ's artifact
+    assert values["distill"]["init"] == ("" if fmt.endswith("a16") else "gptq")
+    assert _values(build_recipe(fmt=fmt, preset="best"))["quantize"]["algorithm"] == "gptq"  # PRESETS
+    assert set(DISTILL_PRESETS) == set(PRESETS)
+    if values["distill"]["init"] != "gptq":
+        return
     start = _values(options_recipe(RunOptions(fmt=fmt, preset="best", settings={"distill": {}},
                                               sets=("quantize.algorithm=gptq",)), without=("distill",)))
     assert "distill" not in start and start["quantize"]["algorithm"] == "gptq"
     assert start["calibrate"]["seq_len"] == 512 and start["calibrate"]["hessian"]
-    assert _values(build_recipe(fmt=fmt, preset="best"))["quantize"]["algorithm"] == "gptq"  # PRESETS
-    assert set(DISTILL_PRESETS) == set(PRESETS)

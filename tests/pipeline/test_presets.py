@@ -76,14 +76,15 @@ def _bench_recipe(fmt: str, args: list[str], **distill) -> dict:
 
 
 @pytest.mark.parametrize("fmt,start,row", [("mxfp4", "mxfp4/gptq", "mxfp4/distill-gptq"),
-                                           ("mxfp4a16", "mxfp4a16/gptq", "mxfp4a16/distill-gptq"),
+                                           ("mxfp4a16", None, "mxfp4a16/distill-rtn"),
                                            ("nvfp4", "nvfp4/gptq-fos", "nvfp4/distill-gptq-fos"),
-                                           ("nvfp4a16", "nvfp4a16/gptq-fos", "nvfp4a16/distill-gptq-fos")])
+                                           ("nvfp4a16", None, "nvfp4a16/distill-rtn")])
 def test_distill_preset_is_the_measured_rows_recipe(fmt, start, row):
-    """`distill --preset best` (DISTILL_PRESETS) and its GPTQ start are, field for field, the recipes of
-    the two bench rows docs/accuracy.md measured (GPTQ's artifact, then `distill --init` it), but for
-    init (gptq, not a path), the calibration data (`auto`: python-doc where it is installed) and the
-    held-out figures (the bench skips them; they change no weight)."""
+    """`distill --preset best` (DISTILL_PRESETS) is, field for field, the recipe of the bench row
+    docs/accuracy.md measured, and a GPTQ start the recipe of the row it started from (GPTQ's artifact,
+    then `distill --init` it), but for init (gptq, not a path), the calibration data (`auto`:
+    python-doc where it is installed) and the held-out figures (the bench skips them; they change no
+    weight). A row without a start (RTN's: the checkpoint's own weights) has no init."""
     import dataclasses
     import json
     import subprocess
@@ -99,9 +100,12 @@ def test_distill_preset_is_the_measured_rows_recipe(fmt, start, row):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     rows = json.loads(out.stdout)
-    assert rows[row][4] == start  # the distill row starts from that artifact
-    run = RunOptions(fmt=fmt, preset="best", settings={"distill": {}},
-                     sets=("calibrate.data=python-doc", "distill.heldout_tokens=0"))
+    assert rows[row][4] == start  # the distill row starts from that artifact, or from the checkpoint
+    calib = ("calibrate.data=python-doc",) if start else ()  # RTN's start on a weight-only format calibrates nothing
+    run = RunOptions(fmt=fmt, preset="best", settings={"distill": {}}, sets=(*calib, "distill.heldout_tokens=0"))
+    if start is None:
+        assert options_recipe(run).to_dict() == _bench_recipe(fmt, rows[row][3], steps=120)
+        return
     preset_start = options_recipe(dataclasses.replace(run, sets=(*run.sets, "quantize.algorithm=gptq")),
                                   without=NOT_IN_START).to_dict()
     assert preset_start == _bench_recipe(fmt, rows[start][3])
