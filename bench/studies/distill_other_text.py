@@ -142,7 +142,8 @@ def main() -> int:
 
 def table(out: list[dict]) -> str:
     """The docs' table; recovered: 1 - increase / (the same format's RTN row's increase on that text)."""
-    rtn = {(r["text"], r["row"].split("/")[0]): r["ppl_increase"] for r in out if r["row"].endswith("/rtn")}
+    rtn = {(r["text"], r["row"].split("/")[0]): r["ppl_increase"] for r in out
+           if r["row"].endswith(("/rtn", "/rtn-max"))}  # W4A4 NVFP4: max-based RTN, as the distill table
     lines = ["| text | row | KL | perplexity (bf16's) | change | RTN's increase recovered | top-1 agreement |",
              "|---|---|---:|---:|---:|---:|---:|"]
     for r in out:

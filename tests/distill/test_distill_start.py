@@ -85,7 +85,7 @@ def _values(recipe) -> dict:
 
 @pytest.mark.parametrize("fmt", sorted(DISTILL_PRESETS["best"]))
 def test_distill_preset_is_the_distillation_and_its_start(fmt):
-    """`distill --preset best` takes DISTILL_PRESETS (the measured schedule; W4A4: init gptq); a GPTQ
+    """`distill --preset best` takes DISTILL_PRESETS (the measured schedule; mxfp4: init gptq); a GPTQ
     start is the same recipe without distill and with GPTQ; `quantize --preset best` is unchanged."""
     run = RunOptions(fmt=fmt, preset="best", settings={"distill": {}})
     values = _values(options_recipe(run))
@@ -94,8 +94,8 @@ def test_distill_preset_is_the_distillation_and_its_start(fmt):
         if name in values:  # calibrate: scheduled where the format calibrates (nvfp4's activations)
             assert values[name][field] == _parse_value(raw), item
     assert values["distill"]["steps"] == 120 and values["quantize"]["algorithm"] == "rtn"
-    # weight-only formats start from the checkpoint's own weights (RTN's start), W4A4 from GPTQ's artifact
-    assert values["distill"]["init"] == ("" if fmt.endswith("a16") else "gptq")
+    # RTN's start (the checkpoint's own weights) but for MXFP4 W4A4, which starts from GPTQ's artifact
+    assert values["distill"]["init"] == ("gptq" if fmt == "mxfp4" else "")
     assert _values(build_recipe(fmt=fmt, preset="best"))["quantize"]["algorithm"] == "gptq"  # PRESETS
     assert set(DISTILL_PRESETS) == set(PRESETS)
     if values["distill"]["init"] != "gptq":
