@@ -77,6 +77,7 @@ ROWS: dict[str, tuple[str, str, str, list[str], str | None]] = {
     "mxfp4/gptq": ("mxfp4", "gptq", "quantize", ["--algorithm", "gptq", *CALIB], None),
     "mxfp4/distill-gptq": ("mxfp4", "distill from gptq (weights, KL, lr 1e-4)", "distill",
                            ["--lr", "1e-4", *BATCH], "mxfp4/gptq"),
+    "mxfp4/distill-rtn": ("mxfp4", "distill from rtn (weights, KL, lr 1e-4)", "distill", ["--lr", "1e-4", *BATCH], None),
     # a second stage: the distilled artifact as the start, new training blocks (seed 1), the schedule again
     "mxfp4/distill-gptq-2": ("mxfp4", "distill from the row above (2nd stage: seed 1, lr 1e-4)", "distill",
                              ["--lr", "1e-4", "--seed", "1", *BATCH], "mxfp4/distill-gptq"),
