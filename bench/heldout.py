@@ -84,14 +84,17 @@ class HeldOut:
     """The held-out rows of `text` (python-doc's held-out split by default) and the reference's
     log-probabilities on them."""
 
-    def __init__(self, reference: Path, *, max_tokens: int, dtype: str = "bfloat16", text: Path | None = None):
+    def __init__(self, reference: Path, *, max_tokens: int, dtype: str = "bfloat16", text: Path | None = None,
+                 skip: int = 0):
+        """skip: leading tokens of the text left out (a multiple of SEQ_LEN): the max_tokens after them
+        are a sample independent of the first `skip` (bench/studies/distill_other_text.py)."""
         from transformers import AutoModelForCausalLM
 
         self.reference, self.dtype, self.max_tokens = Path(reference), dtype, max_tokens
         ref = AutoModelForCausalLM.from_pretrained(str(reference), dtype=DTYPES[dtype]).eval()
         vocab = int(ref.get_output_embeddings().weight.shape[0])
-        rows = token_rows(load_text(text).text, load_tokenizer(self.reference), max_tokens=max_tokens,
-                          seq_len=SEQ_LEN, vocab=vocab)
+        rows = token_rows(load_text(text).text, load_tokenizer(self.reference), max_tokens=skip + max_tokens,
+                          seq_len=SEQ_LEN, vocab=vocab)[skip // SEQ_LEN:]
         self.work = batches(rows, BATCH)
         self.tokens = sum(ids.numel() for ids in self.work)
         t0 = time.perf_counter()

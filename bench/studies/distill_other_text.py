@@ -31,11 +31,14 @@ import argparse
 import json
 import sys
 import sysconfig
+import tempfile
 from pathlib import Path
 
 import torch
 
-SEQ_LEN, BATCH, SKIP = 256, 4, 8192  # the table's row length, batch, and held-out tokens (bench/heldout.py)
+from bench.heldout import HeldOut
+
+SKIP = 8192  # the distillation table's held-out tokens (bench/acc_distill_smollm2.py --max-tokens default)
 ROWS = ["nvfp4a16/rtn", "nvfp4a16/gptq-fos", "nvfp4a16/distill-gptq-fos", "nvfp4a16/distill-rtn",
         "nvfp4a16/distill-gptq-fos-ce", "mxfp4a16/rtn", "mxfp4a16/gptq", "mxfp4a16/distill-gptq",
         "mxfp4a16/distill-rtn", "mxfp4a16/distill-gptq-ce"]
@@ -53,31 +56,19 @@ def stdlib_source(chars: int) -> str:
     return "\n\n".join(parts)
 
 
-def text_batches(kind: str, tokenizer, tokens: int, vocab: int) -> list[torch.Tensor]:
-    """[BATCH, SEQ_LEN] int64 batches of `tokens` tokens of text `kind`."""
-    from tfcompile.evaluate.text import batches, load_text, token_rows
-
-    if kind == "heldout-next":  # rows after the table's first SKIP tokens
-        rows = token_rows(load_text(None).text, tokenizer, max_tokens=SKIP + tokens, seq_len=SEQ_LEN, vocab=vocab)
-        rows = rows[SKIP // SEQ_LEN:]
+def held_out(kind: str, smol: Path, tokens: int, tmp: Path) -> HeldOut:
+    """`tokens` tokens of text `kind` and the bf16 reference's log-probabilities on them."""
+    if kind == "heldout-next":  # python-doc's held-out split after the table's first SKIP tokens
+        held = HeldOut(smol, max_tokens=tokens, dtype="bfloat16", skip=SKIP)
     elif kind == "stdlib":
-        rows = token_rows(stdlib_source(tokens * 8), tokenizer, max_tokens=tokens, seq_len=SEQ_LEN, vocab=vocab)
+        text = tmp / "stdlib.py.txt"
+        text.write_text(stdlib_source(tokens * 8), encoding="utf-8")
+        held = HeldOut(smol, max_tokens=tokens, dtype="bfloat16", text=text)
     else:
         raise SystemExit(f"unknown text {kind!r}; hint: heldout-next or stdlib")
-    rows = [r for r in rows if r.numel() == SEQ_LEN]
-    if len(rows) * SEQ_LEN < tokens:
-        raise SystemExit(f"text {kind} gives {len(rows) * SEQ_LEN} tokens, fewer than --tokens {tokens}")
-    return batches(rows, BATCH)
-
-
-def score(model, work: list[torch.Tensor], ref_logp: list[torch.Tensor]) -> dict:
-    from tfcompile.evaluate.metrics import LogitMetrics
-
-    m = LogitMetrics()
-    with torch.inference_mode():
-        for ids, ref in zip(work, ref_logp):
-            m.update(ids, model(input_ids=ids).logits, ref)
-    return m.result()
+    if held.tokens < tokens:
+        raise SystemExit(f"text {kind} gives {held.tokens} tokens, fewer than --tokens {tokens}")
+    return held
 
 
 def changed(a: Path, b: Path) -> dict:
@@ -114,28 +105,18 @@ def main() -> int:
         return 0
     if args.work is None:
         ap.error("--work is required (hint: bench/acc_distill_smollm2.py's --work folder)")
-    from transformers import AutoModelForCausalLM
-
-    from tfcompile.evaluate.models import load_candidate
-    from tfcompile.evaluate.text import load_tokenizer
     from tfcompile.fixtures.smollm2 import smollm2_checkpoint
 
     torch.set_num_threads(2)
-    smol = smollm2_checkpoint()
-    ref = AutoModelForCausalLM.from_pretrained(str(smol), dtype=torch.bfloat16).eval()
-    tok, vocab = load_tokenizer(smol), int(ref.get_output_embeddings().weight.shape[0])
-    out = []
-    for kind in args.texts:
-        work = text_batches(kind, tok, args.tokens, vocab)
-        with torch.inference_mode():  # float32 log-probabilities: tokens x vocab x 4 bytes
-            ref_logp = [torch.log_softmax(ref(input_ids=ids).logits.float(), -1) for ids in work]
-        for row in args.rows:
-            path = args.work / row.replace("/", "-")
-            cand = load_candidate(path, torch.bfloat16, "auto")
-            r = {"text": kind, "row": row, **score(cand.model, work, ref_logp)}
-            print(json.dumps(r), flush=True)
-            out.append(r)
-        del ref_logp
+    smol, out = smollm2_checkpoint(), []
+    with tempfile.TemporaryDirectory(prefix="tfc-other-text-") as tmp:
+        for kind in args.texts:
+            held = held_out(kind, smol, args.tokens, Path(tmp))
+            for row in args.rows:
+                r = {"text": kind, "row": row, **held.score_artifact(args.work / row.replace("/", "-"))}
+                print(json.dumps(r), flush=True)
+                out.append(r)
+            del held  # its reference log-probabilities: tokens x vocab x 4 bytes
     print(table(out), file=sys.stderr)
     return 0
 
