@@ -62,6 +62,18 @@ def test_two_ranks_write_the_one_process_draft(reference, tmp_path):
     assert json.loads((tmp_path / "resume" / "run.json").read_text())["processes"] == 2
 
 
+@pytest.mark.slow
+def test_two_ranks_with_the_cache_on_disk_write_the_one_process_draft(reference, tmp_path):
+    """--cache disk: each rank writes its chunks of the target cache to the shared resume folder and
+    reads the others' after a barrier (tfcompile/draft/cache.py): the same bytes again."""
+    res = run(torchrun(2, "-m", "tfcompile", "draft", str(DEMO), "-o", str(tmp_path / "draft"), *SMALL,
+                       "--resume-dir", str(tmp_path / "resume"), "--cache", "disk"))
+    assert res.returncode == 0, res.stderr[-4000:]
+    a, b = tree(reference / "draft"), tree(tmp_path / "draft")
+    assert [f for f in a if a[f] != b.get(f)] == [], "files differ from the one-process draft"
+    assert len(list((tmp_path / "resume").glob("tcache-*.safetensors"))) == 10  # 80 sequences, chunks of 8
+
+
 def test_a_batch_that_does_not_split_is_refused_before_any_work(tmp_path):
     out, resume = tmp_path / "bad", tmp_path / "bad-resume"
     res = run(torchrun(2, "-m", "tfcompile", "draft", str(DEMO), "-o", str(out), *SMALL[:-1], "--batch", "3",

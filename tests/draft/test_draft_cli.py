@@ -123,3 +123,47 @@ def test_a_run_killed_in_self_generation_keeps_the_decoded_chunks(tmp_path, run_
     (resume / "selfgen-00000.safetensors").write_bytes((resume / "selfgen-00001.safetensors").read_bytes())
     res = run_cli("draft", DEMO, "-o", tmp_path / "c", *SMALL, "--resume-dir", resume, "-q")
     assert res.code == 1 and "selfgen-00000.safetensors" in res.err and "hint:" in res.err
+
+
+def test_a_cache_on_disk_writes_the_same_draft_and_survives_a_kill(tmp_path, run_cli, monkeypatch):
+    """--cache disk (tfcompile/draft/cache.py): the same bytes as the in-memory cache; a run killed in
+    training resumes without a target forward for the chunks on disk; a damaged chunk is named."""
+    from tfcompile.distill import train
+    from tfcompile.draft import cache
+
+    assert run_cli("draft", DEMO, "-o", tmp_path / "a", *SMALL, "-q").code == 0
+    resume = tmp_path / "resume"
+
+    def after_step(self, step):
+        if step == 3:
+            raise RuntimeError("killed")
+
+    monkeypatch.setattr(train.Loop, "after_step", after_step)
+    disk = ["--cache", "disk", "--resume-dir", resume, "-q"]
+    assert run_cli("draft", DEMO, "-o", tmp_path / "b", *SMALL, *disk).code == 2
+    assert sorted(p.name for p in resume.glob("tcache-*")) == ["tcache-00000.safetensors", "tcache-00001.safetensors"]
+    monkeypatch.undo()
+    put = []
+    monkeypatch.setattr(cache._Disk, "put", lambda self, c, v: put.append(c))
+    assert run_cli("draft", DEMO, "-o", tmp_path / "b", *SMALL, *disk).code == 0
+    assert put == []  # 12 sequences = 2 chunks, both read back
+    assert _files(tmp_path / "b") == _files(tmp_path / "a")
+    (resume / "tcache-00001.safetensors").write_bytes(b"\0" * 64)
+    res = run_cli("draft", DEMO, "-o", tmp_path / "c", *SMALL, *disk)
+    assert res.code == 1 and "tcache-00001.safetensors" in res.err and "hint:" in res.err
+
+
+def test_cache_options_are_checked_and_recorded(tmp_path, run_cli):
+    res = run_cli("draft", DEMO, "-o", tmp_path / "x", *SMALL, "--cache", "disk")
+    assert res.code == 1 and "--resume-dir" in res.err and "hint:" in res.err and not (tmp_path / "x").exists()
+    res = run_cli("draft", DEMO, "-o", tmp_path / "y", *SMALL, "--cache-dtype", "bfloat16", "--json", "-q")
+    assert res.code == 0, res.err
+    assert res.json()["config"]["cache_dtype"] == "bfloat16"
+    rec = json.loads((tmp_path / "y" / "tfcompile" / "draft.json").read_text())
+    assert rec["config"]["cache_dtype"] == "bfloat16"
+
+
+def test_a_float32_cache_is_left_out_of_the_record(tiny_draft):
+    """Records and resume folders from before --cache-dtype keep their bytes."""
+    rec = json.loads((tiny_draft / "tfcompile" / "draft.json").read_text())
+    assert "cache_dtype" not in rec["config"] and "cache" not in rec["config"]

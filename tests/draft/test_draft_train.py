@@ -23,21 +23,46 @@ def target():
 
 
 @pytest.mark.parametrize("reduced", [True, False])
-def test_the_cache_gives_what_a_target_forward_gives(target, reduced):
-    from tfcompile.draft.train import TargetCache
+@pytest.mark.parametrize("place", ["memory", "disk"])
+def test_the_cache_gives_what_a_target_forward_gives(target, reduced, place, tmp_path):
+    from tfcompile.draft.cache import TargetCache
 
     tokens = torch.randint(0, 4096, (11, 24), generator=torch.Generator().manual_seed(0))  # 11: chunks of 8 + 3
     keep = torch.tensor([0, 5, 17, 300, 4095]) if reduced else None
     aux = (1, 2, 3)
-    cache = TargetCache(target, tokens, aux, keep)
+    cache = TargetCache(target, tokens, aux, keep, place=place, folder=tmp_path)
     idx = torch.tensor([9, 2, 10])
     fused, logp = cache.batch(idx, "cpu")
+    if place == "disk":  # one file per chunk of 8 sequences, read back bit for bit
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["tcache-00000.safetensors", "tcache-00001.safetensors"]
+        mem = TargetCache(target, tokens, aux, keep).batch(idx, "cpu")
+        assert torch.equal(fused, mem[0]) and torch.equal(logp, mem[1])
     with torch.no_grad():
         out = target(input_ids=tokens[idx], output_hidden_states=True)
     logits = out.logits.float() if keep is None else out.logits.float()[..., keep]
     torch.testing.assert_close(fused, torch.cat([out.hidden_states[i] for i in aux], -1), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(logp, torch.log_softmax(logits, -1), rtol=1e-5, atol=1e-5)
     assert logp.shape == (3, 24, 5 if reduced else 4096)
+
+
+def test_a_bfloat16_cache_holds_the_float32_values_rounded(target, tmp_path):
+    """Oracle: torch's own float32 -> bfloat16 rounding of the float32 cache's values."""
+    from tfcompile.draft.cache import TargetCache
+
+    tokens = torch.randint(0, 4096, (9, 16), generator=torch.Generator().manual_seed(2))
+    keep, idx = torch.tensor([1, 7, 4000]), torch.tensor([8, 0])
+    f32 = TargetCache(target, tokens, (1, 2, 3), keep)
+    bf16 = TargetCache(target, tokens, (1, 2, 3), keep, dtype="bfloat16", place="disk", folder=tmp_path)
+    want = f32.store.rows(idx)
+    got = bf16.store.rows(idx)
+    for k in ("fused", "last"):
+        assert got[k].dtype == torch.bfloat16 and torch.equal(got[k], want[k].to(torch.bfloat16))
+    fused, logp = bf16.batch(idx, "cpu")
+    assert fused.dtype == torch.float32 and torch.equal(fused, want["fused"].to(torch.bfloat16).float())
+    head = target.get_output_embeddings().weight[keep]
+    ref = torch.log_softmax(want["last"].to(torch.bfloat16).float() @ head.T, -1)
+    torch.testing.assert_close(logp, ref, rtol=1e-6, atol=1e-6)
+    assert not torch.equal(fused, f32.batch(idx, "cpu")[0])  # the rounding is real
 
 
 def test_the_draft_starts_from_the_target(target):

@@ -13,6 +13,8 @@ from tfcompile.errors import UserError
 
 METHODS = ("eagle3",)
 INITS = ("target", "random")
+CACHE_DTYPES = ("float32", "bfloat16")  # cache.DTYPES
+CACHE_PLACES = ("memory", "disk")  # cache.PLACES
 DEFAULT_DRAFT_VOCAB = 32000  # EAGLE-3's and speculators' reduced draft vocabulary
 
 
@@ -41,6 +43,9 @@ class DraftConfig:
     aux_layers: tuple[int, ...] = ()  # target hidden_states indices fused; () = low / middle / high
     init: str = "target"  # "target": fc and the layer start from the target (run.init_from_target); "random"
     init_from: str = ""  # a speculators draft directory to continue from (its weights and vocabulary; overrides init)
+    # the target cache's values (cache.py): float32, or bfloat16 (half the memory or disk; rounds the
+    # target's hidden states as a bf16 engine hands them to its draft). Recorded only when not float32
+    cache_dtype: str = "float32"
     # optimizer (tfcompile.distill.train.Loop reads these names)
     optimizer: str = "adamw"
     lr: float = 1e-3
@@ -57,11 +62,20 @@ class DraftConfig:
     resume_dir: str = runtime("")
     metrics: str = runtime("")
     device: str = runtime("auto")
+    cache: str = runtime("memory")  # where the target cache is kept: memory | disk (files in resume_dir)
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise UserError(f"--method {self.method!r} is not supported",
                             hint="choose one of: " + ", ".join(METHODS))
+        if self.cache_dtype not in CACHE_DTYPES:
+            raise UserError(f"--cache-dtype {self.cache_dtype!r} is not supported",
+                            hint="choose one of: " + ", ".join(CACHE_DTYPES))
+        if self.cache not in CACHE_PLACES:
+            raise UserError(f"--cache {self.cache!r} is not supported", hint="choose one of: " + ", ".join(CACHE_PLACES))
+        if self.cache == "disk" and not self.resume_dir:
+            raise UserError("--cache disk keeps the target cache in the resume folder, and none was given",
+                            hint="pass --resume-dir DIR (it needs about 4 x hidden_size values per training token)")
         if self.init not in INITS:
             raise UserError(f"--init {self.init!r} is not supported", hint="choose one of: " + ", ".join(INITS))
         for name in ("steps", "batch", "seq_len", "ttt_steps", "checkpoint_every", "log_every"):
@@ -88,6 +102,8 @@ class DraftConfig:
         rec = {f.name: _plain(d[f.name]) for f in fields(self) if not f.metadata.get("runtime")}
         if self.batch_parts <= 1:  # one part (or not resolved yet): the computation from before the option,
             del rec["batch_parts"]  # so one process's record and resume fingerprint keep their bytes
+        if self.cache_dtype == "float32":  # the cache from before the option: records and resume folders unchanged
+            del rec["cache_dtype"]
         return rec
 
 

@@ -2,7 +2,7 @@
 
 The target (a transformers module: the bf16 checkpoint, or a tfcompile artifact through
 `tfcompile eval`'s emulation: dequantized weights, activations fake-quantized, KV cache
-emulated) runs in eval mode without gradients, once per training sequence (TargetCache), and
+emulated) runs in eval mode without gradients, once per training sequence (cache.py's TargetCache), and
 gives the draft its inputs (hidden_states at `aux_layers`, [B, T, 3H]) and its targets (the
 next-token distribution at every position, restricted to the draft vocabulary). The draft's loss is
 sum_j ttt_decay^j KL(target || draft) over the chain steps j of Eagle3Draft.ttt (step j row i
@@ -36,6 +36,7 @@ from tfcompile.dist.world import LOCAL, World
 from tfcompile.distill.data import BlockOrder, load_data
 from tfcompile.distill.ddp import agree_stop
 from tfcompile.distill.train import Loop, Segment, deterministic
+from tfcompile.draft.cache import TargetCache
 from tfcompile.draft.config import DraftConfig
 from tfcompile.draft.eagle3 import Eagle3Draft
 from tfcompile.draft.ranks import average_grads, broadcast_chunks, mean_parts, my_parts, owner, part_rows
@@ -146,48 +147,6 @@ def draft_vocab(tokens: torch.Tensor, vocab: int, size: int) -> torch.Tensor:
     return torch.sort(torch.topk(counts, size).indices).values
 
 
-class TargetCache:
-    """The frozen target's outputs for every training sequence, computed once (the target is
-    frozen, so a step needs only the draft): fused hidden states [N, T, 3H] and the target's
-    final (normed) hidden state [N, T, H], float32; a step turns the latter into log-probabilities
-    over the draft vocabulary with the target's own head (restricted to its rows), ~H x Vd
-    multiply-adds per token instead of a whole target forward. Memory: 4 H floats per token
-    (SmolLM2-135M, H = 576: 9.2 KB; 163,840 tokens: 1.5 GB), allocated once and filled."""
-
-    def __init__(self, target, tokens: torch.Tensor, aux: tuple[int, ...], keep: torch.Tensor | None,
-                 chunk: int = 8, world: World = LOCAL):
-        dev = next(target.parameters()).device
-        n, t, h = tokens.shape[0], tokens.shape[1], int(target.config.get_text_config().hidden_size)
-        # filled in place: concatenating per-chunk pieces at the end would hold the cache twice
-        self.fused = torch.empty(n, t, len(aux) * h)
-        self.last = torch.empty(n, t, h)
-        starts = range(0, n, chunk)  # fixed chunks: the cache is a function of tokens alone
-        with torch.no_grad():
-            for c, i in enumerate(starts):
-                if owner(c, world) != world.rank:  # under torchrun: rank c mod N computes chunk c
-                    continue
-                out = target.get_decoder()(input_ids=tokens[i:i + chunk].to(dev), output_hidden_states=True)
-                self.fused[i:i + chunk] = torch.cat([out.hidden_states[j] for j in aux], -1).float().cpu()
-                self.last[i:i + chunk] = out.last_hidden_state.float().cpu()  # = hidden_states[-1], after the norm
-        # the others' chunks, received in place (dim-0 slices of contiguous tensors are contiguous)
-        for x in (self.fused, self.last):
-            broadcast_chunks([x[i:i + chunk] for i in starts], world)
-        self.head, self.keep = target.get_output_embeddings(), keep
-
-    def batch(self, idx: torch.Tensor, dev) -> tuple[torch.Tensor, torch.Tensor]:
-        """(fused [B, T, 3H], target log-probabilities over the draft vocabulary [B, T, Vd]) of rows idx."""
-        h = self.last[idx].to(dev)
-        with torch.no_grad():
-            if type(self.head) is torch.nn.Linear and self.keep is not None:  # a plain head: its kept rows only
-                w = self.head.weight[self.keep.to(self.head.weight.device)].to(dev, torch.float32)
-                b = None if self.head.bias is None else self.head.bias[self.keep].to(dev, torch.float32)
-                logits = F.linear(h.to(w.dtype), w, b)
-            else:  # an emulated (quantized) head runs as the target runs it
-                logits = self.head(h.to(self.head.weight.device)).float().to(dev)
-                logits = logits if self.keep is None else logits[..., self.keep.to(dev)]
-        return self.fused[idx].to(dev), F.log_softmax(logits, -1)
-
-
 def ttt_loss(draft: Eagle3Draft, ids: torch.Tensor, fused: torch.Tensor, logp: torch.Tensor,
              steps: int, decay: float) -> tuple[torch.Tensor, dict]:
     """The training loss and, per chain step, its KL and argmax agreement with the target."""
@@ -214,7 +173,8 @@ def train_draft(draft: Eagle3Draft, target, tokens: torch.Tensor, cfg: DraftConf
     dev = next(draft.parameters()).device
     order = BlockOrder(len(tokens), cfg.batch, 1, cfg.seed)
     keep = None if keep is None else keep.to(dev)
-    cache = TargetCache(target, tokens, draft.s.aux_layers, keep, world=world)
+    cache = TargetCache(target, tokens, draft.s.aux_layers, keep, dtype=cfg.cache_dtype, place=cfg.cache,
+                        folder=None if resume is None else resume.path, world=world)
     params = draft.trainable()
     mine = my_parts(cfg, world)
 
