@@ -46,6 +46,15 @@ ROWS: dict[str, tuple[str, str, str, list[str], str | None]] = {
                               ["--lr", "1e-4", *BATCH], "nvfp4a16/gptq"),
     "nvfp4a16/distill-rtn": ("nvfp4a16", "distill from rtn (weights, KL, lr 1e-4)", "distill",
                              ["--lr", "1e-4", *BATCH], None),
+    # what trains, from the same start and data: the per-block clip of the scales, or a LoRA adapter
+    # (rank 16, merged before packing); lr: each mode's default (tfcompile/distill/config.py DEFAULT_LR)
+    "nvfp4a16/distill-rtn-scales": ("nvfp4a16", "distill from rtn (block scales: per-block clip, KL, lr 2e-3)",
+                                    "distill", ["--lr", "2e-3", "--set", "distill.train=scales", *BATCH], None),
+    "nvfp4a16/distill-rtn-lora": ("nvfp4a16", "distill from rtn (LoRA rank 16, KL, lr 1e-3)", "distill",
+                                  ["--lr", "1e-3", "--set", "distill.train=lora", *BATCH], None),
+    # a per-layer feature loss beside KL: mean over layers of ||h_S - h_T||^2 / ||h_T||^2 (distill/loss.py)
+    "nvfp4a16/distill-rtn-hidden": ("nvfp4a16", "distill from rtn (weights, KL + 1.0 hidden-state MSE, lr 1e-4)",
+                                    "distill", ["--lr", "1e-4", "--set", "distill.hidden_weight=1.0", *BATCH], None),
     "nvfp4a16/gptq-fos": ("nvfp4a16", "gptq + 4/6", "quantize", ["--algorithm", "gptq", *FOS, *CALIB], None),
     "nvfp4a16/distill-gptq-fos": ("nvfp4a16", "distill from gptq + 4/6 (weights, KL, lr 1e-4)", "distill",
                                   ["--lr", "1e-4", *FOS, *BATCH], "nvfp4a16/gptq-fos"),

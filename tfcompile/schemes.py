@@ -187,19 +187,17 @@ PRESETS: dict[str, dict[str, tuple[str, ...]]] = {"best": {
 
 # `tfcompile distill --preset best` (a run with the distill pass): per format, the distillation measured best on
 # SmolLM2-135M-Instruct (docs/accuracy.md "SmolLM2: quantization-aware distillation" and "... on other text"):
-# 120 AdamW steps of 4 x 256 tokens at lr 1e-4, KL. NVFP4A16, NVFP4 (with four over six in the student and 16 x
-# 512 calibration tokens for the activations' scales) and MXFP4A16 start from the checkpoint's own weights (RTN's
-# start: a lower perplexity than from GPTQ's start on every text measured; W4A4 NVFP4 a lower KL too); MXFP4 W4A4
-# from a GPTQ artifact the same command builds first on 16 x 512 calibration tokens (distill.init=gptq:
-# tfcompile/cli/distill_start.py; RTN's start not measured there). Other formats keep the distill defaults.
+# 120 AdamW steps of 4 x 256 tokens at lr 1e-4, KL, from the checkpoint's own weights (RTN's start: a lower
+# perplexity than from GPTQ's start on every text and format measured; on W4A4 a lower KL too). NVFP4 trains with
+# four over six in the student and 16 x 512 calibration tokens for the activations' scales. Other formats keep
+# the distill defaults. A GPTQ start stays one option away (distill.init=gptq: tfcompile/cli/distill_start.py).
 DISTILL_STARTS = ("gptq",)  # distill.init values that name an algorithm whose artifact the run builds first
 _DISTILL = ("distill.steps=120", "distill.batch=4", "distill.seq_len=256", "distill.lr=1e-4")
-_DISTILL_GPTQ = ("distill.init=gptq", "calibrate.seq_len=512", *_DISTILL)
 DISTILL_PRESETS: dict[str, dict[str, tuple[str, ...]]] = {"best": {
     "nvfp4a16": _DISTILL,
     "nvfp4": ("calibrate.seq_len=512", *_DISTILL, "quantize.nvfp4_scales=four_over_six"),  # 4/6 in the student
     "mxfp4a16": _DISTILL,
-    "mxfp4": _DISTILL_GPTQ,
+    "mxfp4": _DISTILL,
 }}
 
 

@@ -1,6 +1,6 @@
 """`tfcompile distill --init gptq` (tfcompile/cli/distill_start.py): one command builds the GPTQ start
 and distills from it, writing what the two commands (`quantize --algorithm gptq`, `distill --init A`)
-write; and `distill --preset best` (schemes.DISTILL_PRESETS) names that recipe."""
+write; and what `distill --preset best` (schemes.DISTILL_PRESETS) names (RTN's start, since 2026-12-06)."""
 
 from __future__ import annotations
 
@@ -85,8 +85,8 @@ def _values(recipe) -> dict:
 
 @pytest.mark.parametrize("fmt", sorted(DISTILL_PRESETS["best"]))
 def test_distill_preset_is_the_distillation_and_its_start(fmt):
-    """`distill --preset best` takes DISTILL_PRESETS (the measured schedule; mxfp4: init gptq); a GPTQ
-    start is the same recipe without distill and with GPTQ; `quantize --preset best` is unchanged."""
+    """`distill --preset best` takes DISTILL_PRESETS (the measured schedule, from the checkpoint's own
+    weights: no init, RTN); `quantize --preset best` is unchanged (GPTQ)."""
     run = RunOptions(fmt=fmt, preset="best", settings={"distill": {}})
     values = _values(options_recipe(run))
     for item in preset_sets("best", fmt, distill=True):
@@ -94,13 +94,6 @@ def test_distill_preset_is_the_distillation_and_its_start(fmt):
         if name in values:  # calibrate: scheduled where the format calibrates (nvfp4's activations)
             assert values[name][field] == _parse_value(raw), item
     assert values["distill"]["steps"] == 120 and values["quantize"]["algorithm"] == "rtn"
-    # RTN's start (the checkpoint's own weights) but for MXFP4 W4A4, which starts from GPTQ's artifact
-    assert values["distill"]["init"] == ("gptq" if fmt == "mxfp4" else "")
+    assert values["distill"]["init"] == ""  # RTN's start for every format (docs/accuracy.md, 2026-12-06)
     assert _values(build_recipe(fmt=fmt, preset="best"))["quantize"]["algorithm"] == "gptq"  # PRESETS
     assert set(DISTILL_PRESETS) == set(PRESETS)
-    if values["distill"]["init"] != "gptq":
-        return
-    start = _values(options_recipe(RunOptions(fmt=fmt, preset="best", settings={"distill": {}},
-                                              sets=("quantize.algorithm=gptq",)), without=("distill",)))
-    assert "distill" not in start and start["quantize"]["algorithm"] == "gptq"
-    assert start["calibrate"]["seq_len"] == 512 and start["calibrate"]["hessian"]

@@ -75,23 +75,18 @@ def _bench_recipe(fmt: str, args: list[str], **distill) -> dict:
     return build_recipe(fmt=fmt, sets=sets, overrides=tables).to_dict()
 
 
-@pytest.mark.parametrize("fmt,start,row", [("mxfp4", "mxfp4/gptq", "mxfp4/distill-gptq"),
-                                           ("mxfp4a16", None, "mxfp4a16/distill-rtn"),
-                                           ("nvfp4", None, "nvfp4/distill-rtn-fos"),
-                                           ("nvfp4a16", None, "nvfp4a16/distill-rtn")])
-def test_distill_preset_is_the_measured_rows_recipe(fmt, start, row):
+@pytest.mark.parametrize("fmt,row", [("mxfp4", "mxfp4/distill-rtn"), ("mxfp4a16", "mxfp4a16/distill-rtn"),
+                                     ("nvfp4", "nvfp4/distill-rtn-fos"), ("nvfp4a16", "nvfp4a16/distill-rtn")])
+def test_distill_preset_is_the_measured_rows_recipe(fmt, row):
     """`distill --preset best` (DISTILL_PRESETS) is, field for field, the recipe of the bench row
-    docs/accuracy.md measured, and a GPTQ start the recipe of the row it started from (GPTQ's artifact,
-    then `distill --init` it), but for init (gptq, not a path), the calibration data (`auto`:
-    python-doc where it is installed) and the held-out figures (the bench skips them; they change no
-    weight). A row without a start (RTN's: the checkpoint's own weights) has no init."""
-    import dataclasses
+    docs/accuracy.md measured, but for the calibration data (`auto`: python-doc where it is
+    installed) and the held-out figures (the bench skips them; they change no weight). Every row
+    starts from the checkpoint's own weights (RTN's start: no init)."""
     import json
     import subprocess
     import sys
     from pathlib import Path
 
-    from tfcompile.cli.distill_start import NOT_IN_START
     from tfcompile.recipe.build import options_recipe
     from tfcompile.recipe.options import RunOptions
 
@@ -100,13 +95,7 @@ def test_distill_preset_is_the_measured_rows_recipe(fmt, start, row):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     rows = json.loads(out.stdout)
-    assert rows[row][4] == start  # the distill row starts from that artifact, or from the checkpoint
-    calib = () if fmt.endswith("a16") else ("calibrate.data=python-doc",)  # weight-only RTN calibrates nothing
+    assert rows[row][4] is None  # the distill row starts from the checkpoint
+    calib = ("calibrate.data=python-doc",) if "--calib" in rows[row][3] else ()  # only W4A4 NVFP4 calibrates
     run = RunOptions(fmt=fmt, preset="best", settings={"distill": {}}, sets=(*calib, "distill.heldout_tokens=0"))
-    if start is None:
-        assert options_recipe(run).to_dict() == _bench_recipe(fmt, rows[row][3], steps=120)
-        return
-    preset_start = options_recipe(dataclasses.replace(run, sets=(*run.sets, "quantize.algorithm=gptq")),
-                                  without=NOT_IN_START).to_dict()
-    assert preset_start == _bench_recipe(fmt, rows[start][3])
-    assert options_recipe(run).to_dict() == _bench_recipe(fmt, rows[row][3], steps=120, init="gptq")
+    assert options_recipe(run).to_dict() == _bench_recipe(fmt, rows[row][3], steps=120)
