@@ -52,6 +52,9 @@ ROWS: dict[str, tuple[str, str, str, list[str], str | None]] = {
                                     "distill", ["--lr", "2e-3", "--set", "distill.train=scales", *BATCH], None),
     "nvfp4a16/distill-rtn-lora": ("nvfp4a16", "distill from rtn (LoRA rank 16, KL, lr 1e-3)", "distill",
                                   ["--lr", "1e-3", "--set", "distill.train=lora", *BATCH], None),
+    # the learning rate: the weights row above at 3x its lr
+    "nvfp4a16/distill-rtn-lr3e-4": ("nvfp4a16", "distill from rtn (weights, KL, lr 3e-4)", "distill",
+                                    ["--lr", "3e-4", *BATCH], None),
     # a per-layer feature loss beside KL: mean over layers of ||h_S - h_T||^2 / ||h_T||^2 (distill/loss.py)
     "nvfp4a16/distill-rtn-hidden": ("nvfp4a16", "distill from rtn (weights, KL + 1.0 hidden-state MSE, lr 1e-4)",
                                     "distill", ["--lr", "1e-4", "--set", "distill.hidden_weight=1.0", *BATCH], None),
