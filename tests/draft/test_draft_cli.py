@@ -167,3 +167,28 @@ def test_a_float32_cache_is_left_out_of_the_record(tiny_draft):
     """Records and resume folders from before --cache-dtype keep their bytes."""
     rec = json.loads((tiny_draft / "tfcompile" / "draft.json").read_text())
     assert "cache_dtype" not in rec["config"] and "cache" not in rec["config"]
+
+
+def test_compute_dtype_is_checked_recorded_and_auto_follows_the_cpu(tmp_path, run_cli, monkeypatch):
+    """--compute-dtype: bfloat16 is recorded (it changes the cache's bits), float32 left out, a bad value
+    refused with a hint; auto resolves from the checkpoint's dtype (the demo LM is BF16) and this CPU
+    (tfcompile.machine: bf16 where it is native, float32 where it is emulated) before it is recorded."""
+    from tfcompile import machine
+
+    res = run_cli("draft", DEMO, "-o", tmp_path / "bad", *SMALL, "--compute-dtype", "fp8")
+    assert res.code == 2 and "--compute-dtype" in res.err and not (tmp_path / "bad").exists()
+    res = run_cli("draft", DEMO, "-o", tmp_path / "bf", *SMALL, "--compute-dtype", "bfloat16", "--json", "-q")
+    assert res.code == 0, res.err
+    rec = json.loads((tmp_path / "bf" / "tfcompile" / "draft.json").read_text())
+    assert rec["config"]["compute_dtype"] == "bfloat16" == res.json()["timings"]["compute_dtype"]
+    f32 = run_cli("draft", DEMO, "-o", tmp_path / "f32", *SMALL, "--json", "-q")
+    assert f32.code == 0 and "compute_dtype" not in f32.json()["config"]
+    assert _files(tmp_path / "f32") != _files(tmp_path / "bf")  # the target's forwards really changed dtype
+    for native, want in ((False, "float32"), (True, "bfloat16")):
+        monkeypatch.setattr(machine, "native_bf16", lambda native=native: native)
+        monkeypatch.setattr(machine, "onednn_cap", lambda: "")
+        out = tmp_path / f"auto-{want}"
+        res = run_cli("draft", DEMO, "-o", out, *SMALL, "--compute-dtype", "auto", "--json", "-q")
+        assert res.code == 0, res.err
+        assert res.json()["timings"]["compute_dtype"] == want
+        assert _files(out) == _files(tmp_path / ("bf" if want == "bfloat16" else "f32"))

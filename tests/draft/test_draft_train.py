@@ -124,3 +124,38 @@ def test_init_from_continues_the_written_draft_and_refuses_another_targets(targe
     with pytest.raises(UserError, match="--init-from") as err:
         build_draft(target, other, DraftConfig(init_from=str(tiny_draft)), tokens)
     assert err.value.hint
+
+
+@pytest.fixture(scope="module")
+def nvfp4a16_demo(tmp_path_factory) -> Path:
+    from tfcompile.cli.main import main
+
+    out = tmp_path_factory.mktemp("art") / "demo-nvfp4a16"
+    assert main(["quantize", str(DEMO), "-o", str(out), "--format", "nvfp4a16", "-q"]) == 0
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_cache_of_an_artifact_target_gives_its_served_forward(nvfp4a16_demo, dtype):
+    """Case (d)'s target: the artifact as `tfcompile eval` serves it, in --compute-dtype. Oracle: that
+    module's own forward (logits from its head, whole vocabulary: keep=None runs the head as the
+    target runs it). bfloat16: the cache keeps the states bf16 computed, widened to float32."""
+    from tfcompile.draft.cache import TargetCache
+    from tfcompile.draft.run import load_target
+
+    target, _, served = load_target(DEMO, nvfp4a16_demo, dtype)
+    assert served == "artifact:nvfp4a16" and next(target.parameters()).dtype == dtype
+    tokens = torch.randint(0, 4096, (5, 16), generator=torch.Generator().manual_seed(3))
+    aux, idx = (1, 2, 3), torch.tensor([4, 1])
+    fused, logp = TargetCache(target, tokens, aux, None).batch(idx, "cpu")
+    with torch.no_grad():
+        out = target(input_ids=tokens[idx], output_hidden_states=True)
+    assert fused.dtype == logp.dtype == torch.float32
+    assert torch.equal(fused, torch.cat([out.hidden_states[i] for i in aux], -1).float())
+    torch.testing.assert_close(logp, torch.log_softmax(out.logits.float(), -1), rtol=1e-5, atol=1e-5)
+    if dtype == torch.bfloat16:  # bf16 forwards are the float32 ones rounded along the way: near, not equal
+        ref, _, _ = load_target(DEMO, nvfp4a16_demo, torch.float32)
+        with torch.no_grad():
+            want = torch.log_softmax(ref(input_ids=tokens[idx]).logits.float(), -1)
+        kl = (want.exp() * (want - logp)).sum(-1).mean()
+        assert 0 < kl < 0.05, kl

@@ -59,6 +59,10 @@ def _ints(value: str | None) -> tuple[int, ...]:
 @click.option("--cache-dtype", type=click.Choice(["float32", "bfloat16"]), default="float32", show_default=True,
               help="Values of the target cache: bfloat16 halves it (hidden states rounded as a bf16 engine "
               "hands them to the draft).")
+@click.option("--compute-dtype", type=click.Choice(["float32", "bfloat16", "auto"]), default="float32",
+              show_default=True, help="What the target's forwards (its cache, its self-generated text) compute "
+              "in: float32 as `tfcompile eval` serves it, bfloat16, or auto (bf16 where the CPU computes it "
+              "natively and MODEL is bf16; docs/accuracy.md).")
 @click.option("--lr", type=float, default=1e-3, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--resume-dir", type=click.Path(path_type=Path), help="Checkpoints and metrics; rerun to resume.")
@@ -69,7 +73,7 @@ def _ints(value: str | None) -> tuple[int, ...]:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress on stderr.")
 def draft_cmd(model, out, target_artifact, revision, method, steps, batch, batch_parts, seq_len, data, text_blocks, self_blocks,
-              self_prompt, ttt_steps, draft_vocab, aux_layers, init, init_from, cache_place, cache_dtype, lr, seed, resume_dir, checkpoint_every, metrics, device, overwrite,
+              self_prompt, ttt_steps, draft_vocab, aux_layers, init, init_from, cache_place, cache_dtype, compute_dtype, lr, seed, resume_dir, checkpoint_every, metrics, device, overwrite,
               as_json, quiet):
     """Train an EAGLE-3 draft for MODEL (or for --target-artifact as served) and write OUT."""
     # lazy: the draft model and its training import torch and transformers; --help and usage errors must not
@@ -81,7 +85,7 @@ def draft_cmd(model, out, target_artifact, revision, method, steps, batch, batch
     cfg = DraftConfig(method=method, steps=steps, batch=batch, batch_parts=batch_parts, seq_len=seq_len, data=data, text_blocks=text_blocks,
                       self_blocks=self_blocks, self_prompt=self_prompt, ttt_steps=ttt_steps,
                       draft_vocab=draft_vocab, aux_layers=_ints(aux_layers), init=init, init_from=str(init_from or ""), lr=lr, seed=seed,
-                      cache=cache_place, cache_dtype=cache_dtype,
+                      cache=cache_place, cache_dtype=cache_dtype, compute_dtype=compute_dtype,
                       resume_dir=str(resume_dir or ""), checkpoint_every=checkpoint_every, metrics=str(metrics or ""), device=device)
     console, quiet, as_json = rank_output(quiet, as_json)
     reporter = RichReporter(console, quiet=quiet)

@@ -138,6 +138,8 @@ class TargetCache:
                                    "last": out.last_hidden_state.float().to(store_dtype).cpu()})
         self.store.share(chunks, world)
         self.head, self.keep = target.get_output_embeddings(), keep
+        first = next(target.parameters())  # the head runs where, and in the dtype, the target computes
+        self.place, self.dtype = first.device, first.dtype
 
     def batch(self, idx: torch.Tensor, dev) -> tuple[torch.Tensor, torch.Tensor]:
         """(fused [B, T, 3H] float32, target log-probabilities over the draft vocabulary [B, T, Vd]) of rows idx."""
@@ -149,6 +151,6 @@ class TargetCache:
                 b = None if self.head.bias is None else self.head.bias[self.keep].to(dev, torch.float32)
                 logits = F.linear(h.to(w.dtype), w, b)
             else:  # an emulated (quantized) head runs as the target runs it
-                logits = self.head(h.to(self.head.weight.device)).float().to(dev)
+                logits = self.head(h.to(self.place, self.dtype)).float().to(dev)
                 logits = logits if self.keep is None else logits[..., self.keep.to(dev)]
         return got["fused"].to(dev, torch.float32), F.log_softmax(logits, -1)

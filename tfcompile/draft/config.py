@@ -15,6 +15,7 @@ METHODS = ("eagle3",)
 INITS = ("target", "random")
 CACHE_DTYPES = ("float32", "bfloat16")  # cache.DTYPES
 CACHE_PLACES = ("memory", "disk")  # cache.PLACES
+COMPUTE_DTYPES = ("float32", "bfloat16", "auto")  # tfcompile.machine.COMPUTE_DTYPES
 DEFAULT_DRAFT_VOCAB = 32000  # EAGLE-3's and speculators' reduced draft vocabulary
 
 
@@ -46,6 +47,11 @@ class DraftConfig:
     # the target cache's values (cache.py): float32, or bfloat16 (half the memory or disk; rounds the
     # target's hidden states as a bf16 engine hands them to its draft). Recorded only when not float32
     cache_dtype: str = "float32"
+    # what the target's forwards (its cache and its self-generated text) compute in: float32 (the dtype
+    # `tfcompile eval` serves the target in), bfloat16, or auto (tfcompile.machine.compute_dtype: bf16
+    # where the CPU computes it natively and the checkpoint is bf16, 3.8x faster for SmolLM2 on
+    # AVX512-BF16). run.py resolves auto before anything records it; recorded only when not float32
+    compute_dtype: str = "float32"
     # optimizer (tfcompile.distill.train.Loop reads these names)
     optimizer: str = "adamw"
     lr: float = 1e-3
@@ -71,6 +77,9 @@ class DraftConfig:
         if self.cache_dtype not in CACHE_DTYPES:
             raise UserError(f"--cache-dtype {self.cache_dtype!r} is not supported",
                             hint="choose one of: " + ", ".join(CACHE_DTYPES))
+        if self.compute_dtype not in COMPUTE_DTYPES:
+            raise UserError(f"--compute-dtype {self.compute_dtype!r} is not supported",
+                            hint="choose one of: " + ", ".join(COMPUTE_DTYPES))
         if self.cache not in CACHE_PLACES:
             raise UserError(f"--cache {self.cache!r} is not supported", hint="choose one of: " + ", ".join(CACHE_PLACES))
         if self.cache == "disk" and not self.resume_dir:
@@ -104,6 +113,8 @@ class DraftConfig:
             del rec["batch_parts"]  # so one process's record and resume fingerprint keep their bytes
         if self.cache_dtype == "float32":  # the cache from before the option: records and resume folders unchanged
             del rec["cache_dtype"]
+        if self.compute_dtype == "float32":  # float32 forwards, as before the option
+            del rec["compute_dtype"]
         return rec
 
 

@@ -1,6 +1,6 @@
 """`tfcompile draft MODEL -o OUT`: build, train and write an EAGLE-3 draft for the target as served.
 
-The target is MODEL (bf16 checkpoint, run in float32) or, with `--target-artifact ART`, the
+The target is MODEL (bf16 checkpoint, run in float32 or --compute-dtype) or, with `--target-artifact ART`, the
 artifact through `tfcompile eval`'s emulation (what the engine computes). OUT is written
 atomically (a staging sibling renamed into place): the speculators files (format.py) and
 `tfcompile/draft.json`, the training record (config, target, data, final losses, sizes,
@@ -10,8 +10,10 @@ config write the same bytes).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import time
+from collections import Counter
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -33,16 +35,19 @@ from tfcompile.evaluate.text import load_tokenizer
 from tfcompile.io.atomic import atomic_output_dir
 from tfcompile.io.bounded import load_json
 from tfcompile.io.jsonfile import write_json
+from tfcompile.io.sources import open_source
+from tfcompile.machine import compute_dtype
 from tfcompile.reporter import NullReporter
 
 RECORD = "tfcompile/draft.json"
 
 
-def load_target(model: Path, artifact: Path | None) -> tuple[torch.nn.Module, dict, str]:
-    """(the target module in float32, eval mode; its config.json dict; what it is)."""
+def load_target(model: Path, artifact: Path | None, dtype: torch.dtype = torch.float32
+                ) -> tuple[torch.nn.Module, dict, str]:
+    """(the target module computing in `dtype`, eval mode; its config.json dict; what it is)."""
     if artifact is None:
-        return load_checkpoint_model(model, torch.float32, "reference"), _config(model), "checkpoint"
-    cand = load_candidate(artifact, torch.float32)
+        return load_checkpoint_model(model, dtype, "reference"), _config(model), "checkpoint"
+    cand = load_candidate(artifact, dtype)
     if cand.kind != "artifact":
         raise UserError(f"--target-artifact {artifact} is not a tfcompile artifact (no manifest)",
                         hint="pass a directory written by `tfcompile quantize`, or leave the option out "
@@ -56,6 +61,21 @@ def _config(path: Path) -> dict:
         raise UserError(f"{path}/config.json is not a JSON object", hint="check the artifact with `tfcompile verify`")
     cfg.pop("quantization_config", None)
     return cfg
+
+
+def resolve_compute_dtype(cfg: DraftConfig, model: Path, device: torch.device) -> tuple[DraftConfig, str]:
+    """cfg with compute_dtype "auto" resolved (tfcompile.machine.compute_dtype, from MODEL's dominant
+    safetensors dtype and this CPU) before anything records it, and why that dtype."""
+    if cfg.compute_dtype != "auto":
+        return cfg, "forced by --compute-dtype" if cfg.compute_dtype != "float32" else "the default"
+    ckpt = open_source(model)
+    try:
+        counts = Counter(ckpt.info(name).dtype for name in ckpt.names())
+    finally:
+        ckpt.close()
+    dominant = max(sorted(counts), key=lambda d: counts[d]) if counts else "F32"
+    name, why = compute_dtype("auto", dominant, device.type)
+    return dataclasses.replace(cfg, compute_dtype=name), why
 
 
 def target_identity(path: Path) -> str:
@@ -167,7 +187,10 @@ def _train(model: Path, cfg: DraftConfig, target_artifact: Path | None, tmp: Pat
     """Train; rank 0 (tmp) writes the draft and its record there. (record, timings): {} on other ranks."""
     t0 = time.perf_counter()
     dev = resolve_device(cfg.device, world)
-    target, cfg_json, served = load_target(model, target_artifact)
+    cfg, why = resolve_compute_dtype(cfg, model, dev)
+    if reporter.note:
+        reporter.note(f"draft: the target's forwards compute in {cfg.compute_dtype} ({why})")
+    target, cfg_json, served = load_target(model, target_artifact, getattr(torch, cfg.compute_dtype))
     target.to(dev)
     resume = _resume(cfg, Path(target_artifact or model), world) if cfg.resume_dir else None
     tokens, data = training_tokens(cfg, load_tokenizer(model), target, resume, world)
@@ -178,7 +201,8 @@ def _train(model: Path, cfg: DraftConfig, target_artifact: Path | None, tmp: Pat
                            reporter=reporter, world=world)
     t_train = time.perf_counter()
     timings = {"data_s": round(t_data - t0, 2), "train_s": round(t_train - t_data, 2),
-               "resumed_at": training["resumed_at"], "threads": torch.get_num_threads(), "processes": world.size}
+               "resumed_at": training["resumed_at"], "compute_dtype": cfg.compute_dtype,
+               "compute_dtype_why": why, "threads": torch.get_num_threads(), "processes": world.size}
     if tmp is None:
         return {}, timings
     spec = speculators_config(cfg_json, draft.s, verifier=str(target_artifact or model),
