@@ -36,6 +36,7 @@ from tfcompile.dist.world import LOCAL, World
 from tfcompile.draft.ranks import broadcast_chunks, owner
 from tfcompile.errors import UserError
 from tfcompile.io.atomic import write_atomic
+from tfcompile.io.dtypes import code_of
 
 CHUNK = 8  # sequences per target forward, and per cache file: fixed, so the cache is a function of tokens
 PLACES = ("memory", "disk")
@@ -85,7 +86,7 @@ class _Disk:
         except Exception as e:  # noqa: BLE001 - a damaged file: name it
             raise UserError(f"--resume-dir: cannot read {f} ({type(e).__name__}: {e})",
                             hint=f"delete {f} to compute that part of the target cache again") from None
-        want = {k: ((self._rows_in(c), *s[1:]), _st_name(self.dtype)) for k, s in self.shapes.items()}
+        want = {k: ((self._rows_in(c), *s[1:]), code_of(self.dtype)) for k, s in self.shapes.items()}
         if got != want:
             raise UserError(f"--resume-dir: {f} holds {got}, not this run's target cache {want}",
                             hint=f"delete {f} to compute that part of the target cache again")
@@ -105,10 +106,6 @@ class _Disk:
                 for k in out:
                     out[k].append(h.get_slice(k)[r:r + 1])
         return {k: torch.cat(v) for k, v in out.items()}
-
-
-def _st_name(dtype: torch.dtype) -> str:
-    return {torch.float32: "F32", torch.bfloat16: "BF16"}[dtype]
 
 
 class TargetCache:
