@@ -174,6 +174,7 @@ def test_compute_dtype_is_checked_recorded_and_auto_follows_the_cpu(tmp_path, ru
     refused with a hint; auto resolves from the checkpoint's dtype (the demo LM is BF16) and this CPU
     (tfcompile.machine: bf16 where it is native, float32 where it is emulated) before it is recorded."""
     from tfcompile import machine
+    from tfcompile.draft.format import WEIGHTS
 
     res = run_cli("draft", DEMO, "-o", tmp_path / "bad", *SMALL, "--compute-dtype", "fp8")
     assert res.code == 2 and "--compute-dtype" in res.err and not (tmp_path / "bad").exists()
@@ -183,7 +184,8 @@ def test_compute_dtype_is_checked_recorded_and_auto_follows_the_cpu(tmp_path, ru
     assert rec["config"]["compute_dtype"] == "bfloat16" == res.json()["timings"]["compute_dtype"]
     f32 = run_cli("draft", DEMO, "-o", tmp_path / "f32", *SMALL, "--json", "-q")
     assert f32.code == 0 and "compute_dtype" not in f32.json()["config"]
-    assert _files(tmp_path / "f32") != _files(tmp_path / "bf")  # the target's forwards really changed dtype
+    weights = [(tmp_path / d / WEIGHTS).read_bytes() for d in ("f32", "bf")]
+    assert weights[0] != weights[1]  # the target's forwards (its cache) really changed dtype
     for native, want in ((False, "float32"), (True, "bfloat16")):
         monkeypatch.setattr(machine, "native_bf16", lambda native=native: native)
         monkeypatch.setattr(machine, "onednn_cap", lambda: "")
