@@ -37,91 +37,82 @@ KS = (2, 4, 6)
 CALIB = ["--calib", "python-doc", "--calib-samples", "16", "--calib-seq-len", "512"]
 
 
-# the draft vocabulary, widened after training (2026-12-06)
-WIDEN = (
-    'Nor is the draft vocabulary the bound (bench/studies/draft_widen_vocab.py, 2026-12-06): 4.5% of the '
-    "tokens the bf16 target generates on these 16 prompts lie outside draft-big's 4,096 ids (draft_probe's "
-    "coverage 0.955) and can never be proposed; since the draft scores its vocabulary with the target's own "
-    'lm_head rows, frozen, the same trained layer widened to 16,384 ids (99.2% of held-out tokens inside) or '
-    'to all 49,152 needs no training, and gives 2.000 / 2.366 / 2.429 for both widths (against 1.976 / 2.344 /'
-    " 2.412): +0.02 at every k, inside one standard error, while the draft's cost per token against the "
-    "target's rises from 0.06 to 0.10 (16,384) and 0.20 (49,152), so the modelled speedup falls (k = 4: 1.89 "
-    "-> 1.71 -> 1.33). The misses are the chain's, on tokens the draft can propose.")
-# This reading (2026-12-06, draft-big: 786,432 training tokens, 16 prompts x 64 tokens): rewrite when the figures change.
+# This reading (2026-12-06, draft-all: 2,555,904 training tokens, 16 prompts x 64 tokens): rewrite when the figures change.
 FINDINGS = (
-    "Reading: the draft now **ties the n-gram floor at k = 2 and trails it at k = 4 and 6** (-0.02, -0.06 and -0.19 "
-    "tokens per target forward: 0.4, 0.5 and 1.3 standard errors): closer than any earlier draft, but not the clear "
-    "win issue 27 asks for. What moved it is data. Trained from the target's layer on 3.7 times the distinct tokens "
-    "of the previous round (786,432: 4,096 python-doc train sequences + 2,048 the target continued itself from "
-    "64-token train-split prompts, the held-out prompts' shape; two epochs, batch 8, lr 2e-3, a 4,096-id draft "
-    "vocabulary), (b) against bf16 went from 1.653 / 1.756 / 1.775 (the previous round's draft, 163,840 + 49,152 "
-    "tokens, measured on the first 8 of these prompts, where prompt lookup gave 1.902 / 2.240 / 2.447) to 1.977 / "
-    "2.344 / 2.412 at k = 2 / 4 / 6 on 16 prompts (prompt lookup 2.000 / 2.400 / 2.605). Its first draft token is "
-    "now accepted more often than prompt lookup's (0.60 against 0.48 at k = 4); the chain is what trails: given the "
-    "position before it, position 2 is accepted at 0.61 (prompt lookup 0.80), 3 at 0.70 (0.77), 4 at 0.58 (0.87), "
-    "and positions 4-6 were never trained (3 chain steps). Continuing the draft for 192 steps with 5 chain steps "
-    "trained on 512 more self-continued sequences (`--init-from draft-big --text-blocks 0 --self-blocks 512 "
-    "--self-prompt 64 --ttt-steps 5 --steps 192 --batch 8 --lr 5e-4`, 617 s) changed nothing measurable: 1.996 / "
-    "2.323 / 2.406 (s.e. 0.04 / 0.07 / 0.09). So the chain is bounded by distinct data, not by the steps trained. "
-    "Served against the nvfp4a16 artifact, the same bf16-trained draft (c) gives 1.860 / 2.122 / 2.154 against "
-    "prompt lookup's 1.909 / 2.307 / 2.533 there: it loses 0.12-0.26 to the quantized target's changed "
-    "continuations (positions 2-4 given the previous: 0.51 / 0.65 / 0.61 against 0.61 / 0.70 / 0.58 on bf16), "
-    "more than prompt lookup loses (0.07-0.09), which is the gap a draft trained against the artifact (d) is for. "
-    "The previous round's diagnosis stands (bench/studies/draft_probe.py: 87.9% of the tokens the target "
-    "generates on these prompts occur earlier in the same sequence, which prompt lookup copies exactly, and a "
-    "draft that memorises a small set does not generalise), and the scaling measured here (3.7x the distinct tokens: "
-    "+0.32 / +0.59 / +0.64 at k = 2 / 4 / 6 against the old draft's figures, the n-gram floor moving by +0.10 / "
-    "+0.16 / +0.16 between the 8- and 16-prompt sets) puts the floor within one more such step: 4x again is about "
-    "5 h of this 2-core machine and minutes on a GPU. (d) against (c) at this draft's scale: the next paragraph. "
-    "Every speculative output in this table equals the target's own greedy decoding token for "
-    "token (exact = True). " + WIDEN)
+    "Reading: the draft now **beats the n-gram floor clearly at every k**. Against bf16, (b) gives 2.265 / 2.848 / "
+    "3.018 tokens per target forward at k = 2 / 4 / 6 against prompt lookup's 2.000 / 2.400 / 2.605: +0.265 / "
+    "+0.448 / +0.413, that is 4.5 / 3.8 / 2.5 standard errors of the difference (taken as independent rows; "
+    "both rows decode the same prompts, so this is conservative). Served against the nvfp4a16 artifact, the same "
+    "bf16-trained draft (c) gives 2.109 / 2.605 / 2.724 against prompt lookup's 1.909 / 2.307 / 2.533 there "
+    "(+0.200 / +0.298 / +0.192; 3.4 / 2.6 / 1.2 standard errors). What moved it is data, as the last round "
+    "predicted. draft-all is trained from the target's layer on all of python-doc's train split: 8,192 text "
+    "sequences and 11,776 sequences the target continued itself from 64-token train-split prompts (the held-out "
+    "prompts' shape), 2,555,904 tokens, 3.25x draft-big's 786,432 and 5.75x its self-generated tokens (753,664 "
+    "against 131,072); two epochs, batch 8, lr 2e-3, the same 4,096-id draft vocabulary and 3 chain steps. "
+    "Across the three drafts trained from the target on this corpus, acceptance at k = 4 against bf16 went "
+    "1.756 (212,992 tokens, first 8 prompts) -> 2.344 (786,432) -> 2.848 (2,555,904), prompt lookup 2.400. The "
+    "first draft token is accepted at 0.70 (prompt lookup 0.48, draft-big 0.60); given the position before it, "
+    "position 2 is accepted at 0.75 (prompt lookup 0.80, draft-big 0.61), 3 at 0.74 (0.77, 0.70), 4 at 0.71 "
+    "(0.87, 0.58): the chain still trails prompt lookup's exact copies position for position, and the first "
+    "position's lead carries the total. What made the data affordable is `--compute-dtype bfloat16` (new): "
+    "the target's forwards (its cache, its 11,776 continuations) in bf16, 3.8x faster than float32 on this "
+    "AVX512-BF16 CPU, so 3.25x the tokens took the wall time draft-big took (4,617 s against 4,542 s); the draft "
+    "is trained against the bf16-computed target and measured against the float32 one `tfcompile eval` serves, "
+    "so the figures include that mismatch. Every speculative output in this table equals the target's own "
+    "greedy decoding token for token (exact = True). The previous round's notes stand: 87.9% of the tokens the "
+    "target generates on these prompts occur earlier in the same sequence (bench/studies/draft_probe.py), which "
+    "is why prompt lookup is a strong floor on this corpus; and the draft vocabulary was not the bound for "
+    "draft-big (bench/studies/draft_widen_vocab.py: widening its 4,096 ids to 16,384 or 49,152 without "
+    "training gave +0.02 at every k while the draft's cost rose from 0.06 to 0.10 and 0.20 of the target's).")
 
-# (d) against (c) at draft-big's scale, both drafts continued alike (2026-12-06)
+# (d) against (c) at draft-all's scale, both drafts continued alike (2026-12-06)
 MATCHED = (
-    "**(d) against (c) at draft-big's scale** (2026-12-06): two continuations of draft-big that differ only in "
+    "**(d) against (c) at draft-all's scale** (2026-12-06): two continuations of draft-all that differ only in "
     "the target they were trained against, each 192 steps with 5 chain steps on 512 sequences that target "
-    "continued itself (`--init-from draft-big --text-blocks 0 --self-blocks 512 --self-prompt 64 --ttt-steps 5 "
-    "--steps 192 --batch 8 --lr 5e-4 --seq-len 128`; (c): the bf16 checkpoint, the continuation above, 617 s; "
-    "(d): `--target-artifact` the nvfp4a16 artifact, 481 s plus its self-generation), both served against the "
-    "nvfp4a16 artifact on the same 16 held-out prompts (`python bench/draft.py --drafts bf16 --bf16-draft "
-    "DRAFT_C --nvfp4a16-draft DRAFT_D --prompts 16 --only nvfp4a16 --cases c d --threads 2`, one process at "
-    "a time, load 1.8-1.9): (c) 1.860 / 2.113 / 2.163, (d) **1.916 / 2.211 / 2.265** at k = 2 / 4 / 6, "
-    "so (d) - (c) = +0.056 (s.e. 0.052) / +0.097 (0.091) / +0.102 (0.103), first-position acceptance 0.54 -> "
-    "0.59 at k = 4; both exact. (d) beats (c) at every k, by about one standard error each; with the "
-    "2026-12-04 drafts' (d) - (c) on nvfp4 (+0.055 (s.e. 0.039) / +0.044 (0.046) / +0.044 (0.046)), two "
-    "independent comparisons, on two quantized targets, both favour (d) (pooled by inverse variance: +0.055 "
-    "(s.e. 0.031) / +0.055 (0.041) / +0.054 (0.042), 1.8 / 1.3 / 1.3 standard errors). The hypothesis is "
-    "supported, not proven at the 2-sigma level; the gain (+0.06 to +0.10) is smaller than (c)'s "
-    "gap to prompt lookup on the quantized target (0.05 / 0.18 / 0.38 at k = 2 / 4 / 6). (d) on nvfp4a16 ties prompt lookup there at k = 2 "
-    "(1.916 against 1.909) and trails it at k = 4 and 6 (2.211 against 2.307, 2.265 against 2.533).")
+    "continued itself (`--init-from draft-all --text-blocks 0 --self-blocks 512 --self-prompt 64 --ttt-steps 5 "
+    "--steps 192 --batch 8 --lr 5e-4 --seq-len 128 --compute-dtype bfloat16 --cache-dtype bfloat16`; (c): the "
+    "bf16 checkpoint, 283 s; (d): `--target-artifact` the nvfp4a16 artifact, 282 s, self-generation included), "
+    "both served against the nvfp4a16 artifact on the same 16 held-out prompts (`python bench/draft.py --drafts "
+    "bf16 --bf16-draft DRAFT_C --nvfp4a16-draft DRAFT_D --prompts 16 --only nvfp4a16 --cases c d --threads 2`, "
+    "alone on the machine): (c) 2.083 / 2.533 / 2.724, (d) **2.109 / 2.571 / 2.747** at k = 2 / 4 / 6, so (d) - "
+    "(c) = +0.026 (s.e. 0.056) / +0.039 (0.108) / +0.022 (0.141); both exact. (d) is ahead at every k again, by "
+    "less than at draft-big's scale (+0.056 / +0.097 / +0.102) and well inside one standard error: the stronger "
+    "the draft, the less the target it was trained against moves it. Pooled by inverse variance with the two "
+    "earlier independent comparisons (draft-big's scale on nvfp4a16, and the 2026-12-04 drafts on nvfp4: "
+    "+0.055 (s.e. 0.039) / +0.044 (0.046) / +0.044 (0.046)), (d) - (c) = +0.048 (s.e. 0.027) / +0.053 (0.038) / "
+    "+0.051 (0.040), 1.8 / 1.4 / 1.3 standard errors: all three comparisons, on two quantized targets and three "
+    "draft scales, favour (d) at every k, so the hypothesis is supported in sign, not proven at the 2-sigma "
+    "level, and its size (about +0.05 tokens per target forward) is small beside what more data gave (+0.50 at "
+    "k = 4 from draft-big to draft-all). Continuing draft-all against bf16 did not help it on nvfp4a16 (the "
+    "continuation (c) 2.083 / 2.533 / 2.724 against draft-all's own 2.109 / 2.605 / 2.724).")
 
-# vLLM's CPU build serving the draft (bench/draft_vllm.py, same 8 held-out prompts, 64 tokens, k = 4)
+# vLLM's CPU build serving the draft (bench/draft_vllm.py, the same 16 held-out prompts, 64 tokens, k = 4)
 VLLM = (
-    "vLLM 0.32's CPU build serves draft-big as written (`python bench/draft_vllm.py --draft draft-big --k 4 "
-    "--prompts 16`, bf16 target, the same 16 prompts, 81 s at load 0.5, 2026-12-06): its own counters give 1 + "
-    "accepted / drafts = 2.306 (448 drafts, 585 of 1,792 draft tokens accepted) against 2.344 from the reference "
-    "decoder at k = 4. For the previous round's drafts (2026-12-05), vLLM 0.32's CPU build ran EAGLE-3 "
-    "speculative decoding with the draft as written (`speculative_config="
-    "{\"method\": \"eagle3\", \"model\": DRAFT, \"num_speculative_tokens\": 4}`; its CPU platform maps the "
-    "EAGLE Triton kernels to CPU implementations; bf16 target, `python bench/draft_vllm.py --draft DIR --k 4`): "
-    "vLLM's own counters give 1 + accepted / drafts = 1.699 (299 drafts, 209 of 1,196 draft tokens accepted) "
-    "for the continued draft and 1.635 (312 drafts, 198 of 1,248) for the draft it was continued from, against "
-    "1.756 and 1.674 from the reference decoder above at k = 4 (float32 target; vLLM's bf16 greedy outputs "
-    "part from it on near-ties in 4 of 8 prompts). vLLM's prompt lookup (`--draft ngram`, n = 1..4) gives "
-    "2.631 by the same formula (168 drafts, 274 of 667 accepted), but vLLM counts only the rounds that drafted "
-    "(prompt lookup proposes nothing where no n-gram matches), so it is higher than the reference decoder's "
-    "2.240, which counts every target forward; the ranking is the same in the engine: prompt lookup ahead. "
-    "Load 10.9-13.3 during the vLLM runs (174 s and 446 s wall).")
+    "vLLM 0.32's CPU build serves draft-all as written (`python bench/draft_vllm.py --draft draft-all --k 4 "
+    "--prompts 16`, bf16 target, the same 16 prompts, 54 s, 2026-12-06; `speculative_config={\"method\": "
+    "\"eagle3\", \"model\": DRAFT, \"num_speculative_tokens\": 4}`): its own counters give 1 + accepted / "
+    "drafts = 2.845 (362 drafts, 668 of 1,448 draft tokens accepted) against 2.848 from the reference decoder "
+    "at k = 4 (vLLM serves the target in bf16, the reference decoder in float32). vLLM's prompt lookup "
+    "(`--draft ngram`, n = 1..4, 21 s) gives 2.815 by the same formula (329 drafts, 597 of 1,304 accepted), but "
+    "vLLM counts only the rounds that drafted (prompt lookup proposes nothing where no n-gram matches): of the "
+    "1,024 tokens decoded, 329 + 597 = 926 came from drafting rounds, so about 98 more target forwards yielded "
+    "one token each, and tokens per target forward are about 1,024 / 427 = 2.40, the reference decoder's 2.400; "
+    "the EAGLE-3 draft always drafts, so its 2.845 is already that figure. In the engine as in the reference "
+    "decoder: draft-all about 2.85, prompt lookup about 2.40. draft-big (the previous round) gave 2.306 there "
+    "against 2.344 from the reference decoder.")
 
 # How this reading's figures were produced (rewrite with FINDINGS)
-MEASURED = ("`--drafts bf16 --bf16-draft draft-big --prompts 16` with `--only bf16` (cases a, b) and `--only nvfp4a16` "
-            "(cases a, c), 2026-12-06, one process at a time, 2 torch threads")
-TRAINED = ("`draft-big` is `tfcompile draft SMOL -o draft-big --text-blocks 4096 --self-blocks 2048 --self-prompt 64 "
-           "--seq-len 128 --batch 8 --steps 1536 --lr 2e-3 --draft-vocab 4096 --resume-dir R` (3 chain steps), two "
-           "torch threads: 4,542 s of wall time at a 1-minute load of 0.6-3.6, of which 1,739 s loading and "
-           "generating the 2,048 continuations (the machine was shared with a GPTQ job and a helper's tests for part "
-           "of it) and 2,803 s the target cache (786,432 tokens) and the 1,536 steps (about 1 s each); peak RSS 8.6 "
-           "GiB (the cache holds 4 H float32 per token, 9.2 KB).")
+MEASURED = ("`--drafts bf16 --bf16-draft draft-all --prompts 16` with `--only bf16` (cases a, b) and `--only nvfp4a16 "
+            "--cases a c`, 2026-12-06, one process at a time on the otherwise idle machine, 2 torch threads")
+TRAINED = ("`draft-all` is `tfcompile draft SMOL -o draft-all --text-blocks 8192 --self-blocks 11776 --self-prompt 64 "
+           "--seq-len 128 --batch 8 --steps 4096 --lr 2e-3 --draft-vocab 4096 --compute-dtype bfloat16 --cache-dtype "
+           "bfloat16 --resume-dir R --checkpoint-every 200` (3 chain steps), two torch threads, alone on the machine "
+           "but for about two minutes of tests and a niced pip install during the self-generation (load not taken): "
+           "4,617 s of wall time, of which 1,381 s loading the target and generating the 11,776 continuations (about "
+           "7 s per 64), about 745 s the target cache (2,555,904 tokens) and 2,490 s the 4,096 steps (0.61 s each); "
+           "peak RSS 12.5 GiB (the cache in memory: 4 H bf16 values per token, 4.6 KB, 11.8 GB in all; `--cache "
+           "disk` keeps it in the resume folder instead). draft-big, the previous round's draft (786,432 tokens, "
+           "float32 forwards and cache), took 4,542 s and 8.6 GiB.")
 DRAFT_VOCAB = 2048  # EAGLE-3-style reduced vocabulary: the head costs H x 2048 instead of H x 49152
 
 
@@ -281,6 +272,9 @@ def flags(c: dict) -> str:
     out = (f"--steps {c['steps']} --batch {c['batch']} --seq-len {c['seq_len']} --text-blocks {c['text_blocks']} "
            f"--self-blocks {c['self_blocks']} --self-prompt {c['self_prompt']} --draft-vocab {c['draft_vocab']} "
            f"--lr {c['lr']:g}")
+    for key in ("ttt_steps", "compute_dtype", "cache_dtype"):  # left out where they are the defaults
+        if c.get(key) not in (None, 3, "float32"):
+            out += f" --{key.replace('_', '-')} {c[key]}"
     return out + (f" --init-from {Path(c['init_from']).name}" if c.get("init_from") else "")
 
 
