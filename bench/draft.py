@@ -44,7 +44,8 @@ FINDINGS = (
     "+0.448 / +0.413, that is 4.5 / 3.8 / 2.5 standard errors of the difference (taken as independent rows; "
     "both rows decode the same prompts, so this is conservative). Served against the nvfp4a16 artifact, the same "
     "bf16-trained draft (c) gives 2.109 / 2.605 / 2.724 against prompt lookup's 1.909 / 2.307 / 2.533 there "
-    "(+0.200 / +0.298 / +0.192; 3.4 / 2.6 / 1.2 standard errors). What moved it is data, as the last round "
+    "(+0.200 / +0.298 / +0.192; 3.4 / 2.6 / 1.2 standard errors) and against the nvfp4 (W4A4) artifact 2.196 / "
+    "2.646 / 2.800 against 1.946 / 2.270 / 2.400 (+0.250 / +0.375 / +0.400; 4.3 / 3.4 / 2.8). What moved it is data, as the last round "
     "predicted. draft-all is trained from the target's layer on all of python-doc's train split: 8,192 text "
     "sequences and 11,776 sequences the target continued itself from 64-token train-split prompts (the held-out "
     "prompts' shape), 2,555,904 tokens, 3.25x draft-big's 786,432 and 5.75x its self-generated tokens (753,664 "
@@ -67,24 +68,26 @@ FINDINGS = (
 
 # (d) against (c) at draft-all's scale, both drafts continued alike (2026-12-06)
 MATCHED = (
-    "**(d) against (c) at draft-all's scale** (2026-12-06): two continuations of draft-all that differ only in "
-    "the target they were trained against, each 192 steps with 5 chain steps on 512 sequences that target "
-    "continued itself (`--init-from draft-all --text-blocks 0 --self-blocks 512 --self-prompt 64 --ttt-steps 5 "
-    "--steps 192 --batch 8 --lr 5e-4 --seq-len 128 --compute-dtype bfloat16 --cache-dtype bfloat16`; (c): the "
-    "bf16 checkpoint, 283 s; (d): `--target-artifact` the nvfp4a16 artifact, 282 s, self-generation included), "
-    "both served against the nvfp4a16 artifact on the same 16 held-out prompts (`python bench/draft.py --drafts "
-    "bf16 --bf16-draft DRAFT_C --nvfp4a16-draft DRAFT_D --prompts 16 --only nvfp4a16 --cases c d --threads 2`, "
-    "alone on the machine): (c) 2.083 / 2.533 / 2.724, (d) **2.109 / 2.571 / 2.747** at k = 2 / 4 / 6, so (d) - "
-    "(c) = +0.026 (s.e. 0.056) / +0.039 (0.108) / +0.022 (0.141); both exact. (d) is ahead at every k again, by "
-    "less than at draft-big's scale (+0.056 / +0.097 / +0.102) and well inside one standard error: the stronger "
-    "the draft, the less the target it was trained against moves it. Pooled by inverse variance with the two "
-    "earlier independent comparisons (draft-big's scale on nvfp4a16, and the 2026-12-04 drafts on nvfp4: "
-    "+0.055 (s.e. 0.039) / +0.044 (0.046) / +0.044 (0.046)), (d) - (c) = +0.048 (s.e. 0.027) / +0.053 (0.038) / "
-    "+0.051 (0.040), 1.8 / 1.4 / 1.3 standard errors: all three comparisons, on two quantized targets and three "
-    "draft scales, favour (d) at every k, so the hypothesis is supported in sign, not proven at the 2-sigma "
-    "level, and its size (about +0.05 tokens per target forward) is small beside what more data gave (+0.50 at "
-    "k = 4 from draft-big to draft-all). Continuing draft-all against bf16 did not help it on nvfp4a16 (the "
-    "continuation (c) 2.083 / 2.533 / 2.724 against draft-all's own 2.109 / 2.605 / 2.724).")
+    "**(d) against (c) at draft-all's scale** (2026-12-06): continuations of draft-all that differ only in the "
+    "target they were trained against, each 192 steps with 5 chain steps on 512 sequences that target continued "
+    "itself (`--init-from draft-all --text-blocks 0 --self-blocks 512 --self-prompt 64 --ttt-steps 5 --steps 192 "
+    "--batch 8 --lr 5e-4 --seq-len 128 --compute-dtype bfloat16 --cache-dtype bfloat16`; (c): the bf16 "
+    "checkpoint, 283 s; (d): `--target-artifact` the nvfp4a16 artifact, 282 s, or the nvfp4 (W4A4) artifact, "
+    "362 s, self-generation included), each pair served against its artifact on the same 16 held-out prompts "
+    "(`python bench/draft.py --drafts bf16 nvfp4 --bf16-draft DRAFT_C --nvfp4-draft DRAFT_D4 --nvfp4a16-draft "
+    "DRAFT_D --prompts 16 --only nvfp4a16 (or nvfp4) --cases c d --threads 2`, alone on the machine). On "
+    "nvfp4a16: (c) 2.083 / 2.533 / 2.724, (d) 2.109 / 2.571 / 2.747 at k = 2 / 4 / 6, (d) - (c) = +0.026 (s.e. "
+    "0.056) / +0.039 (0.108) / +0.022 (0.141). On nvfp4: (c) 2.145 / 2.653 / 2.848, (d) 2.145 / 2.611 / 2.762, "
+    "(d) - (c) = +0.000 (0.057) / -0.041 (0.116) / -0.086 (0.155). All four drafts are exact. At this scale the "
+    "target a draft was trained against makes no measurable difference: both differences lie within one "
+    "standard error, in opposite directions; at draft-big's scale (on nvfp4a16: +0.056 (0.052) / +0.097 (0.091) "
+    "/ +0.102 (0.103)) and for the 2026-12-04 drafts (on nvfp4: +0.055 (0.039) / +0.044 (0.046) / +0.044 "
+    "(0.046)) (d) was ahead. Pooled by inverse variance over the four independent comparisons, (d) - (c) = "
+    "+0.039 (s.e. 0.025) / +0.044 (0.036) / +0.042 (0.039), 1.6 / 1.2 / 1.1 standard errors. The hypothesis "
+    "(d) beats (c) is not confirmed: a small gain (about +0.05 tokens per target forward) for weak drafts, none "
+    "measurable for the strong one, against +0.50 at k = 4 from more data (draft-big to draft-all). Continuing "
+    "draft-all against bf16 did not help it either (on nvfp4a16 2.083 / 2.533 / 2.724 against draft-all's own "
+    "2.109 / 2.605 / 2.724; on nvfp4 2.145 / 2.653 / 2.848 against 2.196 / 2.646 / 2.800).")
 
 # vLLM's CPU build serving the draft (bench/draft_vllm.py, the same 16 held-out prompts, 64 tokens, k = 4)
 VLLM = (
@@ -102,8 +105,8 @@ VLLM = (
     "against 2.344 from the reference decoder.")
 
 # How this reading's figures were produced (rewrite with FINDINGS)
-MEASURED = ("`--drafts bf16 --bf16-draft draft-all --prompts 16` with `--only bf16` (cases a, b) and `--only nvfp4a16 "
-            "--cases a c`, 2026-12-06, one process at a time on the otherwise idle machine, 2 torch threads")
+MEASURED = ("`--drafts bf16 --bf16-draft draft-all --prompts 16` with `--only bf16` (cases a, b), `--only nvfp4 "
+            "--cases a c` and `--only nvfp4a16 --cases a c`, 2026-12-06, one process at a time on the otherwise idle machine, 2 torch threads")
 TRAINED = ("`draft-all` is `tfcompile draft SMOL -o draft-all --text-blocks 8192 --self-blocks 11776 --self-prompt 64 "
            "--seq-len 128 --batch 8 --steps 4096 --lr 2e-3 --draft-vocab 4096 --compute-dtype bfloat16 --cache-dtype "
            "bfloat16 --resume-dir R --checkpoint-every 200` (3 chain steps), two torch threads, alone on the machine "
