@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from tfcompile.checkpoint_check import check_checkpoint, checkpoint_tensors
 from tfcompile.errors import CheckpointError
+from tfcompile.io.dtypes import dominant_code
 from tfcompile.io.sources import open_source
 from tfcompile.ir import ModelInfo
 from tfcompile.pipeline.intents import RunsTheModel
@@ -25,14 +26,10 @@ def load(ctx, cfg: LoadConfig, reporter) -> PassResult:
     (DeepSeek FP8-block, GPT-OSS MXFP4, compressed-tensors) reads as the bf16 model it encodes,
     decoded tensor by tensor (tfcompile/io/sources/)."""
     ckpt = open_source(ctx.source_path)
-    dtypes: dict[str, int] = {}
-    for name in ckpt.names():
-        info = ckpt.info(name)
-        dtypes[info.dtype] = dtypes.get(info.dtype, 0) + 1
-    if not dtypes:
+    dominant = dominant_code(ckpt.info(name).dtype for name in ckpt.names())
+    if dominant is None:
         raise CheckpointError(f"{ckpt.path}: the checkpoint holds no tensors",
                               hint="point tfcompile at a Hugging Face model directory")
-    dominant = max(sorted(dtypes), key=lambda d: dtypes[d])
     note = check_checkpoint(ckpt.config, checkpoint_tensors(ckpt), where=str(ckpt.path),
                             allow_unknown=cfg.allow_unknown_architecture)  # before any pass reads a weight
     if note:

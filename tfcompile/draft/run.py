@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import time
-from collections import Counter
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -33,6 +32,7 @@ from tfcompile.errors import UserError
 from tfcompile.evaluate.models import load_candidate, load_checkpoint_model
 from tfcompile.evaluate.text import load_tokenizer
 from tfcompile.io.atomic import atomic_output_dir
+from tfcompile.io.dtypes import dominant_code
 from tfcompile.io.bounded import load_json
 from tfcompile.io.jsonfile import write_json
 from tfcompile.io.sources import open_source
@@ -70,11 +70,10 @@ def resolve_compute_dtype(cfg: DraftConfig, model: Path, device: torch.device) -
         return cfg, "forced by --compute-dtype" if cfg.compute_dtype != "float32" else "the default"
     ckpt = open_source(model)
     try:
-        counts = Counter(ckpt.info(name).dtype for name in ckpt.names())
+        dominant = dominant_code(ckpt.info(name).dtype for name in ckpt.names())
     finally:
         ckpt.close()
-    dominant = max(sorted(counts), key=lambda d: counts[d]) if counts else "F32"
-    name, why = compute_dtype("auto", dominant, device.type)
+    name, why = compute_dtype("auto", dominant or "F32", device.type)
     return dataclasses.replace(cfg, compute_dtype=name), why
 
 

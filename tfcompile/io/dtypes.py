@@ -91,3 +91,12 @@ def code_of(dtype: torch.dtype) -> str:
     except KeyError:
         supported = ", ".join(str(d).removeprefix("torch.") for d in TORCH_TO_CODE)
         raise ValueError(f"dtype {dtype} cannot be written; supported: {supported}") from None
+
+
+def dominant_code(codes) -> str | None:
+    """The most frequent safetensors code of `codes` (one per tensor; ties: the first in sorted
+    order), None when there are none: a checkpoint's dtype, as `load` reports it."""
+    counts: dict[str, int] = {}
+    for c in codes:
+        counts[c] = counts.get(c, 0) + 1
+    return max(sorted(counts), key=lambda c: counts[c]) if counts else None
