@@ -5,10 +5,12 @@ logits, distillation's steps) are rounded in an order that follows the SIMD widt
 torch and its BLAS pick at run time, so their bits differ between, say, an AVX2 and an AVX-512
 machine. Integer-exact paths (data-free RTN: block maxima, one division per element, the
 format's rounding) give the same bytes on every CPU. `cpu_profile()` names what decides the
-float paths: the architecture, the vendor (oneDNN/MKL choose their kernels by it), torch's
-vector ISA (`torch.backends.cpu.get_cpu_capability()`, ATEN_CPU_CAPABILITY forces it) and
-whether bf16 arithmetic is native (AVX512-BF16 / AMX-BF16 on x86, the BF16 extension on Arm)
-or emulated, which also decides the compute dtype of the CPU forwards.
+float paths: the architecture, the vendor and the core's model (oneDNN/MKL choose their kernels
+by them), torch's vector ISA (`torch.backends.cpu.get_cpu_capability()`, ATEN_CPU_CAPABILITY
+forces it), whether bf16 arithmetic is native (AVX512-BF16 / AMX-BF16 on x86, the BF16 extension
+on Arm) or emulated, which also decides the compute dtype of the CPU forwards, and whether oneDNN
+may use AMX tiles (two Xeons alike but for AMX gave other bits for 6 of the byte gate's 11
+CPU-dependent CI cases, 2026-12-06).
 """
 
 from __future__ import annotations
@@ -26,14 +28,19 @@ from pathlib import Path
 BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
 
 
+# /proc/cpuinfo keys naming the core's model: x86 "cpu family" + "model", Arm "CPU part" (+ implementer)
+_MODEL_KEYS = ("cpu family", "model", "CPU part")
+
+
 @functools.lru_cache(maxsize=1)
-def _cpuinfo() -> tuple[str, frozenset[str]]:
-    """(vendor, flags) from /proc/cpuinfo's first processor; ("", {}) where there is none."""
-    vendor, flags = "", frozenset()
+def _cpuinfo() -> tuple[str, frozenset[str], str]:
+    """(vendor, flags, model) from /proc/cpuinfo's first processor, model as "6.167" (x86 family.model)
+    or "0xd4f" (Arm part); ("", {}, "") where there is none."""
+    vendor, flags, model = "", frozenset(), {}
     try:
         text = Path("/proc/cpuinfo").read_text(errors="replace")
     except OSError:
-        return vendor, flags
+        return vendor, flags, ""
     for line in text.splitlines():
         key, _, value = line.partition(":")
         key = key.strip()
@@ -41,12 +48,22 @@ def _cpuinfo() -> tuple[str, frozenset[str]]:
             vendor = value.strip()
         elif key in ("flags", "Features") and not flags:
             flags = frozenset(value.split())
-    return vendor, flags
+        elif key in _MODEL_KEYS and key not in model:
+            model[key] = value.strip()
+    return vendor, flags, ".".join(model[k] for k in _MODEL_KEYS if k in model)
 
 
 def cpu_flags() -> frozenset[str]:
     """The CPU's feature flags (x86 "flags", Arm "Features"); empty where /proc/cpuinfo is absent."""
     return _cpuinfo()[1]
+
+
+def amx() -> bool:
+    """oneDNN may run bf16 matmuls on AMX tiles here: the CPU has AMX-BF16 and ONEDNN_MAX_CPU_ISA does
+    not cap oneDNN below it. AMX sums in another order than AVX512-BF16's dot products, so its bits
+    differ (measured: GPTQ and AWQ artifacts of the byte gate, tests/test_artifact_hashes.py)."""
+    cap = onednn_cap()
+    return "amx_bf16" in cpu_flags() and (not cap or "AMX" in cap or cap == "ALL")
 
 
 def native_bf16() -> bool:
@@ -55,19 +72,24 @@ def native_bf16() -> bool:
 
 
 def cpu_profile() -> dict[str, str | bool]:
-    """{"arch", "vendor", "isa", "native_bf16", "blas"}: what the float paths' bits depend on (module doc)."""
+    """{"arch", "vendor", "model", "isa", "native_bf16", "amx", "blas"}: what the float paths' bits depend
+    on (module doc). `model` is the core's ("6.167": x86 family.model), as MKL and oneDNN tune their
+    kernels by it; "" where /proc/cpuinfo has none."""
     import torch  # lazy: torch (~1 s); the CLI's start-up imports this module without computing
 
     blas = re.search(r"BLAS_INFO=(\w+)", torch.__config__.show())
-    return {"arch": platform.machine(), "vendor": _cpuinfo()[0] or platform.processor() or "unknown",
-            "isa": torch.backends.cpu.get_cpu_capability(), "native_bf16": native_bf16(),
+    vendor, _, model = _cpuinfo()
+    return {"arch": platform.machine(), "vendor": vendor or platform.processor() or "unknown", "model": model,
+            "isa": torch.backends.cpu.get_cpu_capability(), "native_bf16": native_bf16(), "amx": amx(),
             "blas": blas.group(1) if blas else "unknown"}
 
 
 def cpu_key(profile: dict | None = None) -> str:
-    """One line naming the profile, e.g. "x86_64 AuthenticAMD AVX512 bf16 mkl": equal keys, equal float bits."""
+    """One line naming the profile, e.g. "x86_64 GenuineIntel 6.167 AVX512 bf16 amx mkl": equal keys,
+    equal float bits. A profile recorded before `model` and `amx` existed keys as before."""
     p = profile or cpu_profile()
-    return " ".join([str(p["arch"]), str(p["vendor"]), str(p["isa"])] + (["bf16"] if p["native_bf16"] else [])
+    return " ".join([str(p["arch"]), str(p["vendor"])] + ([str(p["model"])] if p.get("model") else [])
+                    + [str(p["isa"])] + (["bf16"] if p["native_bf16"] else []) + (["amx"] if p.get("amx") else [])
                     + [str(p.get("blas", "unknown"))])
 
 

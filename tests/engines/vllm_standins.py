@@ -113,8 +113,12 @@ def _sparse_attention_standin() -> None:
     """DeepSeek Sparse Attention (DeepSeek-V3.2, GLM-5): the CPU platform refuses any sparse attention
     backend ("Sparse Attention is not supported on CPU.", platforms/cpu.py get_attn_backend_cls)
     before the model is built. The stand-in asks for the dense MLA backend in its place: the MLA and
-    indexer modules, their parameters and loaders are built as on a GPU; the backend never runs."""
+    indexer modules, their parameters and loaders are built as on a GPU; the backend never runs.
+    The stand-in names CPU_MLA: on a CPU with AMX tiles the platform otherwise picks AMX_MLA, whose
+    impl passes the sparse layer's `topk_indices_buffer` on to MLACommonImpl.__init__, which refuses
+    it (vllm/v1/attention/backends/mla/amx_mla.py; cpu_mla.py takes it in **mla_args)."""
     from vllm.platforms.cpu import CpuPlatform
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
     real = CpuPlatform.get_attn_backend_cls.__func__
     if getattr(real, "_tfcompile_standin", False):
@@ -125,6 +129,7 @@ def _sparse_attention_standin() -> None:
             STANDINS.append("attention backend: sparse (DSA) MLA has no CPU backend; the dense CPU MLA "
                             "backend stands in (never run)")
             attn_selector_config = attn_selector_config._replace(use_sparse=False)
+            selected_backend = AttentionBackendEnum.CPU_MLA
         return real(cls, selected_backend, attn_selector_config, *args, **kwargs)
 
     get_attn_backend_cls._tfcompile_standin = True
