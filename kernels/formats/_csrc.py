@@ -160,13 +160,15 @@ INLINE int fp8_quant(const void* x, i64 rows, i64 K, const float* s, i64 srs, i6
    fp8.scale_from_amax) goes to s_out[tile row, tile column] and the tile is
    quantized e4m3(x / s) while it is still in cache: one pass over memory where
    amax_grid + fp8_quant read the input twice. A band of bn rows is taken in
-   chunks of up to TILE_COLS columns (128 x 16384 bf16 = 4 MiB: the second read
-   from L3; a row of channel scaling, bn = 1, is one chunk, in L1/L2), each row
-   of a chunk read front to back: square 128 x 128 tiles (one page-strided run
-   of 256 B per row) ran slower on one thread of a Zen 3 than reading twice
-   (docs/performance.md). Data of a tile that holds NaN/Inf is left unwritten
-   (the caller raises). */
-#define TILE_COLS 16384
+   chunks of up to TILE_COLS columns (128 x 4096 bf16 = 1 MiB, its codes 0.5 MiB:
+   the second read from L2 where L2 holds 2 MiB or more; a row of channel
+   scaling, bn = 1, is one chunk, in L1/L2), each row of a chunk read front to
+   back: square 128 x 128 tiles (one page-strided run of 256 B per row) ran
+   slower on one thread of a Zen 3 than reading twice, and chunks of 16384
+   columns (4 MiB + 2 MiB of codes) spilled a 4 MiB L2: 0.27 of copy on the AVX2
+   build of a Xeon with AVX-512, 0.43 with 4096 (docs/performance.md). Data of a
+   tile that holds NaN/Inf is left unwritten (the caller raises). */
+#define TILE_COLS 4096
 #define TILE_MAXB 128
 INLINE u32 row_amax(const void* x, i64 k, i64 k1, ld_fn LD VEC_ARG) {
     u32 m = 0;

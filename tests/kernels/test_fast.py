@@ -91,6 +91,9 @@ def test_fast_equals_reference_random(rows, kb, lead, dtype, spread, seed, which
 
 @pytest.mark.parametrize("gran,shape,fused", [("channel", (130, 270), True), ("block", (130, 270), True),
                                                ("block", (2, 128, 200), True), ("block", (3, 40, 96), False),
+                                               # a band of 128 rows in chunks of TILE_COLS (4096) columns, a tail
+                                               ("block", (130, 2 * 4096 + 200), True),
+                                               ("channel", (3, 2 * 4096 + 200), True),
                                                ("tensor", (130, 270), False)])
 def test_fp8_one_pass_kernel_is_the_one_taken(monkeypatch, gran, shape, fused):
     """Channel and block scales come from the one-pass tile kernel (the equality tests above then test
