@@ -38,6 +38,7 @@ DOC_HEADING = "## Calibration: tfcompile vs modelopt on the same tokens"
 TARGET = 2.0  # issue 32: calibrated nvfp4 at least 2x faster than modelopt
 
 MODELOPT_SRC = """
+import tfcompile  # first: drops the checkout root (run from it, its kernels/ shadows HF kernels)
 import copy, json, sys, time, torch, transformers
 import modelopt.torch.quantization as mtq
 from modelopt.torch.export import export_hf_checkpoint

@@ -75,6 +75,7 @@ print(json.dumps({"forward_s": time.perf_counter() - t0, "load_s": t_load}))
 
 # F.linear [2048, 2048] x [5632, 2048]^T and one decoder layer of SHAPE_1B on 1 x 512 tokens, per dtype
 DTYPE_SRC = """
+import tfcompile  # first: drops the checkout root (run from it, its kernels/ shadows HF kernels)
 import copy, json, statistics, sys, time, torch, torch.nn.functional as F
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding

@@ -47,6 +47,24 @@ RECIPES = {  # name -> (layers, quantize options, pass compared)
 TOLERANCE = 0.30
 
 
+def _scale_search_ns(timed, g) -> float:
+    """quantize.scale_search=output, one thread: ns per weight to score one candidate rounding of an
+    NVFP4 [2048, 2048] weight (its 4 block-scale codes, then the group total: output_scales.py)."""
+    import torch
+
+    from tfcompile.kernels import formats as F
+    from tfcompile.passes.quantize import output_scales as S
+
+    w = torch.randn(2048, 2048, generator=g).bfloat16()
+    x = torch.randn(4096, 2048, generator=g)
+    hb = S.diag_blocks(x.T @ x / 4096, 16)
+    gs = torch.tensor([2688.0]) / w.float().abs().max()
+
+    def one():
+        S.block_error(w, F.dequantize(S.nvfp4_search(w, gs, hb), torch.float32), hb)
+    return timed(one, 3) / w.numel() * 1e9
+
+
 def measure() -> dict:
     """The primitives, medians of 5 (see the module docstring)."""
     import hashlib
@@ -93,6 +111,7 @@ def measure() -> dict:
     out["chol_gflops"] = 4 / 3 * 2048 ** 3 / timed(
         lambda: torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(hk)), upper=True), 3) / 1e9
     out["gptq_sweep"] = _gptq_sweep(timed, g)
+    out["scale_search_ns"] = _scale_search_ns(timed, g)
     t = run_timed([sys.executable, "-c", "import torch, transformers, tfcompile.cli.main, tfcompile.passes.builtin"])
     out["base_rss_gb"] = t.max_rss_bytes / 1e9
     return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in out.items()}
@@ -286,6 +305,7 @@ CLUSTERS = [("8xH200", 1), ("8xH200", 4), ("8xB200", 1)]
 def plans_markdown() -> str:
     """`plan --estimate` on the committed example configs: docs/distributed.md's table."""
     configs = Path(__file__).resolve().parents[1] / "examples" / "configs"
+    WORK.mkdir(parents=True, exist_ok=True)
     rows = ["| model | recipe | cluster | output GB | host GB/rank | device GB/rank | Hessian spill GB/rank | "
             "calibrate | pack | total |", "|---|---|---|---|---|---|---|---|---|---|"]
     for name, opts in PLANS:

@@ -26,7 +26,7 @@ from tfcompile.ir import ALGORITHMS, CalibStats, Job, OutSpec, Program, QuantGro
 from tfcompile.kernels.formats import E4M3_MAX, round_scale_up
 from tfcompile.passes.quantize import four_over_six, output_scales
 from tfcompile.passes.quantize.online import check_online, online_unsupported
-from tfcompile.pipeline.intents import LayerSolve, OnlineTransform, WeightRounding
+from tfcompile.pipeline.intents import LayerSolve, OnlineTransform, ScaleSearch, WeightRounding
 from tfcompile.pipeline.passes import PassResult, Selection, Unsupported, register_pass
 from tfcompile.recipe import Recipe
 from tfcompile.schemes import SCHEMES
@@ -150,7 +150,10 @@ def _intents(cfg: QuantizeConfig) -> tuple:
     calibration loop hands the algorithm's layer solver (tfcompile/pipeline/intents.py)."""
     return (WeightRounding(cfg.algorithm, cfg.mx_rule),
             LayerSolve(cfg.algorithm, cfg, cfg.device, cfg.gptq_expert_batch),
-            *((OnlineTransform(cfg.online_hadamard),) if cfg.online_hadamard else ()))
+            *((OnlineTransform(cfg.online_hadamard),) if cfg.online_hadamard else ()),
+            # g, bf16(g) and the nudges of GLOBAL_FACTORS (output_scales.global_candidates, at most)
+            *((ScaleSearch(cfg.scale_search, len(output_scales.GLOBAL_FACTORS) + 1),)
+              if cfg.scale_search == "output" else ()))
 
 
 @register_pass("quantize", config=QuantizeConfig, requires=("source", "model", "plan"), produces=("program",),

@@ -105,3 +105,40 @@ def test_more_calibration_tokens_need_more_device_memory_and_time():
     assert large["memory"]["device_gb_per_rank"] > small["memory"]["device_gb_per_rank"]
     assert large["passes"]["calibrate"]["seconds"] > small["passes"]["calibrate"]["seconds"]
     assert json.dumps(large)  # JSON-ready
+
+
+def test_scale_search_is_costed_in_pack_by_its_scored_roundings():
+    """W4A4 NVFP4 RTN searches its scales by output error by default (passes/quantize/quantize.py):
+    pack scores every quantized weight under each global candidate on one thread, which on a 1.1B
+    Llama took 486.5 s of a 495 s run (docs/performance.md). The plan counts it: NVFP4 each global
+    candidate the search tries, MXFP4 one rounding, none without the search."""
+    import math
+
+    import torch
+
+    from tfcompile.passes.quantize import output_scales
+    from tfcompile.estimate.throughputs import this_machine
+
+    model = CONFIGS / "llama-3.1-8b"
+    w4a4 = estimate(model, build_recipe(fmt="nvfp4"))
+    none = estimate(model, build_recipe(fmt="nvfp4", overrides={"quantize": {"scale_search": "none"}}))
+    mx = estimate(model, build_recipe(fmt="mxfp4", overrides={"quantize": {"scale_search": "output"}}))
+    assert "scale_search_s" not in none["passes"]["pack"]
+    assert "scale_search_s" not in estimate(model, build_recipe(fmt="nvfp4a16"))["passes"]["pack"]
+    pack = w4a4["passes"]["pack"]
+    assert pack["seconds"] == pytest.approx(pack["stream_s"] + pack["scale_search_s"], abs=0.02)
+    # the global candidates of a g that bf16 does not represent: the count the search runs through
+    tried = len(output_scales.global_candidates(torch.tensor([2688 / 3.7])))
+    weights = sum(math.prod(t) for t in _linear_shapes(model))
+    assert pack["scale_search_s"] == pytest.approx(tried * weights * this_machine()["scale_search_ns"] * 1e-9,
+                                                   rel=1e-3)
+    assert mx["passes"]["pack"]["scale_search_s"] == pytest.approx(pack["scale_search_s"] / tried, rel=1e-3)
+    assert w4a4["total_s"] > none["total_s"] + pack["scale_search_s"] * 0.99
+
+
+def _linear_shapes(model: Path) -> list[tuple[int, int]]:
+    """(N, K) of every decoder Linear of a Llama config (q, k, v, o, gate, up, down per layer)."""
+    c = json.loads((model / "config.json").read_text())
+    h, i, heads = c["hidden_size"], c["intermediate_size"], c["num_attention_heads"]
+    kv = c.get("num_key_value_heads", heads) * c.get("head_dim", h // heads)
+    return [(h, h), (kv, h), (kv, h), (h, h), (i, h), (i, h), (h, i)] * c["num_hidden_layers"]

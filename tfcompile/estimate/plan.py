@@ -42,7 +42,8 @@ from tfcompile.dist.partition import hessian_owners, shard_owner
 from tfcompile.io.writer import TensorSpec, plan_shards
 from tfcompile.ir import ALGORITHMS, LAYER_SOLVERS, CalibStats, ModelInfo, SolveCost
 from tfcompile.pipeline.context import Context
-from tfcompile.pipeline.intents import (CalibrationRun, EngineChecks, KVCacheScales, LayerSolve, OnlineTransform, ShardSize,
+from tfcompile.pipeline.intents import (CalibrationRun, EngineChecks, KVCacheScales, LayerSolve, OnlineTransform,
+                                        ScaleSearch, ShardSize,
                                         TrainsOnTheSource)
 from tfcompile.pipeline.passes import REGISTRY, PassSpec, recipe_intent
 from tfcompile.reporter import NullReporter
@@ -83,6 +84,10 @@ def estimate(model: Path, recipe, devices: str = "cpu", nodes: int = 1) -> dict:
         passes["calibrate"] = _calibrate(shape, calib, cluster, hess, owners, solves if propagate else None,
                                          in_loop and solves is None)
     passes["pack"] = _pack(shape, out_specs, shard_mb, cluster, solves, {} if propagate else hess, owners)
+    search = recipe_intent(recipe, ScaleSearch)
+    if search is not None:  # on top of the stream: the search runs inside each job, on one thread
+        secs = _scale_search_s(plan, search, cluster)
+        passes["pack"].update(seconds=round(passes["pack"]["seconds"] + secs, 2), scale_search_s=round(secs, 2))
     trains = recipe_intent(recipe, TrainsOnTheSource)
     if trains is not None and trains.settings is not None:  # memory per rank, DDP vs FSDP2 (estimate/distill.py)
         capacity = cluster.gpu.memory_gb if cluster.gpu else node_figures(cluster)["ram_gb"] / cluster.per_node
@@ -325,6 +330,20 @@ def _pack(shape: ModelShape, specs, shard_mb: float, cl: Cluster, solves: Solves
         if cl.gpu:
             out["device_gb"] = round(solve_mem, 3)
     return out
+
+
+def _scale_search_s(plan, search: ScaleSearch, cl: Cluster) -> float:
+    """Seconds of quantize.scale_search=output per rank: every quantized weight of a searched scheme
+    scored under each candidate rounding (NVFP4: each global candidate; MXFP4: one), at
+    `scale_search_ns` per weight and rounding on one CPU thread (its measured figure; on a GPU
+    run too: the search runs on the host). Ranks pack their own shards: an even share each."""
+    weights = 0
+    for g in plan.groups:
+        wq = plan.scheme_of(g).weights
+        if wq.element == "e2m1" and wq.block_scaled:
+            sets = search.global_candidates if wq.shares_global_scale else 1
+            weights += sets * sum(math.prod(t.shape) for t in g.members)
+    return weights * this_machine()["scale_search_ns"] * 1e-9 / cl.ranks
 
 
 def _solves_per_rank(hess: dict, owners: dict, cl: Cluster, m: dict, solves: Solves) -> dict[int, float]:

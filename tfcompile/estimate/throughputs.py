@@ -89,6 +89,11 @@ THIS_MACHINE = {
     "read_gbps": 2.99,  # a cold read (posix_fadvise DONTNEED first), 8 MiB reads
     "write_gbps": 2.2,  # O_DIRECT through the 8 MiB staging buffer (docs/design.md "Streaming")
     "chol_gflops": 33.5,  # one thread: cholesky, cholesky_inverse, cholesky of a 2048 x 2048 (4/3 K^3)
+    # one thread: quantize.scale_search=output scoring one candidate rounding of a [2048, 2048] NVFP4 weight
+    # (its 4 block-scale codes, then the total), ns per weight; measured 2026-12-06 on an idle 2-vCPU Xeon
+    # (family 6 model 167), not under the load above: a 1.1B Llama's W4A4 pack took 486.5 s for 6 x 973M
+    # scored weights (83 ns each, RTN's own score and the encodes included), docs/performance.md
+    "scale_search_ns": 75.2,
     # (an algorithm's own figures, measured with these, sit in its cost module under passes/quantize/,
     # registered with it: `register_algorithm(cost=...)`; a TFCOMPILE_THROUGHPUTS file may replace them)
     "base_rss_gb": 0.29,  # python + torch + transformers + tfcompile imported, before the first pass

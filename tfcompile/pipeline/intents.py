@@ -83,6 +83,15 @@ class LayerSolve:
 
 
 @dataclass(frozen=True)
+class ScaleSearch:
+    """Pack will choose NVFP4/MXFP4 scales by output error (quantize.scale_search=output): per weight it
+    scores `global_candidates` roundings where the scheme shares a global scale (NVFP4), one
+    otherwise, each 4 or 3 block-scale codes wide, on one CPU thread (passes/quantize/output_scales.py)."""
+    mode: str
+    global_candidates: int
+
+
+@dataclass(frozen=True)
 class OnlineTransform:
     """Every quantized Linear is stored as W R for an online block-Hadamard transform of `order` that the
     engine applies to its input (quantize.online_hadamard: tfcompile/rotate/online.py)."""
