@@ -329,7 +329,12 @@ def plans_markdown() -> str:
                       "Calibration in batches of 4; GPTQ solves every Linear group, each routed expert with its own "
                       "Hessians (in batches of 8 experts, each batch owned by one rank: passes/quantize/gptq_moe.py); `--calib self` would add "
                       "sampling the tokens. Times under 2 minutes are rounded to 0.1 min each, so a total may "
-                      "differ from its parts by 0.1.", "", *rows, ""])
+                      "differ from its parts by 0.1. The W4A4 `nvfp4` rows' pack is almost all the output-scale "
+                      "search (`scale_search_s`, W4A4 NVFP4 RTN's default since 2026-12-05): each quantized weight "
+                      "scored under six candidate roundings at `scale_search_ns` each, a group's six candidates on "
+                      "six of the rank's host cores (at the efficiency measured for two), against 0.6 min of "
+                      "streaming; `--set quantize.scale_search=none` gives max-based scales without it "
+                      "(docs/performance.md \"Issue 32 on a second Xeon model\").", "", *rows, ""])
 
 
 def main() -> None:

@@ -29,7 +29,9 @@ GPTQ (gptq.py) solves under the scales chosen here instead of RTN's.
 
 from __future__ import annotations
 
-from typing import Sequence
+import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Sequence
 
 import torch
 
@@ -146,10 +148,11 @@ def search_group(weights: Sequence[torch.Tensor], names: Sequence[str], program:
     the candidate with the least summed output error, RTN included. Returns them and a record
     (errors of RTN and of the choice, which candidate). Every choice is scored by the block-diagonal
     part of H alone (`block_error`), so `h` may be just those blocks: [K / blk, blk, blk]."""
-    # the same few MB of temporaries per candidate: reuse them (machine.py); one torch thread: the work
-    # is elementwise ops on ~0.6 MB chunks, where a second OpenMP thread on a loaded 2-core machine
+    # the same few MB of temporaries per candidate: reuse them (machine.py); one torch thread per op: the
+    # work is elementwise ops on ~0.6 MB chunks, where a second OpenMP thread on a loaded 2-core machine
     # made one SmolLM2 gate/up group's search 4.2x slower (6.67 s against 1.59 s, load 6.7: a GPTQ run
-    # with scale_search=output, which keeps every thread, spent ~25 min there against ~75 s idle)
+    # with scale_search=output, which keeps every thread, spent ~25 min there against ~75 s idle); the
+    # cores are used instead by running the candidates side by side (`_scored`: 1.55x on 2 cores)
     with heap_allocations(), one_torch_thread():
         return _search(weights, names, program, h, model_dtype)
 
@@ -168,11 +171,35 @@ def _search(weights: Sequence[torch.Tensor], names: Sequence[str], program: Prog
     best, best_err, label = rtn, total(rtn), "rtn"
     rtn_err = best_err
     if wq.shares_global_scale:
-        cands = [(f"g{i}", [nvfp4_search(w, g, h) for w in weights]) for i, g in enumerate(global_candidates(g0))]
+        makers = {f"g{i}": (lambda g=g: [nvfp4_search(w, g, h) for w in weights])
+                  for i, g in enumerate(global_candidates(g0))}
     else:
-        cands = [("blocks", [mxfp4_search(w, program.mx_rule, h) for w in weights])]
-    for lab, qs in cands:
-        err = total(qs)
-        if err < best_err:
+        makers = {"blocks": lambda: [mxfp4_search(w, program.mx_rule, h) for w in weights]}
+    for lab, (qs, err) in zip(makers, _scored(list(makers.values()), total)):
+        if err < best_err:  # in candidate order, as one thread would: ties keep the earlier
             best, best_err, label = qs, err, lab
     return best, {"scale_search": label, "out_err_rtn": rtn_err, "out_err": best_err}
+
+
+def search_workers() -> int:
+    """Threads for a group's candidates: this process's cores (its CPU affinity), shared evenly by the
+    processes torchrun started on the node (LOCAL_WORLD_SIZE)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)))
+
+
+def _scored(makers: list[Callable[[], list[F.QTensor]]], total: Callable[[list[F.QTensor]], float]
+            ) -> list[tuple[list[F.QTensor], float]]:
+    """Each candidate's QTensors and summed error, in order. The candidates run on up to
+    search_workers() threads, each op on one torch thread: a candidate is the same computation on
+    any thread, so the choice and the bytes are those of one thread (the byte gate's W4A4 cases)."""
+    def run(make):
+        torch.set_num_threads(1)  # this thread's OpenMP team: one (the caller's count is restored after)
+        qs = make()
+        return qs, total(qs)
+
+    workers = min(search_workers(), len(makers))
+    if workers <= 1:
+        return [run(m) for m in makers]
+    with ThreadPoolExecutor(workers, thread_name_prefix="tfcompile-scale-search") as pool:
+        return list(pool.map(run, makers))

@@ -121,6 +121,24 @@ def test_search_is_deterministic():
     assert torch.equal(a.global_scale, b.global_scale)
 
 
+@pytest.mark.parametrize("fmt", ["nvfp4a16", "mxfp4a16"])
+def test_candidates_on_several_threads_choose_and_write_what_one_thread_does(fmt, monkeypatch):
+    """The group's candidates run on output_scales.search_workers() threads: the same candidate
+    chosen (the record, ties in candidate order) and the same bytes as on one thread."""
+    from tfcompile.passes.quantize import output_scales
+
+    (w1, h), (w2, _) = _layer(seed=7), _layer(seed=8)
+    threads, runs = torch.get_num_threads(), {}
+    for n in (1, 4):
+        monkeypatch.setattr(output_scales, "search_workers", lambda n=n: n)
+        runs[n] = search_group([w1, w2], ["a", "b"], _program(fmt), h, torch.bfloat16)
+    (one, rec1), (four, rec4) = runs[1], runs[4]
+    assert rec1 == rec4
+    for a, b in zip(one, four):
+        assert torch.equal(a.data, b.data) and torch.equal(a.scale.view(torch.uint8), b.scale.view(torch.uint8))
+    assert torch.get_num_threads() == threads  # the workers' one-thread setting does not outlive the search
+
+
 def _layers(path):
     return {x["module"]: x for x in json.loads((path / "tfcompile/manifest.json").read_text())["layers"]}
 

@@ -117,4 +117,8 @@ ASSUMED = {
     "link_efficiency": 0.8,  # of NVLink / InfiniBand line rate for the replayed activations
     "sync_ms": 2.0,  # one round of store barriers and metadata exchange between ranks
     "host_copy_gbps": 10.0,  # host memory bandwidth for one process's tensor copies
+    # quantize.scale_search=output spreads a group's candidates over the rank's cores
+    # (output_scales.search_workers): 2 threads gave 1.55x one thread on this machine (a SmolLM2-sized
+    # pair of [2048, 2048] weights, idle, 2026-12-06); more threads assumed to keep that efficiency
+    "search_thread_efficiency": 0.78,
 }
