@@ -85,7 +85,7 @@ def estimate(model: Path, recipe, devices: str = "cpu", nodes: int = 1) -> dict:
                                          in_loop and solves is None)
     passes["pack"] = _pack(shape, out_specs, shard_mb, cluster, solves, {} if propagate else hess, owners)
     search = recipe_intent(recipe, ScaleSearch)
-    if search is not None:  # on top of the stream: the search runs inside each job, on one thread
+    if search is not None:  # on top of the stream: the search runs inside each job (its candidates on the cores)
         secs = _scale_search_s(plan, search, cluster)
         passes["pack"].update(seconds=round(passes["pack"]["seconds"] + secs, 2), scale_search_s=round(secs, 2))
     trains = recipe_intent(recipe, TrainsOnTheSource)
