@@ -92,7 +92,7 @@ THIS_MACHINE = {
     # one thread: quantize.scale_search=output scoring one candidate rounding of a [2048, 2048] NVFP4 weight
     # (its 4 block-scale codes, then the total), ns per weight; measured 2026-12-06 on an idle 2-vCPU Xeon
     # (family 6 model 167), not under the load above: a 1.1B Llama's W4A4 pack took 486.5 s for 6 x 973M
-    # scored weights (83 ns each, RTN's own score and the encodes included), docs/performance.md
+    # scored weights (83 ns each, the max-based scales' own score and the encodes included), docs/performance.md
     "scale_search_ns": 75.2,
     # (an algorithm's own figures, measured with these, sit in its cost module under passes/quantize/,
     # registered with it: `register_algorithm(cost=...)`; a TFCOMPILE_THROUGHPUTS file may replace them)
