@@ -52,6 +52,15 @@ def searchable(wq: F.WeightQuantizer) -> bool:
     return wq.element == "e2m1" and wq.block_scaled and wq.block in ((16,), (32,))
 
 
+def scored_roundings(wq: F.WeightQuantizer) -> int:
+    """Candidate roundings the search scores per weight of `wq`'s format: NVFP4 one per global
+    candidate (`global_candidates`: g, bf16(g) and the GLOBAL_FACTORS nudges, at most), MXFP4 one;
+    0 where it does not search."""
+    if not searchable(wq):
+        return 0
+    return len(GLOBAL_FACTORS) + 1 if wq.shares_global_scale else 1
+
+
 def output_error(w: torch.Tensor, vals: torch.Tensor, h: torch.Tensor) -> float:
     """tr(D H D^T) with D = w - vals [N, K] (float32), H [K, K]: the squared output error per token."""
     d = w.float() - vals.float()

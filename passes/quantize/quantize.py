@@ -151,9 +151,7 @@ def _intents(cfg: QuantizeConfig) -> tuple:
     return (WeightRounding(cfg.algorithm, cfg.mx_rule),
             LayerSolve(cfg.algorithm, cfg, cfg.device, cfg.gptq_expert_batch),
             *((OnlineTransform(cfg.online_hadamard),) if cfg.online_hadamard else ()),
-            # g, bf16(g) and the nudges of GLOBAL_FACTORS (output_scales.global_candidates, at most)
-            *((ScaleSearch(cfg.scale_search, len(output_scales.GLOBAL_FACTORS) + 1),)
-              if cfg.scale_search == "output" else ()))
+            *((ScaleSearch(output_scales.scored_roundings),) if cfg.scale_search == "output" else ()))
 
 
 @register_pass("quantize", config=QuantizeConfig, requires=("source", "model", "plan"), produces=("program",),

@@ -333,20 +333,18 @@ def _pack(shape: ModelShape, specs, shard_mb: float, cl: Cluster, solves: Solves
 
 
 def _scale_search_s(plan, search: ScaleSearch, cl: Cluster) -> float:
-    """Seconds of quantize.scale_search=output per rank: every quantized weight of a searched scheme
-    scored under each candidate rounding (NVFP4: each global candidate; MXFP4: one), at
-    `scale_search_ns` per weight and rounding on one CPU thread (its measured figure; on a GPU
-    run too: the search runs on the host), the candidates spread over the rank's cores. Ranks
-    pack their own shards: an even share each."""
+    """Seconds of quantize.scale_search=output per rank: every quantized weight scored under the
+    candidate roundings the search counts for its format (`search.roundings`), at `scale_search_ns`
+    per weight and rounding on one CPU thread (its measured figure; on a GPU run too: the search
+    runs on the host), the candidates spread over the rank's cores. Ranks pack their own shards:
+    an even share each."""
     cores = max(1, int(node_figures(cl)["cores"] // cl.per_node))
     seconds = 0.0
     for g in plan.groups:
-        wq = plan.scheme_of(g).weights
-        if wq.element == "e2m1" and wq.block_scaled:
-            sets = search.global_candidates if wq.shares_global_scale else 1
-            threads = min(cores, sets)
-            speed = threads * ASSUMED["search_thread_efficiency"] if threads > 1 else 1.0
-            seconds += sets * sum(math.prod(t.shape) for t in g.members) / speed
+        sets = search.roundings(plan.scheme_of(g).weights)
+        threads = min(cores, sets)
+        speed = threads * ASSUMED["search_thread_efficiency"] if threads > 1 else 1.0
+        seconds += sets * sum(math.prod(t.shape) for t in g.members) / speed
     return seconds * this_machine()["scale_search_ns"] * 1e-9 / cl.ranks
 
 

@@ -11,7 +11,7 @@ readers (issue 25: passes never read one another's config).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 
 @dataclass(frozen=True)
@@ -84,11 +84,10 @@ class LayerSolve:
 
 @dataclass(frozen=True)
 class ScaleSearch:
-    """Pack will choose NVFP4/MXFP4 scales by output error (quantize.scale_search=output): per weight it
-    scores `global_candidates` roundings where the scheme shares a global scale (NVFP4), one
-    otherwise, each 4 or 3 block-scale codes wide, on one CPU thread (passes/quantize/output_scales.py)."""
-    mode: str
-    global_candidates: int
+    """Pack will choose NVFP4/MXFP4 scales by output error (quantize.scale_search=output): per weight of
+    a format it scores `roundings(weight quantizer)` candidate roundings (0: that format is not
+    searched), a group's candidates side by side on the process's cores (passes/quantize/output_scales.py)."""
+    roundings: Callable[[Any], int] = field(compare=False)
 
 
 @dataclass(frozen=True)
