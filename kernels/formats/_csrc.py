@@ -19,10 +19,12 @@ Rules the C code relies on:
   -DTFC_SCALAR) only the scalar loops, which also do every tail, compile.
 Every exported kernel returns 1 if it saw a NaN/Inf input, else 0;
 `tfc_isa()` returns the vector path compiled in ("avx512", "avx2", "neon",
-"scalar").
+"scalar"). The scale search's kernel (`_csrc_search`) is written in GCC's
+generic vectors instead, lanes = rows, and compiles to every path alike.
 """
 
 from ._csrc_arm import NEON
+from ._csrc_search import SEARCH
 from ._csrc_x86 import AVX2, AVX512
 
 COMMON = r"""#include <stdint.h>
@@ -351,4 +353,4 @@ EXPORT(f16)
 """
 
 # Order matters: the first ISA block whose -march macros hold defines VEC16.
-C_SOURCE = COMMON + AVX512 + AVX2 + NEON + KERNELS
+C_SOURCE = COMMON + AVX512 + AVX2 + NEON + KERNELS + SEARCH

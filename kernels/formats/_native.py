@@ -172,6 +172,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         getattr(lib, f"fp8_tiles_{sfx}").argtypes = [p, i64, i64, i64, i64, p, p]
         getattr(lib, f"nvfp4_quant_{sfx}").argtypes = [p, i64, f32, p, p]
         getattr(lib, f"mx_quant_{sfx}").argtypes = [p, i64, ctypes.c_int, ctypes.c_int, p, p]
+        getattr(lib, f"fp4_search_{sfx}").argtypes = [p, i64, i64, ctypes.c_int, ctypes.c_int, f32, ctypes.c_int,
+                                                      p, ctypes.c_int, p, p, p, p, p]
     lib.tfc_isa.restype = ctypes.c_char_p
 
 

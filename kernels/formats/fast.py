@@ -137,3 +137,26 @@ def mx_blocks(x: torch.Tensor, elem: int, ceil_rule: bool, name: str | None):
     if bad:
         raise_nonfinite(name)
     return (data if elem == 4 else data.view(torch.float8_e4m3fn)), scales
+
+
+def fp4_search(x: torch.Tensor, a: torch.Tensor, blk: int, g: float | None, ceil_rule: bool,
+               offsets: tuple[int, ...], fixed: torch.Tensor | None, name: str | None):
+    """block_search.search_blocks on the C kernel: x [N, K], a [K / blk, T] float32 -> (packed [N, K / 2],
+    scale codes [N, K / blk], row errors [N] float64); threads take slices of 16 rows (one vector's lanes)."""
+    x = _c(x)
+    n, k = x.shape
+    nb = k // blk
+    packed, scales = empty_u8((n, k // 2)), empty_u8((n, nb))
+    row_err = torch.empty(n, dtype=torch.float64)
+    offs = torch.tensor(offsets, dtype=torch.int32)
+    f, es = _native.fn("fp4_search", x.dtype), x.element_size()
+    xp, ap, pp, sp, ep, op = x.data_ptr(), a.data_ptr(), packed.data_ptr(), scales.data_ptr(), row_err.data_ptr(), offs.data_ptr()
+    fp = 0 if fixed is None else fixed.data_ptr()
+
+    def call(r0: int, r1: int) -> int:
+        return f(xp + r0 * k * es, r1 - r0, k, blk, int(g is None), 0.0 if g is None else g, int(ceil_rule),
+                 op, len(offsets), fp + r0 * nb if fp else None, ap, pp + r0 * (k // 2), sp + r0 * nb, ep + r0 * 8)
+
+    if _native.parallel(n, call, grain=16, min_per_thread=4):
+        raise_nonfinite(name)
+    return packed, scales, row_err

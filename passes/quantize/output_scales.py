@@ -23,12 +23,17 @@ Candidates, per fusion group:
 Each block is chosen by its own share of the output error, d_b H_bb d_b^T; then the group takes,
 by those shares summed over its blocks and members, the best of these searched candidates and
 plain RTN, so by that objective no group ends worse than RTN (tests/passes/test_output_scales.py).
+The blocks' errors are computed by kernels/formats/block_search.py (a C kernel, ~5 ns per weight
+and global candidate on one core of a Xeon or an AVX2 build, 15x the torch passes it replaced;
+its torch reference is bit-identical), each in a fixed order of fp32 operations, and summed
+exactly (math.fsum of each row's fp64 sum), so the choice is the same on every CPU and thread count.
 It is the default of W4A4 NVFP4 RTN (passes/quantize/quantize.py `_searched_by_default`).
 GPTQ (gptq.py) solves under the scales chosen here instead of RTN's.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Sequence
@@ -38,12 +43,12 @@ import torch
 from tfcompile.dist.devices import one_torch_thread
 from tfcompile.ir import Program
 from tfcompile.kernels import formats as F
+from tfcompile.kernels.formats.block_search import search_blocks, tri
 from tfcompile.machine import heap_allocations
 
 GLOBAL_FACTORS = (1.0, 1 + 2 ** -10, 1 - 2 ** -10, 1 + 2 ** -8, 1 - 2 ** -8)  # on g = 2688 / amax
 CODE_OFFSETS = (0, 1, -1, -2)  # E4M3 scale code steps from RTN's (0 first: ties keep RTN)
 MX_SHIFTS = (0, 1, -1)  # E8M0 exponent steps from RTN's
-ROWS = 256  # rows per chunk: temporaries ~ ROWS x K x 4 bytes per candidate
 MODES = ("none", "output", "gptq")  # "gptq": candidates scored after the solve (gptq.py solved_search)
 
 
@@ -67,28 +72,6 @@ def output_error(w: torch.Tensor, vals: torch.Tensor, h: torch.Tensor) -> float:
     return float(((d @ h.float()) * d).sum())
 
 
-def _block_err(d: torch.Tensor, hb: torch.Tensor) -> torch.Tensor:
-    """d [R, B, blk], hb [B, blk, blk] -> each block's d_b H_bb d_b^T [R, B]."""
-    return torch.einsum("rbi,bij,rbj->rb", d, hb, d)
-
-
-def _pick(x: torch.Tensor, hb: torch.Tensor, mults: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [R, B, blk]; mults: each candidate's dequant multiplier [R, B]. Returns (index of the
-    least block output error [R, B], its E2M1 codes [R, B, blk]); ties keep the earlier. Candidates
-    are scored on grid values (F.round_e2m1); only the chosen multiplier's codes are encoded."""
-    best_err = best_i = best_s = None
-    for i, s in enumerate(mults):
-        err = _block_err(F.round_e2m1(x / s[..., None]) * s[..., None] - x, hb)
-        if best_err is None:
-            best_err, best_i, best_s = err, torch.zeros_like(err, dtype=torch.long), s
-            continue
-        better = err < best_err
-        best_err = torch.where(better, err, best_err)
-        best_i = torch.where(better, torch.full_like(best_i, i), best_i)
-        best_s = torch.where(better, s, best_s)
-    return best_i, F.encode_e2m1(x / best_s[..., None])
-
-
 def diag_blocks(h: torch.Tensor, blk: int) -> torch.Tensor:
     """H [K, K] -> its diagonal blocks [K / blk, blk, blk] (float32); blocks already [K / blk, blk, blk]
     (what the calibrate pass records when only a scale search needs them) as they are."""
@@ -99,47 +82,30 @@ def diag_blocks(h: torch.Tensor, blk: int) -> torch.Tensor:
     return hb.diagonal(dim1=0, dim2=2).permute(2, 0, 1).contiguous()
 
 
-def block_error(w: torch.Tensor, vals: torch.Tensor, hb: torch.Tensor) -> float:
-    """sum_b d_b H_bb d_b^T over every row and block, D = w - vals [N, K], hb [K / blk, blk, blk]: the
-    output error with the cross-block terms of H left out (the search's objective)."""
-    blk = hb.shape[-1]
-    d = (w.float() - vals.float()).reshape(w.shape[0], -1, blk)
-    return float(_block_err(d, hb).sum())
-
-
-def nvfp4_search(w: torch.Tensor, g: torch.Tensor, h: torch.Tensor) -> F.QTensor:
+def nvfp4_search(w: torch.Tensor, g: torch.Tensor, a: torch.Tensor) -> tuple[F.QTensor, torch.Tensor]:
     """NVFP4 of w [N, K] under global multiplier g (1,), each block's E4M3 scale code chosen among
-    RTN's and its CODE_OFFSETS neighbours by the block's output error under H."""
-    n, k = w.shape
-    hb, gf = diag_blocks(h, 16), g.float().reshape(())
-    packed, scales = [], []
-    for r0 in range(0, n, ROWS):
-        x = w[r0: r0 + ROWS].float().reshape(-1, k // 16, 16)
-        code0 = F.cast_e4m3(x.abs().amax(-1) / F.E2M1_MAX * gf).view(torch.uint8).to(torch.int16)
-        # codes 1..126: the smallest subnormal .. 448 (0 would divide by zero; 127 is NaN)
-        cands = [(code0 + o).clamp(1, 126).to(torch.uint8).view(torch.float8_e4m3fn) for o in CODE_OFFSETS]
-        idx, codes = _pick(x, hb, [s.float() / gf for s in cands])
-        chosen = torch.stack([s.view(torch.uint8) for s in cands]).gather(0, idx[None]).squeeze(0)
-        packed.append(F.pack_fp4(codes.reshape(x.shape[0], k)))
-        scales.append(chosen.view(torch.float8_e4m3fn))
-    return F.QTensor("nvfp4", torch.cat(packed), torch.cat(scales), g.float().reshape(1), (n, k), "group",
-                     None, (16,))
+    RTN's and its CODE_OFFSETS neighbours by the block's output error (a = block_search.tri of H's
+    16 x 16 diagonal blocks). Returns it and each row's error [N] float64."""
+    packed, codes, row_err = search_blocks(w, a, g=g, offsets=CODE_OFFSETS)
+    q = F.QTensor("nvfp4", packed, codes.view(torch.float8_e4m3fn), g.float().reshape(1), tuple(w.shape),
+                  "group", None, (16,))
+    return q, row_err
 
 
-def mxfp4_search(w: torch.Tensor, rule: str, h: torch.Tensor) -> F.QTensor:
+def mxfp4_search(w: torch.Tensor, rule: str, a: torch.Tensor) -> tuple[F.QTensor, torch.Tensor]:
     """MXFP4 of w [N, K], each block's E8M0 exponent chosen among the `rule` one and MX_SHIFTS
-    steps from it by the block's output error under H."""
-    n, k = w.shape
-    hb = diag_blocks(h, 32)
-    packed, scales = [], []
-    for r0 in range(0, n, ROWS):
-        x = w[r0: r0 + ROWS].float().reshape(-1, k // 32, 32)
-        e0 = F.mx_shared_exponent(x.abs().amax(-1), "fp4", rule)
-        exps = [(e0 + d).clamp(-127, 127) for d in MX_SHIFTS]
-        idx, codes = _pick(x, hb, [torch.ldexp(torch.ones_like(e, dtype=torch.float32), e) for e in exps])
-        packed.append(F.pack_fp4(codes.reshape(x.shape[0], k)))
-        scales.append(F.encode_e8m0(torch.stack(exps).gather(0, idx[None]).squeeze(0)))
-    return F.QTensor("mxfp4", torch.cat(packed), torch.cat(scales), None, (n, k), "group", rule, (32,))
+    steps from it by the block's output error (a from H's 32 x 32 diagonal blocks)."""
+    packed, codes, row_err = search_blocks(w, a, rule=rule, offsets=MX_SHIFTS)
+    return F.QTensor("mxfp4", packed, codes, None, tuple(w.shape), "group", rule, (32,)), row_err
+
+
+def rtn_error(w: torch.Tensor, q: F.QTensor, a: torch.Tensor) -> torch.Tensor:
+    """Each row's error [N] float64 of an RTN NVFP4/MXFP4 tensor of w, by the search's objective (its
+    scale codes given, one candidate: the same arithmetic as the searched ones)."""
+    codes = q.scale.view(torch.uint8)
+    if q.global_scale is not None:  # E4M3 block scales under the global multiplier
+        return search_blocks(w, a, g=q.global_scale, fixed=codes)[2]
+    return search_blocks(w, a, rule=q.rule, fixed=codes)[2]
 
 
 def global_candidates(g: torch.Tensor) -> list[torch.Tensor]:
@@ -157,11 +123,11 @@ def search_group(weights: Sequence[torch.Tensor], names: Sequence[str], program:
     the candidate with the least summed output error, RTN included. Returns them and a record
     (errors of RTN and of the choice, which candidate). Every choice is scored by the block-diagonal
     part of H alone (`block_error`), so `h` may be just those blocks: [K / blk, blk, blk]."""
-    # the same few MB of temporaries per candidate: reuse them (machine.py); one torch thread per op: the
-    # work is elementwise ops on ~0.6 MB chunks, where a second OpenMP thread on a loaded 2-core machine
-    # made one SmolLM2 gate/up group's search 4.2x slower (6.67 s against 1.59 s, load 6.7: a GPTQ run
-    # with scale_search=output, which keeps every thread, spent ~25 min there against ~75 s idle); the
-    # cores are used instead by running the candidates side by side (`_scored`: 1.55x on 2 cores)
+    # the candidates are scored by the C kernel (kernels/formats/block_search.py), side by side on the
+    # process's cores (`_scored`); where there is no compiler its torch reference does elementwise ops
+    # on ~0.6 MB chunks, where a second OpenMP thread on a loaded 2-core machine made one SmolLM2
+    # gate/up group's search 4.2x slower (6.67 s against 1.59 s, load 6.7), hence one torch thread
+    # per candidate and reused temporaries (machine.py heap_allocations)
     with heap_allocations(), one_torch_thread():
         return _search(weights, names, program, h, model_dtype)
 
@@ -172,21 +138,22 @@ def _search(weights: Sequence[torch.Tensor], names: Sequence[str], program: Prog
     g0 = wq.group_global_scale(weights, names)
     rtn = [wq.quantize(w, global_scale=g0, rule=program.mx_rule, scale_dtype=model_dtype, name=n)
            for w, n in zip(weights, names)]
-    hb = diag_blocks(h.to("cpu"), wq.block[0])
+    a = tri(diag_blocks(h.to("cpu"), wq.block[0]))
 
-    def total(qs: list[F.QTensor]) -> float:
-        return sum(block_error(w, F.dequantize(q, torch.float32), hb) for w, q in zip(weights, qs))
+    def total(row_errs: list[torch.Tensor]) -> float:  # exactly rounded: the same on any split into threads
+        return math.fsum(torch.cat(row_errs).tolist())
 
-    best, best_err, label = rtn, total(rtn), "rtn"
+    best, best_err, label = rtn, total([rtn_error(w, q, a) for w, q in zip(weights, rtn)]), "rtn"
     rtn_err = best_err
     if wq.shares_global_scale:
-        makers = {f"g{i}": (lambda g=g: [nvfp4_search(w, g, h) for w in weights])
+        makers = {f"g{i}": (lambda g=g: [nvfp4_search(w, g, a) for w in weights])
                   for i, g in enumerate(global_candidates(g0))}
     else:
-        makers = {"blocks": lambda: [mxfp4_search(w, program.mx_rule, h) for w in weights]}
-    for lab, (qs, err) in zip(makers, _scored(list(makers.values()), total)):
+        makers = {"blocks": lambda: [mxfp4_search(w, program.mx_rule, a) for w in weights]}
+    for lab, found in zip(makers, _scored(list(makers.values()))):
+        err = total([e for _, e in found])
         if err < best_err:  # in candidate order, as one thread would: ties keep the earlier
-            best, best_err, label = qs, err, lab
+            best, best_err, label = [q for q, _ in found], err, lab
     return best, {"scale_search": label, "out_err_rtn": rtn_err, "out_err": best_err}
 
 
@@ -197,17 +164,18 @@ def search_workers() -> int:
     return max(1, cores // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)))
 
 
-def _scored(makers: list[Callable[[], list[F.QTensor]]], total: Callable[[list[F.QTensor]], float]
-            ) -> list[tuple[list[F.QTensor], float]]:
-    """Each candidate's QTensors and summed error, in order. The candidates run on up to
-    search_workers() threads, each op on one torch thread: a candidate is the same computation on
+def _scored(makers: list[Callable[[], list]]) -> list[list]:
+    """Each candidate's (QTensor, row errors) per member, in order. The candidates run on up to
+    search_workers() threads, the kernel of each on one: a candidate is the same computation on
     any thread, so the choice and the bytes are those of one thread (the byte gate's W4A4 cases)."""
-    def run(make):
-        torch.set_num_threads(1)  # this thread's OpenMP team: one (the caller's count is restored after)
-        qs = make()
-        return qs, total(qs)
+    cores = search_workers()
+    workers = min(cores, len(makers))
+    per = max(1, cores // len(makers))  # MXFP4's one candidate: the kernel takes every core by rows
 
-    workers = min(search_workers(), len(makers))
+    def run(make):
+        torch.set_num_threads(per)  # this thread's OpenMP team and kernel slices (the caller's restored after)
+        return make()
+
     if workers <= 1:
         return [run(m) for m in makers]
     with ThreadPoolExecutor(workers, thread_name_prefix="tfcompile-scale-search") as pool:

@@ -1,0 +1,131 @@
+"""C source of the block-scale search kernel (part of `_csrc.C_SOURCE`; `block_search` is its
+plain-torch reference and Python entry).
+
+`fp4_search` picks, for every block of 16 (NVFP4) or 32 (MXFP4) weights, the scale among a few
+candidates whose rounding has the least quadratic error d A d^T, d = q - x (passes/quantize/
+output_scales.py: A from the block's diagonal block of the layer's input Hessian), and writes that
+rounding's E2M1 codes, the chosen scale code and each row's summed error. It is the whole inner
+loop of the output-scale search, one pass over the weights per global-scale candidate where the
+torch passes it replaces moved ~40 bytes per weight for each of 4 candidate codes.
+
+Written once in GCC's generic vectors (16 fp32 lanes: one zmm on AVX-512, two ymm on AVX2, four
+NEON q registers, compiled per ISA by the same -march as the rest of `_csrc`), lane l = row
+r0 + l of one column block, so every operation is elementwise: no horizontal sum, and each lane
+does exactly the fp32 operations of the reference in the same order (-ffp-contract=off, no
+-ffast-math), hence the same bits on every ISA and in torch. Per block and candidate:
+    s      = e4m3_value(code) / g  (NVFP4)   or   2^e  (MXFP4)
+    v_i    = round_e2m1(x_i / s) * s         (RNE, saturating at 6, sign kept)
+    d_i    = v_i - x_i
+    p_i    = A[i,i] d_i + sum_{j>i, ascending} A[i,j] d_j     (A[i,j] = H[i,j] + H[j,i] above the diagonal)
+    err    = sum_{i ascending} d_i p_i                       (fp32; the first candidate wins ties)
+and each row's errors are summed over its blocks in order in fp64.
+"""
+
+SEARCH = r"""
+/* ---- fp4_search: block scales by a per-block quadratic error ------------ */
+/* lanes = the widest fp32 vector the build has: GCC splits a wider generic vector's compares
+   and conversions into scalar code (16 lanes on an AVX2 build ran 9x slower than 8) */
+#if defined(__AVX512F__)
+#define VL 16
+#elif defined(__AVX__)
+#define VL 8
+#else
+#define VL 4
+#endif
+typedef float vf16 __attribute__((vector_size(4 * VL)));
+typedef int32_t vi16 __attribute__((vector_size(4 * VL)));
+typedef uint32_t vu16 __attribute__((vector_size(4 * VL)));
+#define SMAXB 32
+/* helpers are macros: a function passing 64-byte vectors by value changes the ABI of a build
+   without AVX-512 (gcc -Wpsabi) */
+#define VF(f) ((vf16){0} + (float)(f))
+#define VU(u) ((vu16){0} + (u32)(u))
+#define VSEL(m, a, b) (((vu16)(m) & (vu16)(a)) | (~(vu16)(m) & (vu16)(b)))   /* m ? a : b, bitwise */
+/* |y| -> E2M1 magnitude 0..7: e2m1_code's count of rounding boundaries below |y| (masks are -1) */
+#define E2M1_MAG(a) (-((a) > VF(0.25f)) - ((a) >= VF(0.75f)) - ((a) > VF(1.25f)) - ((a) >= VF(1.75f)) \
+                     - ((a) > VF(2.5f)) - ((a) >= VF(3.5f)) - ((a) > VF(5.0f)))
+/* magnitude m 0..7 -> 0 0.5 1 1.5 2 3 4 6: from 2 up, exponent (m >> 1) + 126 and mantissa bit m & 1,
+   i.e. the bits (m + 252) << 22; below, m * 0.5 */
+#define E2M1_VAL(m) ((vf16)VSEL((m) >= 2, (vu16)((m) + 252) << 22, __builtin_convertvector((m), vf16) * VF(0.5f)))
+static inline int clampi(int c, int lo, int hi) { return c < lo ? lo : (c > hi ? hi : c); }
+
+INLINE int fp4_search(const void* x, i64 rows, i64 K, const int BLK, int mx, float g, int ceil_rule,
+                      const int* offs, int noff, const u8* fixed, const float* A,
+                      u8* packed, u8* scales, double* rowerr, ld_fn LD) {
+    const i64 nb = K / BLK, T = BLK * (BLK + 1) / 2;
+    const vu16 ABS = VU(0x7fffffffu), SIGN = VU(0x80000000u);
+    u32 worst = 0;
+    for (i64 r0 = 0; r0 < rows; r0 += VL) {
+        int nl = rows - r0 < VL ? (int)(rows - r0) : VL;
+        double acc[VL] = {0};
+        for (i64 b = 0; b < nb; b++) {
+            vf16 X[SMAXB], D[SMAXB];
+            for (int l = 0; l < VL; l++)           /* gather: lane l = row r0 + l (zeros past the end) */
+                for (int i = 0; i < BLK; i++) X[i][l] = l < nl ? LD(x, (r0 + l) * K + b * BLK + i) : 0.0f;
+            vu16 m = {0};
+            for (int i = 0; i < BLK; i++) { vu16 a = (vu16)X[i] & ABS; m = VSEL(a > m, a, m); }
+            int base[VL];
+            for (int l = 0; l < VL; l++) {
+                u32 ml = m[l]; worst = ml > worst ? ml : worst;
+                if (fixed != 0 && l < nl) base[l] = (int)fixed[(r0 + l) * nb + b] - (mx ? 127 : 0);
+                else if (mx) base[l] = mx_exponent(ml, 2, 0x400000u, ceil_rule);
+                else base[l] = (int)e4m3_code(u2f(ml) / 6.0f * g);
+            }
+            vf16 best_err = {0}, best_s = {0}; vi16 best_c = {0};
+            for (int o = 0; o < noff; o++) {
+                vf16 s = {0}; vi16 c = {0};
+                for (int l = 0; l < VL; l++) {
+                    int cl = mx ? clampi(base[l] + offs[o], -127, 127) : clampi(base[l] + offs[o], 1, 126);
+                    c[l] = cl;
+                    s[l] = mx ? pow2f(cl) : e4m3_value((u32)cl) / g;
+                }
+                for (int i = 0; i < BLK; i++) {
+                    vf16 y = X[i] / s, ay = (vf16)((vu16)y & ABS);
+                    vi16 mag = E2M1_MAG(ay);
+                    vf16 v = (vf16)((vu16)E2M1_VAL(mag) | ((vu16)y & SIGN));
+                    D[i] = v * s - X[i];
+                }
+                const float* a = A + b * T;
+                vf16 err = {0};
+                for (int i = 0, t = 0; i < BLK; i++) {
+                    vf16 p = D[i] * a[t++];
+                    for (int j = i + 1; j < BLK; j++) p = p + D[j] * a[t++];
+                    err = err + D[i] * p;
+                }
+                if (o == 0) { best_err = err; best_s = s; best_c = c; continue; }
+                vi16 better = err < best_err;
+                best_err = (vf16)VSEL(better, err, best_err);
+                best_s = (vf16)VSEL(better, s, best_s);
+                best_c = (vi16)VSEL(better, c, best_c);
+            }
+            vu16 code[SMAXB];
+            for (int i = 0; i < BLK; i++) {
+                vf16 y = X[i] / best_s, ay = (vf16)((vu16)y & ABS);
+                code[i] = (vu16)E2M1_MAG(ay) | (((vu16)y >> 28) & VU(8u));
+            }
+            for (int l = 0; l < nl; l++) {
+                i64 row = r0 + l;
+                u8* pr = packed + row * (K / 2) + b * (BLK / 2);
+                for (int j = 0; j < BLK / 2; j++) pr[j] = (u8)(code[2 * j][l] | (code[2 * j + 1][l] << 4));
+                scales[row * nb + b] = (u8)(mx ? best_c[l] + 127 : best_c[l]);
+                acc[l] += (double)best_err[l];
+            }
+        }
+        for (int l = 0; l < nl; l++) rowerr[r0 + l] = acc[l];
+    }
+    return worst >= BAD;
+}
+
+#define EXPORT_SEARCH(SFX)                                                                      \
+int fp4_search_##SFX(const void* x, i64 rows, i64 K, int blk, int mx, float g, int ceil_rule,   \
+                     const int* offs, int noff, const u8* fixed, const float* A,                \
+                     u8* packed, u8* scales, double* rowerr) {                                  \
+    if (blk == 32) return fp4_search(x, rows, K, 32, mx, g, ceil_rule, offs, noff, fixed, A,     \
+                                     packed, scales, rowerr, ld_##SFX);                         \
+    return fp4_search(x, rows, K, 16, mx, g, ceil_rule, offs, noff, fixed, A, packed, scales,   \
+                      rowerr, ld_##SFX); }
+
+EXPORT_SEARCH(f32)
+EXPORT_SEARCH(bf16)
+EXPORT_SEARCH(f16)
+"""
