@@ -11,7 +11,12 @@
        i64 nx, x bytes, i64 ns, s bytes (fp8 scales; ns 0 otherwise)
    with a[] = amax: rows K bk -; fp8: rows K srs bk; nvfp4: nblocks; mx: nblocks elem ceil;
    fp8_tiles: rows K bn bk, and writes per record: i32 return, i32 pad, then i64 n + n bytes for
-   each output (amax: out; fp8: out; nvfp4, mx and fp8_tiles: data, scales). Little-endian both ends. */
+   each output (amax: out; fp8: out; nvfp4, mx and fp8_tiles: data, scales). Little-endian both ends.
+
+   `harness search < calls > outputs` runs fp4_search (kernels/formats/_csrc_search.py) on records
+       i32 dtype, i32 blk, i32 mx, i32 ceil, i32 noff, i32 has_fixed, i64 rows, i64 K, f32 g, i32 pad,
+       then blobs (i64 n + bytes): x, offsets (i32), fixed scale codes (empty if none), A (f32)
+   and writes per record: i32 return, i32 pad, blobs packed, scales, row errors (f64). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,6 +32,12 @@ const char* tfc_isa(void);
     int mx_quant_##SFX(const void*, i64, int, int, u8*, u8*);                           \
     int fp8_tiles_##SFX(const void*, i64, i64, i64, i64, float*, u8*);
 DECL(f32) DECL(bf16) DECL(f16)
+#define DECL_SEARCH(SFX) int fp4_search_##SFX(const void*, i64, i64, int, int, float, int, const int*, int, \
+                                              const u8*, const float*, u8*, u8*, double*);
+DECL_SEARCH(f32) DECL_SEARCH(bf16) DECL_SEARCH(f16)
+typedef int (*search_t)(const void*, i64, i64, int, int, float, int, const int*, int, const u8*, const float*,
+                        u8*, u8*, double*);
+static const search_t SEARCH[3] = {fp4_search_f32, fp4_search_bf16, fp4_search_f16};
 
 typedef int (*amax_t)(const void*, i64, i64, i64, float*);
 typedef int (*fp8_t)(const void*, i64, i64, const float*, i64, i64, u8*);
@@ -50,8 +61,27 @@ static void* blob(i64* n) {                 /* i64 length + bytes; never a NULL 
 }
 static void put(const void* p, i64 n) { fwrite(&n, 8, 1, stdout); fwrite(p, 1, (size_t)n, stdout); }
 
+static int search_calls(void) {
+    int32_t h[6], pad; i64 rk[2]; float g;
+    while (fread(h, 4, 6, stdin) == 6) {
+        get(rk, sizeof rk); get(&g, 4); get(&pad, 4);
+        i64 nx, no, nf, na;
+        void* x = blob(&nx); int* offs = blob(&no); u8* fixed = blob(&nf); float* A = blob(&na);
+        if (h[0] < 0 || h[0] > 2) { fprintf(stderr, "harness: bad dtype %d\n", h[0]); return 2; }
+        i64 rows = rk[0], K = rk[1], np = rows * K / 2, ns = rows * (K / h[1]);
+        u8 *p = malloc(np ? (size_t)np : 1), *sc = malloc(ns ? (size_t)ns : 1);
+        double* e = malloc(rows ? (size_t)rows * 8 : 1);
+        int32_t r[2] = {SEARCH[h[0]](x, rows, K, h[1], h[2], g, h[3], offs, h[4], h[5] ? fixed : 0, A, p, sc, e), 0};
+        fwrite(r, 4, 2, stdout);
+        put(p, np); put(sc, ns); put(e, rows * 8);
+        free(x); free(offs); free(fixed); free(A); free(p); free(sc); free(e);
+    }
+    return 0;
+}
+
 int main(int argc, char** argv) {
     if (argc > 1 && strcmp(argv[1], "isa") == 0) { puts(tfc_isa()); return 0; }
+    if (argc > 1 && strcmp(argv[1], "search") == 0) return search_calls();
     int32_t head[2], pad = 0; i64 a[4]; float g;
     while (fread(head, 4, 2, stdin) == 2) {
         get(a, sizeof a); get(&g, 4); get(&pad, 4);

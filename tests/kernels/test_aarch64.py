@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from tfcompile.errors import FormatError
-from tfcompile.kernels.formats import _native, kernel_threads
+from tfcompile.kernels.formats import _native, block_search as bs, kernel_threads
 from tfcompile.kernels.formats._csrc import C_SOURCE
 
 from test_fast import QUANTIZERS, assert_same, make, midpoint_row
@@ -243,3 +243,55 @@ def test_aarch64_equals_reference(build, case, recorded, arm_outputs, monkeypatc
     else:
         assert not isinstance(got, Exception), got
         assert_same(got, want)
+
+
+def _search_cases():
+    """(dtype, blk, rule, x, A, g, offsets, fixed): kernels/formats/block_search.py's inputs with
+    row tails, zero blocks, outliers and edge values, searched and with given codes."""
+    out = []
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        for blk, rule in ((16, None), (32, "floor"), (32, "ceil")):
+            for x in (make((37, 256), dtype, 5, 2.0) * 1e-2, edge_tensor(dtype)[:, :512]):
+                x = torch.where(torch.isfinite(x), x, 0.0)  # fp16's edge rows overflow (NaN: test_block_search)
+                k = x.shape[1]
+                gen = torch.Generator().manual_seed(k + blk)
+                m = torch.randn(k, k, generator=gen) / k ** 0.5 + torch.eye(k)
+                h = m.T @ m
+                a = bs.tri(torch.stack([h[i:i + blk, i:i + blk] for i in range(0, k, blk)]))
+                g = torch.tensor([2688 / max(float(x.float().abs().max()), 1e-30)]) if blk == 16 else None
+                offs = (0, 1, -1, -2) if blk == 16 else (0, 1, -1)
+                out.append((dtype, blk, rule, x, a, g, offs, None))
+                fixed = bs.search_blocks(x, a, g=g, rule=rule, offsets=offs, impl="reference")[1]
+                out.append((dtype, blk, rule, x, a, g, (0,), fixed))
+    return out
+
+
+@pytest.mark.parametrize("build", BUILDS)
+def test_aarch64_search_kernel_equals_reference(harnesses, build):
+    """fp4_search under qemu: packed codes, scale codes and row errors (fp64) equal the reference's."""
+    cases, recs = _search_cases(), []
+    for dtype, blk, rule, x, a, g, offs, fixed in cases:
+        xb = x.contiguous().view(torch.uint8).numpy().tobytes()
+        fb = b"" if fixed is None else fixed.contiguous().numpy().tobytes()
+        head = struct.pack("<6i2qfi", DTYPE[_native.DTYPE_SUFFIX[dtype]][0], blk, int(g is None), int(rule == "ceil"),
+                           len(offs), int(fixed is not None), x.shape[0], x.shape[1],
+                           0.0 if g is None else float(g), 0)
+        blobs = [xb, struct.pack(f"<{len(offs)}i", *offs), fb, a.contiguous().numpy().tobytes()]
+        recs.append(head + b"".join(struct.pack("<q", len(b)) + b for b in blobs))
+    out, pos = qemu(harnesses[build], "search", stdin=b"".join(recs)), 0
+    for dtype, blk, rule, x, a, g, offs, fixed in cases:
+        ret = struct.unpack_from("<i", out, pos)[0]
+        pos += 8
+        got = []
+        for _ in range(3):
+            n = struct.unpack_from("<q", out, pos)[0]
+            got.append(out[pos + 8: pos + 8 + n])
+            pos += 8 + n
+        want = bs.search_blocks(x, a, g=g, rule=rule, offsets=offs, fixed=fixed, impl="reference")
+        label = (str(dtype), blk, rule, tuple(x.shape), fixed is not None)
+        assert ret == 0, label
+        assert got[0] == want[0].numpy().tobytes() and got[1] == want[1].numpy().tobytes(), label
+        # bit for bit, but a NaN's sign: an overflowing block's inf - inf is +NaN on Arm, -NaN on x86
+        err = torch.frombuffer(bytearray(got[2]), dtype=torch.float64)
+        torch.testing.assert_close(err, want[2], rtol=0, atol=0, equal_nan=True, msg=str(label))
+    assert pos == len(out)

@@ -90,10 +90,11 @@ THIS_MACHINE = {
     "write_gbps": 2.2,  # O_DIRECT through the 8 MiB staging buffer (docs/design.md "Streaming")
     "chol_gflops": 33.5,  # one thread: cholesky, cholesky_inverse, cholesky of a 2048 x 2048 (4/3 K^3)
     # one thread: quantize.scale_search=output scoring one candidate rounding of a [2048, 2048] NVFP4 weight
-    # (its 4 block-scale codes, then the total), ns per weight; measured 2026-12-06 on an idle 2-vCPU Xeon
-    # (family 6 model 167), not under the load above: a 1.1B Llama's W4A4 pack took 486.5 s for 6 x 973M
-    # scored weights (83 ns each, the max-based scales' own score and the encodes included), docs/performance.md
-    "scale_search_ns": 75.2,
+    # (its 4 block-scale codes in the search kernel, kernels/formats/block_search.py), ns per weight; measured
+    # 2026-12-07 on an idle 2-vCPU Xeon (family 6 model 167), not under the load above (75.2 before the
+    # kernel, with torch ops); a 1.1B Llama's W4A4 quantize took 38.6 s, 16.4 of them calibration,
+    # docs/performance.md "Issue 32: the output-scale search as a kernel"
+    "scale_search_ns": 4.7,
     # (an algorithm's own figures, measured with these, sit in its cost module under passes/quantize/,
     # registered with it: `register_algorithm(cost=...)`; a TFCOMPILE_THROUGHPUTS file may replace them)
     "base_rss_gb": 0.29,  # python + torch + transformers + tfcompile imported, before the first pass
@@ -118,7 +119,8 @@ ASSUMED = {
     "sync_ms": 2.0,  # one round of store barriers and metadata exchange between ranks
     "host_copy_gbps": 10.0,  # host memory bandwidth for one process's tensor copies
     # quantize.scale_search=output spreads a group's candidates over the rank's cores
-    # (output_scales.search_workers): 2 threads gave 1.55x one thread on this machine (a SmolLM2-sized
-    # pair of [2048, 2048] weights, idle, 2026-12-06); more threads assumed to keep that efficiency
-    "search_thread_efficiency": 0.78,
+    # (output_scales.search_workers): 2 threads gave 1.78x one thread on this machine (a SmolLM2-sized
+    # pair of [2048, 2048] weights in the search kernel, idle, medians of 4, 2026-12-07); more threads
+    # assumed to keep that efficiency
+    "search_thread_efficiency": 0.89,
 }
