@@ -335,7 +335,7 @@ def plans_markdown() -> str:
                       "scored under six candidate roundings at `scale_search_ns` each, a group's six candidates on "
                       "six of the rank's host cores (at the efficiency measured for two), against 0.6 min of "
                       "streaming; `--set quantize.scale_search=none` gives max-based scales without it "
-                      "(docs/performance.md \"Issue 32 on a second Xeon model\").", "", *rows, ""])
+                      "(docs/performance.md \"Issue 32: the output-scale search as a kernel\").", "", *rows, ""])
 
 
 def main() -> None:

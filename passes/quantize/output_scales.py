@@ -122,7 +122,7 @@ def search_group(weights: Sequence[torch.Tensor], names: Sequence[str], program:
     """A fusion group's QTensors (members share the input, hence H, and NVFP4's global scale):
     the candidate with the least summed output error, RTN included. Returns them and a record
     (errors of RTN and of the choice, which candidate). Every choice is scored by the block-diagonal
-    part of H alone (`block_error`), so `h` may be just those blocks: [K / blk, blk, blk]."""
+    part of H alone (block_search.py), so `h` may be just those blocks: [K / blk, blk, blk]."""
     # the candidates are scored by the C kernel (kernels/formats/block_search.py), side by side on the
     # process's cores (`_scored`); where there is no compiler its torch reference does elementwise ops
     # on ~0.6 MB chunks, where a second OpenMP thread on a loaded 2-core machine made one SmolLM2
