@@ -47,7 +47,20 @@ typedef uint32_t vu16 __attribute__((vector_size(4 * VL)));
 /* magnitude m 0..7 -> 0 0.5 1 1.5 2 3 4 6: from 2 up, exponent (m >> 1) + 126 and mantissa bit m & 1,
    i.e. the bits (m + 252) << 22; below, m * 0.5 */
 #define E2M1_VAL(m) ((vf16)VSEL((m) >= 2, (vu16)((m) + 252) << 22, __builtin_convertvector((m), vf16) * VF(0.5f)))
-static inline int clampi(int c, int lo, int hi) { return c < lo ? lo : (c > hi ? hi : c); }
+#define VCLAMP(c, lo, hi) ((vi16)VSEL((c) < (lo), (vi16){0} + (lo), VSEL((c) > (hi), (vi16){0} + (hi), (c))))
+/* = e4m3_code of a >= 0 (finite), lanewise: RNE to 3 mantissa bits on the bits, or the subnormal
+   grid by the 2^23 add (as _csrc_arm's q_e4m3) */
+#define E4M3_POS(a, out) do {                                                                  \
+    vf16 a_ = (vf16)VSEL((a) < VF(448.0f), (a), VF(448.0f));                                   \
+    vu16 ab_ = (vu16)a_, rn_ = ab_ + 0x7ffffu + ((ab_ >> 20) & 1u);                            \
+    vf16 q_ = (a_ * VF(512.0f) + VF(8388608.0f)) - VF(8388608.0f);                             \
+    out = (vi16)VSEL(a_ < VF(0.015625f), (vu16)__builtin_convertvector(q_, vi16), (rn_ >> 20) - 960u); \
+} while (0)
+/* = e4m3_value of codes 1..126, lanewise: (c << 20) + (120 << 23) from code 8 up, c * 2^-9 below */
+#define E4M3_VAL(c) ((vf16)VSEL((c) < 8, __builtin_convertvector((c), vf16) * VF(0.001953125f), \
+                                ((vu16)(c) << 20) + (120u << 23)))
+/* = pow2f(e) for e in -127..127, lanewise */
+#define POW2(e) ((vf16)VSEL((e) >= -126, (vu16)((e) + 127) << 23, VU(0x00400000u)))
 
 INLINE int fp4_search(const void* x, i64 rows, i64 K, const int BLK, int mx, float g, int ceil_rule,
                       const int* offs, int noff, const u8* fixed, const float* A,
@@ -64,21 +77,21 @@ INLINE int fp4_search(const void* x, i64 rows, i64 K, const int BLK, int mx, flo
                 for (int i = 0; i < BLK; i++) X[i][l] = l < nl ? LD(x, (r0 + l) * K + b * BLK + i) : 0.0f;
             vu16 m = {0};
             for (int i = 0; i < BLK; i++) { vu16 a = (vu16)X[i] & ABS; m = VSEL(a > m, a, m); }
-            int base[VL];
-            for (int l = 0; l < VL; l++) {
-                u32 ml = m[l]; worst = ml > worst ? ml : worst;
-                if (fixed != 0 && l < nl) base[l] = (int)fixed[(r0 + l) * nb + b] - (mx ? 127 : 0);
-                else if (mx) base[l] = mx_exponent(ml, 2, 0x400000u, ceil_rule);
-                else base[l] = (int)e4m3_code(u2f(ml) / 6.0f * g);
+            vi16 base = {0};
+            for (int l = 0; l < VL; l++) { u32 ml = m[l]; worst = ml > worst ? ml : worst; }
+            if (fixed != 0) {
+                for (int l = 0; l < nl; l++) base[l] = (int)fixed[(r0 + l) * nb + b] - (mx ? 127 : 0);
+            } else if (mx) {
+                for (int l = 0; l < VL; l++) base[l] = mx_exponent(m[l], 2, 0x400000u, ceil_rule);
+            } else {
+                E4M3_POS((vf16)m / VF(6.0f) * VF(g), base);
             }
             vf16 best_err = {0}, best_s = {0}; vi16 best_c = {0};
             for (int o = 0; o < noff; o++) {
-                vf16 s = {0}; vi16 c = {0};
-                for (int l = 0; l < VL; l++) {
-                    int cl = mx ? clampi(base[l] + offs[o], -127, 127) : clampi(base[l] + offs[o], 1, 126);
-                    c[l] = cl;
-                    s[l] = mx ? pow2f(cl) : e4m3_value((u32)cl) / g;
-                }
+                vi16 c = base + offs[o];
+                vf16 s;
+                if (mx) { c = VCLAMP(c, -127, 127); s = POW2(c); }
+                else { c = VCLAMP(c, 1, 126); s = E4M3_VAL(c) / VF(g); }
                 for (int i = 0; i < BLK; i++) {
                     vf16 y = X[i] / s, ay = (vf16)((vu16)y & ABS);
                     vi16 mag = E2M1_MAG(ay);
@@ -98,15 +111,16 @@ INLINE int fp4_search(const void* x, i64 rows, i64 K, const int BLK, int mx, flo
                 best_s = (vf16)VSEL(better, s, best_s);
                 best_c = (vi16)VSEL(better, c, best_c);
             }
-            vu16 code[SMAXB];
+            vu16 code[SMAXB], pk[SMAXB / 2];
             for (int i = 0; i < BLK; i++) {
                 vf16 y = X[i] / best_s, ay = (vf16)((vu16)y & ABS);
                 code[i] = (vu16)E2M1_MAG(ay) | (((vu16)y >> 28) & VU(8u));
             }
+            for (int j = 0; j < BLK / 2; j++) pk[j] = code[2 * j] | (code[2 * j + 1] << 4);
             for (int l = 0; l < nl; l++) {
                 i64 row = r0 + l;
                 u8* pr = packed + row * (K / 2) + b * (BLK / 2);
-                for (int j = 0; j < BLK / 2; j++) pr[j] = (u8)(code[2 * j][l] | (code[2 * j + 1][l] << 4));
+                for (int j = 0; j < BLK / 2; j++) pr[j] = (u8)pk[j][l];
                 scales[row * nb + b] = (u8)(mx ? best_c[l] + 127 : best_c[l]);
                 acc[l] += (double)best_err[l];
             }
