@@ -65,7 +65,10 @@ class MaxObserver(Observer):
 
     def update(self, x: torch.Tensor) -> None:
         if x.numel():
-            v = float(x.detach().abs().amax().float())
+            # max |x| as max(max x, -min x): one pass and no |x| temporary (x.abs().amax() took 19 ms
+            # on a [4, 512, 8192] bf16 down_proj input on a Xeon, torch.aminmax 1.7 ms); NaN propagates
+            lo, hi = torch.aminmax(x.detach())
+            v = float(torch.maximum(hi.float(), lo.float().neg()))
             self._m = v if self._m is None else max(self._m, v)
 
     def amax(self) -> float | None:
