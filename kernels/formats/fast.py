@@ -142,7 +142,8 @@ def mx_blocks(x: torch.Tensor, elem: int, ceil_rule: bool, name: str | None):
 def fp4_search(x: torch.Tensor, a: torch.Tensor, blk: int, g: float | None, ceil_rule: bool,
                offsets: tuple[int, ...], fixed: torch.Tensor | None, name: str | None):
     """block_search.search_blocks on the C kernel: x [N, K], a [K / blk, T] float32 -> (packed [N, K / 2],
-    scale codes [N, K / blk], row errors [N] float64); threads take slices of 16 rows (one vector's lanes)."""
+    scale codes [N, K / blk], row errors [N] float64); threads take slices of 16 rows (a whole number of
+    vectors of every build: 16, 8 or 4 lanes)."""
     x = _c(x)
     n, k = x.shape
     nb = k // blk
