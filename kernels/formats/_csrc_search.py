@@ -44,9 +44,15 @@ typedef uint32_t vu16 __attribute__((vector_size(4 * VL)));
 /* |y| -> E2M1 magnitude 0..7: e2m1_code's count of rounding boundaries below |y| (masks are -1) */
 #define E2M1_MAG(a) (-((a) > VF(0.25f)) - ((a) >= VF(0.75f)) - ((a) > VF(1.25f)) - ((a) >= VF(1.75f)) \
                      - ((a) > VF(2.5f)) - ((a) >= VF(3.5f)) - ((a) > VF(5.0f)))
-/* magnitude m 0..7 -> 0 0.5 1 1.5 2 3 4 6: from 2 up, exponent (m >> 1) + 126 and mantissa bit m & 1,
-   i.e. the bits (m + 252) << 22; below, m * 0.5 */
-#define E2M1_VAL(m) ((vf16)VSEL((m) >= 2, (vu16)((m) + 252) << 22, __builtin_convertvector((m), vf16) * VF(0.5f)))
+/* |y| (>= 0) rounded to the E2M1 grid 0 0.5 1 1.5 2 3 4 6, RNE, saturating at 6: the grid's step is
+   0.5 below 2, 1 below 4, 2 up to 6, and adding then subtracting M = 2^22, 2^23, 2^24 (whose ulp is
+   that step) rounds to a multiple of it with the hardware's ties-to-even, which is E2M1's even code
+   (round_e2m1 in elements.py divides by the step instead; the tests compare the two bit for bit) */
+#define E2M1_ROUND(a, out) do {                                                                \
+    vf16 c_ = (vf16)VSEL((a) > VF(6.0f), VF(6.0f), (a));                                       \
+    vf16 m_ = (vf16)VSEL(c_ < VF(2.0f), VF(4194304.0f), VSEL(c_ < VF(4.0f), VF(8388608.0f), VF(16777216.0f))); \
+    out = (c_ + m_) - m_;                                                                      \
+} while (0)
 #define VCLAMP(c, lo, hi) ((vi16)VSEL((c) < (lo), (vi16){0} + (lo), VSEL((c) > (hi), (vi16){0} + (hi), (c))))
 /* = e4m3_code of a >= 0 (finite), lanewise: RNE to 3 mantissa bits on the bits, or the subnormal
    grid by the 2^23 add (as _csrc_arm's q_e4m3) */
@@ -94,8 +100,9 @@ INLINE int fp4_search(const void* x, i64 rows, i64 K, const int BLK, int mx, flo
                 else { c = VCLAMP(c, 1, 126); s = E4M3_VAL(c) / VF(g); }
                 for (int i = 0; i < BLK; i++) {
                     vf16 y = X[i] / s, ay = (vf16)((vu16)y & ABS);
-                    vi16 mag = E2M1_MAG(ay);
-                    vf16 v = (vf16)((vu16)E2M1_VAL(mag) | ((vu16)y & SIGN));
+                    vf16 r;
+                    E2M1_ROUND(ay, r);
+                    vf16 v = (vf16)((vu16)r | ((vu16)y & SIGN));
                     D[i] = v * s - X[i];
                 }
                 const float* a = A + b * T;

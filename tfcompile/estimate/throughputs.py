@@ -91,10 +91,10 @@ THIS_MACHINE = {
     "chol_gflops": 33.5,  # one thread: cholesky, cholesky_inverse, cholesky of a 2048 x 2048 (4/3 K^3)
     # one thread: quantize.scale_search=output scoring one candidate rounding of a [2048, 2048] NVFP4 weight
     # (its 4 block-scale codes in the search kernel, kernels/formats/block_search.py), ns per weight; measured
-    # 2026-12-07 on an idle 2-vCPU Xeon (family 6 model 167), not under the load above (75.2 before the
-    # kernel, with torch ops); a 1.1B Llama's W4A4 quantize took 38.6 s, 16.4 of them calibration,
-    # docs/performance.md "Issue 32: the output-scale search as a kernel"
-    "scale_search_ns": 4.7,
+    # 2026-12-07 on an idle 2-vCPU Xeon (family 6 model 167), not under the load above (75.2 with torch
+    # ops, 4.7 with the kernel's first version), docs/performance.md "Issue 32: the output-scale search
+    # as a kernel"
+    "scale_search_ns": 3.6,
     # (an algorithm's own figures, measured with these, sit in its cost module under passes/quantize/,
     # registered with it: `register_algorithm(cost=...)`; a TFCOMPILE_THROUGHPUTS file may replace them)
     "base_rss_gb": 0.29,  # python + torch + transformers + tfcompile imported, before the first pass
@@ -119,8 +119,8 @@ ASSUMED = {
     "sync_ms": 2.0,  # one round of store barriers and metadata exchange between ranks
     "host_copy_gbps": 10.0,  # host memory bandwidth for one process's tensor copies
     # quantize.scale_search=output spreads a group's candidates over the rank's cores
-    # (output_scales.search_workers): 2 threads gave 1.78x one thread on this machine (a SmolLM2-sized
-    # pair of [2048, 2048] weights in the search kernel, idle, medians of 4, 2026-12-07); more threads
-    # assumed to keep that efficiency
-    "search_thread_efficiency": 0.89,
+    # (output_scales.search_workers): 2 threads gave 1.70x one thread on this machine (a SmolLM2-sized
+    # pair of [2048, 2048] weights in the search kernel, idle, medians of 4, 2026-12-07; 1.78x in a run
+    # of the kernel's first version); more threads assumed to keep that efficiency
+    "search_thread_efficiency": 0.85,
 }
