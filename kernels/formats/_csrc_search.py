@@ -8,8 +8,8 @@ rounding's E2M1 codes, the chosen scale code and each row's summed error. It is 
 loop of the output-scale search, one pass over the weights per global-scale candidate where the
 torch passes it replaces moved ~40 bytes per weight for each of 4 candidate codes.
 
-Written once in GCC's generic vectors (16 fp32 lanes: one zmm on AVX-512, two ymm on AVX2, four
-NEON q registers, compiled per ISA by the same -march as the rest of `_csrc`), lane l = row
+Written once in GCC's generic vectors of the build's widest fp32 register (16 lanes on AVX-512, 8
+on AVX2, 4 on NEON; compiled per ISA by the same -march as the rest of `_csrc`), lane l = row
 r0 + l of one column block, so every operation is elementwise: no horizontal sum, and each lane
 does exactly the fp32 operations of the reference in the same order (-ffp-contract=off, no
 -ffast-math), hence the same bits on every ISA and in torch. Per block and candidate:
