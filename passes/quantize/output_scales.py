@@ -23,8 +23,8 @@ Candidates, per fusion group:
 Each block is chosen by its own share of the output error, d_b H_bb d_b^T; then the group takes,
 by those shares summed over its blocks and members, the best of these searched candidates and
 plain RTN, so by that objective no group ends worse than RTN (tests/passes/test_output_scales.py).
-The blocks' errors are computed by kernels/formats/block_search.py (a C kernel, ~5 ns per weight
-and global candidate on one core of a Xeon or an AVX2 build, 15x the torch passes it replaced;
+The blocks' errors are computed by kernels/formats/block_search.py (a C kernel, ~4 ns per weight
+and global candidate on one core of a Xeon or an AVX2 build, ~20x the torch passes it replaced;
 its torch reference is bit-identical), each in a fixed order of fp32 operations, and summed
 exactly (math.fsum of each row's fp64 sum), so the choice is the same on every CPU and thread count.
 It is the default of W4A4 NVFP4 RTN (passes/quantize/quantize.py `_searched_by_default`).
@@ -166,8 +166,9 @@ def search_workers() -> int:
 
 def _scored(makers: list[Callable[[], list]]) -> list[list]:
     """Each candidate's (QTensor, row errors) per member, in order. The candidates run on up to
-    search_workers() threads, the kernel of each on one: a candidate is the same computation on
-    any thread, so the choice and the bytes are those of one thread (the byte gate's W4A4 cases)."""
+    search_workers() threads, the kernel of each on that many cores over the candidates (at least
+    one): a candidate's bytes and row errors do not depend on threads, so the choice and the bytes
+    are those of one thread (the byte gate's W4A4 cases)."""
     cores = search_workers()
     workers = min(cores, len(makers))
     per = max(1, cores // len(makers))  # MXFP4's one candidate: the kernel takes every core by rows
