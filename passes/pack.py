@@ -136,7 +136,10 @@ def _stream(ctx, program: Program, sinks: dict[str, ShardSink], reporter,
         _put(sinks, job, program, tensors, view, ctx.source)
         layers.extend(stats)
         del tensors
-        ctx.source.release()  # RSS follows the jobs in hand, not the bytes read so far
+        if job.source is not None:  # copied through: the writer reads these pages later, drops them then
+            sinks[""].after(ctx.source.hand_off())
+        else:
+            ctx.source.release()  # RSS follows the jobs in hand, not the bytes read so far
         reporter.advance(1, job.group.key if job.group else job.source)
     return layers, bytes_in
 

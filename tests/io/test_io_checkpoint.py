@@ -338,3 +338,25 @@ def test_release_drops_touched_pages_and_data_stays_readable(tmp_path):
         assert torch.equal(ckpt.get("b"), b)
         ckpt.release()
     ckpt.release()  # after close: nothing to drop, no error
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="needs Linux /proc")
+def test_hand_off_drops_the_pages_when_called_and_release_skips_them(tmp_path):
+    """pack hands a copied tensor's ranges to the writer thread: they stay resident until it calls
+    the function (after writing them), and a release() in between leaves them alone."""
+    a = torch.arange(4 << 20, dtype=torch.float32).reshape(1024, -1)  # 16 MiB
+    save_file({"a": a}, tmp_path / "model.safetensors")
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}))
+    file = (tmp_path / "model.safetensors").resolve()
+    with open_checkpoint(tmp_path) as ckpt:
+        got = ckpt.get("a")
+        assert float(got.sum()) == float(a.sum())  # touches every page
+        drop = ckpt.hand_off()
+        ckpt.release()  # nothing handed out since the hand-off
+        assert _mapped_rss_kb(file) >= 16 << 10
+        drop()
+        assert _mapped_rss_kb(file) < 1 << 10
+        assert torch.equal(got, a)
+        ckpt.get("a").sum()
+        late = ckpt.hand_off()
+    late()  # after close: nothing to drop, no error

@@ -255,3 +255,23 @@ def test_dtype_tables_agree():
         assert BITS[code] == dtype.itemsize * 8
     with pytest.raises(ValueError, match="'F4'"):
         torch_dtype_of("F4")
+
+
+def test_sink_after_runs_once_everything_before_it_is_written(tmp_path):
+    """ShardSink.after(fn): fn runs on the writer thread after the tensors queued before it are
+    written (pack drops a copied tensor's source pages then) and before those queued after it."""
+    from tfcompile.artifact.sink import ShardSink
+
+    specs = [TensorSpec(f"t{i}", torch.float32, (256, 256)) for i in range(3)]
+    sink = ShardSink(tmp_path, specs, 1 << 30)
+    seen = []
+    sink.put("t0", torch.zeros(256, 256))
+    sink.put("t1", torch.ones(256, 256))
+    sink.after(lambda: seen.append(sink.bytes_written))
+    sink.put("t2", torch.full((256, 256), 2.0))
+    sink.after(lambda: seen.append(sink.bytes_written))
+    files = sink.close()
+    assert seen == [2 * 256 * 256 * 4, 3 * 256 * 256 * 4]
+    got = load_file(tmp_path / "model.safetensors")
+    assert [float(got[f"t{i}"][0, 0]) for i in range(3)] == [0.0, 1.0, 2.0]
+    assert files["model.safetensors"] == hashlib.sha256((tmp_path / "model.safetensors").read_bytes()).hexdigest()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import threading
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -46,6 +47,11 @@ class ShardSink:
         """Queue `tensor` (the next planned one); it must not be modified afterwards."""
         if self._names is None or name in self._names:
             self._queue.submit(name, tensor)
+
+    def after(self, fn: Callable[[], None]) -> None:
+        """Call fn() on the writer thread once every tensor queued before it is written (e.g.
+        drop the source pages those tensors were copied from); not called if the sink is aborted."""
+        self._queue.submit(None, fn)
 
     def close(self) -> dict[str, str]:
         """Finish every shard (and the index); returns {relative path: sha256}."""
@@ -103,8 +109,9 @@ class _Background:
         self._thread = threading.Thread(target=self._run, name="tfcompile-writer", daemon=True)
         self._thread.start()
 
-    def submit(self, name: str, tensor: torch.Tensor) -> None:
-        size = tensor.numel() * tensor.element_size()
+    def submit(self, name: str | None, tensor) -> None:
+        """Queue fn(name, tensor); name None queues a call of tensor() instead (no bytes)."""
+        size = tensor.numel() * tensor.element_size() if name is not None else 0
         with self._cv:
             self._cv.wait_for(lambda: self._error or self._inflight == 0
                               or self._inflight + size <= self._max)
@@ -138,7 +145,7 @@ class _Background:
                     return
                 name, tensor, size = self._items[0]
             try:
-                self._fn(name, tensor)
+                self._fn(name, tensor) if name is not None else tensor()
             except BaseException as e:  # noqa: BLE001 - handed to the submitting thread
                 with self._cv:
                     self._error = e

@@ -15,12 +15,13 @@ Pickle checkpoints (`*.bin`, `*.pt`, `*.pth`) are refused, never unpickled.
 from __future__ import annotations
 
 import difflib
+import functools
 import json
 import mmap
 import os
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -109,14 +110,29 @@ class Checkpoint:
         not whole files: advising a 4.5 GB mapping after each of ~70 jobs cost
         ~0.2 s of page-table walks. Pages of tensors still in use fault back in.
         """
+        self.hand_off()()
+
+    def hand_off(self) -> Callable[[], None]:
+        """Forget the ranges handed out so far; the returned function drops their pages.
+
+        For tensors that another thread reads later (the writer copying a tensor
+        through): called once it has, their pages leave the resident set then,
+        rather than now and faulting back in for good. Safe at any time: the
+        mappings are read-only, so a dropped page only reads again from the file.
+        """
+        touched, self._touched = self._touched, []
+        return functools.partial(self._drop, touched)
+
+    def _drop(self, touched: list[tuple[Path, int, int]]) -> None:
         page = mmap.PAGESIZE
-        for file, start, nbytes in self._touched:
-            mm = self._maps[file][0]
+        for file, start, nbytes in touched:
+            mapped = self._maps.get(file)
+            if mapped is None:  # closed since (an aborted run): nothing resident
+                continue
             lo = start - start % page
-            hi = min(len(mm), start + nbytes)
+            hi = min(len(mapped[0]), start + nbytes)
             if hi > lo:
-                mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
-        self._touched.clear()
+                mapped[0].madvise(mmap.MADV_DONTNEED, lo, hi - lo)
 
     def require_float(self, name: str) -> TensorInfo:
         """Info for a tensor about to be quantized; it must be BF16, F16 or F32."""

@@ -53,6 +53,9 @@ class DequantizedSource(Checkpoint):
     def release(self) -> None:
         self.inner.release()
 
+    def hand_off(self) -> Callable[[], None]:
+        return self.inner.hand_off()
+
     def close(self) -> None:
         self.inner.close()
 
