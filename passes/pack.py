@@ -21,7 +21,7 @@ import torch
 
 from tfcompile.artifact.configs import ct_quantization_config, modelopt_quant_config
 from tfcompile.artifact.naming import modelopt_kv_name, modelopt_outputs, to_modelopt
-from tfcompile.artifact.sink import ShardSink
+from tfcompile.artifact.sink import ShardSink, after_all
 from tfcompile.artifact.verify import SCALE_SUFFIXES, check_scale_tensor
 from tfcompile.dist import LOCAL
 from tfcompile.dist.devices import one_torch_thread
@@ -136,8 +136,8 @@ def _stream(ctx, program: Program, sinks: dict[str, ShardSink], reporter,
         _put(sinks, job, program, tensors, view, ctx.source)
         layers.extend(stats)
         del tensors
-        if job.source is not None:  # copied through: the writer reads these pages later, drops them then
-            sinks[""].after(ctx.source.hand_off())
+        if job.source is not None:  # copied through: the writers read these pages later, drop them then
+            after_all(sinks.values(), ctx.source.hand_off())
         else:
             ctx.source.release()  # RSS follows the jobs in hand, not the bytes read so far
         reporter.advance(1, job.group.key if job.group else job.source)

@@ -275,3 +275,30 @@ def test_sink_after_runs_once_everything_before_it_is_written(tmp_path):
     got = load_file(tmp_path / "model.safetensors")
     assert [float(got[f"t{i}"][0, 0]) for i in range(3)] == [0.0, 1.0, 2.0]
     assert files["model.safetensors"] == hashlib.sha256((tmp_path / "model.safetensors").read_bytes()).hexdigest()
+
+
+def test_after_all_runs_once_when_the_last_sink_has_written(tmp_path):
+    """pack queues a copied tensor's page drop on every view's sink: it runs once, after the slowest."""
+    import threading
+
+    from tfcompile.artifact.sink import ShardSink, after_all
+
+    spec = [TensorSpec("t", torch.float32, (64, 64))]
+    a, b = ShardSink(tmp_path / "a", spec, 1 << 30), ShardSink(tmp_path / "b", spec, 1 << 30)
+    gate, real = threading.Event(), b._write_now
+
+    def held(name, tensor):
+        gate.wait(10)
+        real(name, tensor)
+
+    b._queue._fn = held  # b's writer waits for the gate
+    calls = []
+    a.put("t", torch.zeros(64, 64))
+    b.put("t", torch.zeros(64, 64))
+    after_all([a, b], lambda: calls.append(b.bytes_written))
+    a._queue.drain()
+    assert calls == []  # a has written; b has not
+    gate.set()
+    b._queue.drain()
+    assert calls == [64 * 64 * 4]
+    a.close(), b.close()

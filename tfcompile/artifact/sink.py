@@ -96,6 +96,23 @@ class ShardSink:
             self._writer = None
 
 
+def after_all(sinks, fn: Callable[[], None]) -> None:
+    """Call fn() once on the writer thread of whichever of `sinks` is the last to write
+    everything queued to it so far (pack: a copied tensor's source pages, which every
+    view's sink may read)."""
+    left, lock = [len(sinks)], threading.Lock()
+
+    def one() -> None:
+        with lock:
+            left[0] -= 1
+            last = left[0] == 0
+        if last:
+            fn()
+
+    for sink in sinks:
+        sink.after(one)
+
+
 class _Background:
     """One worker thread calling fn(name, tensor) in submission order, bounded by bytes."""
 
