@@ -50,9 +50,6 @@ class DequantizedSource(Checkpoint):
             return self.inner.get(name)
         return fn()
 
-    def release(self) -> None:
-        self.inner.release()
-
     def hand_off(self) -> Callable[[], None]:
         return self.inner.hand_off()
 
